@@ -1,0 +1,1 @@
+"""vramplan's planner: pure data and arithmetic. It must never import torch."""

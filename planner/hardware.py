@@ -1,0 +1,793 @@
+"""Hardware profiles: what a machine has and how fast it is, as plain frozen data.
+
+A HardwareProfile is the planner's whole view of a machine: GPUs (memory, memory
+bandwidth, dense bf16 compute), the host (RAM, RAM bandwidth, cores, CPU bf16
+compute), the host<->GPU link, fixed overheads and, once `vramplan calibrate` has
+run, measured efficiencies. Internal units: bytes, bytes/s, FLOP/s, seconds.
+
+On disk a profile is YAML with units in the strings ("24564 MiB", "1008 GB/s",
+"165.2 TFLOPS", "5 us"). Loading is strict: unknown keys, wrong types, missing
+keys and unitless quantities are refused with the file, the key path and what
+was expected. This module is pure: no torch, no hardware access.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import difflib
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from .errors import ProfileError, UnitError
+from .units import GiB, KiB, MiB, TiB, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
+
+SCHEMA_VERSION = 1
+
+# Efficiencies are achieved / peak. Above 1 is allowed a little (a datasheet peak
+# can be beaten by boost clocks), beyond 1.5 it is a unit mistake.
+MAX_EFFICIENCY = 1.5
+
+DEVICES = ("gpu", "cpu")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_CC_RE = re.compile(r"^[0-9]+\.[0-9]+$")
+
+
+# ---------------------------------------------------------------- validation helpers
+
+
+class _FieldError(ProfileError):
+    """A bad value in one dataclass field; the loader maps `field` to the YAML key."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.detail = message
+
+
+def _check_int(obj: Any, field: str, *, minimum: int) -> None:
+    v = getattr(obj, field)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _FieldError(field, f"expected an integer, got {v!r}")
+    if v < minimum:
+        raise _FieldError(field, f"must be at least {minimum}, got {v}")
+
+
+def _check_float(obj: Any, field: str, *, positive: bool = True, maximum: float | None = None) -> None:
+    v = getattr(obj, field)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _FieldError(field, f"expected a number, got {v!r}")
+    v = float(v)
+    if not math.isfinite(v):
+        raise _FieldError(field, f"must be finite, got {v}")
+    if positive and v <= 0:
+        raise _FieldError(field, f"must be positive, got {v:g}")
+    if not positive and v < 0:
+        raise _FieldError(field, f"must not be negative, got {v:g}")
+    if maximum is not None and v > maximum:
+        raise _FieldError(field, f"must be at most {maximum:g}, got {v:g}")
+    object.__setattr__(obj, field, v)  # normalise ints to float: equality survives a round trip
+
+
+def _check_str(obj: Any, field: str, *, allow_empty: bool = False) -> None:
+    v = getattr(obj, field)
+    if not isinstance(v, str):
+        raise _FieldError(field, f"expected a string, got {v!r}")
+    if not allow_empty and not v.strip():
+        raise _FieldError(field, "must not be empty")
+
+
+def _check_bool(obj: Any, field: str) -> None:
+    v = getattr(obj, field)
+    if not isinstance(v, bool):
+        raise _FieldError(field, f"expected true or false, got {v!r}")
+
+
+# ---------------------------------------------------------------- the schema
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPUSpec:
+    """One kind of GPU in the machine (count of them), with datasheet or measured peaks."""
+
+    name: str
+    memory_bytes: int
+    memory_bandwidth_bytes_per_s: float
+    bf16_flops: float  # dense bf16 tensor FLOP/s (fp32 accumulate), not the sparsity figure
+    count: int = 1
+    compute_capability: str | None = None  # "8.9"
+
+    def __post_init__(self) -> None:
+        _check_str(self, "name")
+        _check_int(self, "memory_bytes", minimum=1)
+        _check_float(self, "memory_bandwidth_bytes_per_s")
+        _check_float(self, "bf16_flops")
+        _check_int(self, "count", minimum=1)
+        cc = self.compute_capability
+        if cc is not None and (not isinstance(cc, str) or not _CC_RE.match(cc)):
+            raise _FieldError("compute_capability", f'expected "major.minor" like "8.9", got {cc!r}')
+
+    @property
+    def total_memory_bytes(self) -> int:
+        return self.memory_bytes * self.count
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostSpec:
+    """The CPU side: RAM, its bandwidth, cores and what a bf16 matmul achieves on them."""
+
+    ram_bytes: int
+    ram_bandwidth_bytes_per_s: float
+    cpu_cores: int
+    cpu_bf16_flops: float  # what a bf16 matmul achieves on all cores
+
+    def __post_init__(self) -> None:
+        _check_int(self, "ram_bytes", minimum=1)
+        _check_float(self, "ram_bandwidth_bytes_per_s")
+        _check_int(self, "cpu_cores", minimum=1)
+        _check_float(self, "cpu_bf16_flops")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkSpec:
+    """The host <-> GPU link, per direction and host-memory kind."""
+
+    name: str  # "PCIe 4.0 x16"
+    h2d_pinned_bytes_per_s: float
+    h2d_pageable_bytes_per_s: float
+    d2h_pinned_bytes_per_s: float
+    d2h_pageable_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        _check_str(self, "name")
+        for f in ("h2d_pinned_bytes_per_s", "h2d_pageable_bytes_per_s", "d2h_pinned_bytes_per_s", "d2h_pageable_bytes_per_s"):
+            _check_float(self, f)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overheads:
+    """Fixed costs that are no tensor's: the CUDA context, allocator slack, launch latency."""
+
+    cuda_context_bytes: int  # memory the CUDA context takes on the GPU
+    allocator_reserve_bytes: int  # caching-allocator slack/fragmentation kept free
+    kernel_launch_s: float  # per-kernel launch latency
+
+    def __post_init__(self) -> None:
+        _check_int(self, "cuda_context_bytes", minimum=0)
+        _check_int(self, "allocator_reserve_bytes", minimum=0)
+        _check_float(self, "kernel_launch_s", positive=False, maximum=1.0)
+
+    @classmethod
+    def zero(cls) -> "Overheads":
+        return cls(cuda_context_bytes=0, allocator_reserve_bytes=0, kernel_launch_s=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationEntry:
+    """Measured efficiencies for one device x backend x quantization scheme."""
+
+    device: str  # "gpu" or "cpu"
+    backend: str  # "torch", "bnb", "quanto"
+    quant: str  # "bf16", "bnb-nf4", "quanto-int8"
+    bandwidth_efficiency: float  # achieved / peak, in (0, 1.5]
+    compute_efficiency: float  # achieved / peak, in (0, 1.5]
+    per_layer_overhead_s: float = 0.0
+    per_token_overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise _FieldError("device", f'expected "gpu" or "cpu", got {self.device!r}')
+        _check_str(self, "backend")
+        _check_str(self, "quant")
+        _check_float(self, "bandwidth_efficiency", maximum=MAX_EFFICIENCY)
+        _check_float(self, "compute_efficiency", maximum=MAX_EFFICIENCY)
+        _check_float(self, "per_layer_overhead_s", positive=False, maximum=1.0)
+        _check_float(self, "per_token_overhead_s", positive=False, maximum=60.0)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.device, self.backend, self.quant)
+
+
+def _pairs(value: Any, field: str, kind: Callable[[Any], bool], what: str) -> tuple[tuple[str, Any], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    try:
+        pairs = tuple((k, v) for k, v in items)
+    except (TypeError, ValueError):
+        raise _FieldError(field, f"expected a mapping of {what}, got {value!r}") from None
+    seen = set()
+    for k, v in pairs:
+        if not isinstance(k, str) or not kind(v):
+            raise _FieldError(field, f"expected a mapping of {what}, got {k!r}: {v!r}")
+        if k in seen:
+            raise _FieldError(field, f"duplicate key {k!r}")
+        seen.add(k)
+    return pairs
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """What `vramplan calibrate` measured. Mappings are stored as tuples of pairs (hashable)."""
+
+    measured_at: str  # ISO date or datetime
+    versions: tuple[tuple[str, str], ...] = ()  # accepts a dict too: {"torch": "2.13.0"}
+    entries: tuple[CalibrationEntry, ...] = ()
+    residuals: tuple[tuple[str, float], ...] = ()  # {"decode_tokens_per_s_median_abs_pct": 4.2}
+
+    def __post_init__(self) -> None:
+        _check_str(self, "measured_at")
+        try:
+            _dt.datetime.fromisoformat(self.measured_at)
+        except ValueError:
+            raise _FieldError("measured_at", f'expected an ISO date like "2025-01-31", got {self.measured_at!r}') from None
+        object.__setattr__(self, "versions", _pairs(self.versions, "versions", lambda v: isinstance(v, str), "name: version string"))
+        residuals = _pairs(self.residuals, "residuals", _is_number, "name: number")
+        object.__setattr__(self, "residuals", tuple((k, float(v)) for k, v in residuals))
+        entries = tuple(self.entries)
+        seen: set[tuple[str, str, str]] = set()
+        for i, e in enumerate(entries):
+            if not isinstance(e, CalibrationEntry):
+                raise _FieldError("entries", f"entry {i} is not a CalibrationEntry: {e!r}")
+            if e.key in seen:
+                raise _FieldError("entries", f"two entries for device={e.device} backend={e.backend} quant={e.quant}")
+            seen.add(e.key)
+        object.__setattr__(self, "entries", entries)
+
+    @property
+    def versions_dict(self) -> dict[str, str]:
+        return dict(self.versions)
+
+    @property
+    def residuals_dict(self) -> dict[str, float]:
+        return dict(self.residuals)
+
+    def lookup(self, device: str, backend: str, quant: str) -> CalibrationEntry | None:
+        for e in self.entries:
+            if e.key == (device, backend, quant):
+                return e
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HardwareProfile:
+    """One machine type: everything the planner knows about the hardware."""
+
+    schema_version: int
+    name: str  # short id, e.g. "rtx-4090"
+    description: str
+    source: str  # datasheet URL(s), or "measured by vramplan probe on <date> (...)"
+    gpus: tuple[GPUSpec, ...]  # empty for CPU-only machines
+    host: HostSpec
+    link: LinkSpec | None  # None for CPU-only and unified-memory machines
+    overheads: Overheads
+    unified_memory: bool = False  # Apple silicon, GB10: GPU and CPU share RAM
+    measured: bool = False  # True when produced by the probe's measurements
+    calibration: Calibration | None = None
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.schema_version, bool) or self.schema_version != SCHEMA_VERSION:
+            raise _FieldError(
+                "schema_version",
+                f"this vramplan reads schema version {SCHEMA_VERSION}, got {self.schema_version!r}",
+            )
+        _check_str(self, "name")
+        if not _NAME_RE.match(self.name):
+            raise _FieldError("name", f"expected letters, digits, '.', '_' or '-' (like \"rtx-4090\"), got {self.name!r}")
+        _check_str(self, "description", allow_empty=True)
+        _check_str(self, "source")
+        gpus = tuple(self.gpus)
+        for i, g in enumerate(gpus):
+            if not isinstance(g, GPUSpec):
+                raise _FieldError("gpus", f"gpus[{i}] is not a GPUSpec: {g!r}")
+        object.__setattr__(self, "gpus", gpus)
+        if not isinstance(self.host, HostSpec):
+            raise _FieldError("host", f"expected a HostSpec, got {self.host!r}")
+        if self.link is not None and not isinstance(self.link, LinkSpec):
+            raise _FieldError("link", f"expected a LinkSpec or None, got {self.link!r}")
+        if not isinstance(self.overheads, Overheads):
+            raise _FieldError("overheads", f"expected Overheads, got {self.overheads!r}")
+        _check_bool(self, "unified_memory")
+        _check_bool(self, "measured")
+        if self.calibration is not None and not isinstance(self.calibration, Calibration):
+            raise _FieldError("calibration", f"expected a Calibration or None, got {self.calibration!r}")
+        notes = tuple(self.notes)
+        if not all(isinstance(n, str) for n in notes):
+            raise _FieldError("notes", f"expected a list of strings, got {list(notes)!r}")
+        object.__setattr__(self, "notes", notes)
+        # Cross-field rules.
+        if self.unified_memory and not gpus:
+            raise _FieldError("unified_memory", "true needs a GPU entry (the integrated GPU)")
+        if self.unified_memory and self.link is not None:
+            raise _FieldError("link", "must be null when unified_memory is true (GPU and CPU share RAM)")
+        if not gpus and self.link is not None:
+            raise _FieldError("link", "must be null on a machine without GPUs")
+        if gpus and not self.unified_memory and self.link is None:
+            raise _FieldError("link", "a machine with a discrete GPU needs its host link (e.g. PCIe 4.0 x16)")
+
+    # -- derived -------------------------------------------------------------
+    @property
+    def gpu(self) -> GPUSpec | None:
+        """The first (planning) GPU, or None on a CPU-only machine."""
+        return self.gpus[0] if self.gpus else None
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpus)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(g.count for g in self.gpus)
+
+    @property
+    def gpu_memory_bytes(self) -> int:
+        """Memory of one device of the first GPU kind (0 without GPU)."""
+        return self.gpus[0].memory_bytes if self.gpus else 0
+
+    @property
+    def total_gpu_memory_bytes(self) -> int:
+        return sum(g.total_memory_bytes for g in self.gpus)
+
+    @property
+    def gpu_memory_bandwidth_bytes_per_s(self) -> float:
+        return self.gpus[0].memory_bandwidth_bytes_per_s if self.gpus else 0.0
+
+    @property
+    def gpu_bf16_flops(self) -> float:
+        return self.gpus[0].bf16_flops if self.gpus else 0.0
+
+    @property
+    def gpu_usable_bytes(self) -> int:
+        """One device's memory less the CUDA context and the allocator reserve (no user headroom)."""
+        if not self.gpus:
+            return 0
+        return max(0, self.gpu_memory_bytes - self.overheads.cuda_context_bytes - self.overheads.allocator_reserve_bytes)
+
+    @property
+    def cpu_only(self) -> bool:
+        return not self.gpus
+
+    def replace(self, **changes: Any) -> "HardwareProfile":
+        return dataclasses.replace(self, **changes)
+
+
+# ---------------------------------------------------------------- YAML <-> dataclasses
+#
+# One table per section: YAML key -> (dataclass field, kind, required). Kinds parse a
+# YAML value into the internal unit and format it back exactly.
+
+
+@dataclass(frozen=True)
+class _Kind:
+    expected: str  # for messages: 'a size like "24 GiB"'
+    parse: Callable[[Any], Any]
+    format: Callable[[Any], Any]
+
+
+class _Bad(Exception):
+    """A value that does not fit its kind (turned into a ProfileError with the key path)."""
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, Mapping):
+        return "a mapping"
+    if isinstance(v, list):
+        return "a list"
+    if v is None:
+        return "null"
+    return repr(v)
+
+
+def _unit_parser(parse: Callable[[str], Any]) -> Callable[[Any], Any]:
+    def run(v: Any) -> Any:
+        if not isinstance(v, str):  # a bare number is refused: the unit lives in the string
+            raise _Bad()
+        try:
+            return parse(v)
+        except UnitError:
+            raise _Bad() from None
+
+    return run
+
+
+def _exact(value: float, candidates: list[tuple[float, str]], parse: Callable[[str], float]) -> str:
+    """The shortest "<number> <unit>" among candidates that parses back to exactly `value`."""
+    for mult, unit in candidates:
+        x = value / mult
+        text = repr(float(x))
+        if "e" in text or "inf" in text or "nan" in text:
+            continue
+        if text.endswith(".0"):
+            text = text[:-2]
+        s = f"{text} {unit}"
+        try:
+            if parse(s) == value:
+                return s
+        except UnitError:
+            continue
+    # Exact decimal expansion of the float in the base unit: always parses back bit for bit.
+    base_unit = candidates[-1][1]
+    text = format(Decimal(value), "f")
+    return f"{text} {base_unit}"
+
+
+def format_bytes_exact(n: int) -> str:
+    """Bytes as the shortest exact string: 24564 MiB, 141 GB, 0 B."""
+    if n == 0:
+        return "0 B"
+    for mult, unit in ((TiB, "TiB"), (GiB, "GiB"), (10**12, "TB"), (10**9, "GB"), (MiB, "MiB"), (10**6, "MB"), (KiB, "KiB"), (10**3, "kB")):
+        if n % mult == 0:
+            return f"{n // mult} {unit}"
+    return f"{n} B"
+
+
+def format_bandwidth_exact(bps: float) -> str:
+    return _exact(bps, [(1e9, "GB/s"), (1e6, "MB/s"), (1.0, "B/s")], parse_bandwidth)
+
+
+def format_flops_exact(fps: float) -> str:
+    cands = [(1e12, "TFLOPS"), (1e9, "GFLOPS"), (1.0, "FLOPS")]
+    return _exact(fps, cands, parse_flops)
+
+
+def format_seconds_exact(s: float) -> str:
+    if s == 0:
+        return "0 us"
+    if s < 1e-3:
+        cands = [(1e-6, "us"), (1e-9, "ns"), (1.0, "s")]
+    elif s < 1.0:
+        cands = [(1e-3, "ms"), (1e-6, "us"), (1.0, "s")]
+    else:
+        cands = [(1.0, "s"), (1e-3, "ms")]
+    for mult, unit in cands:
+        x = s / mult
+        text = repr(float(x))
+        if "e" in text:
+            continue
+        if text.endswith(".0"):
+            text = text[:-2]
+        out = f"{text} {unit}"
+        try:
+            if parse_seconds(out) == s:
+                return out
+        except UnitError:
+            continue
+    return f"{format(Decimal(s), 'f')} s"
+
+
+def _parse_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _Bad()
+    return v
+
+
+def _parse_number(v: Any) -> float:
+    if not _is_number(v):
+        raise _Bad()
+    return float(v)
+
+
+def _parse_str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise _Bad()
+    return v
+
+
+def _parse_bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _Bad()
+    return v
+
+
+def _parse_opt_str(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, (int, float)) and not isinstance(v, bool):  # compute_capability: 8.9 unquoted
+        raise _Bad()
+    return _parse_str(v)
+
+
+def _ident(v: Any) -> Any:
+    return v
+
+
+SIZE = _Kind('a size like "24 GiB" or "512 MiB"', _unit_parser(lambda s: parse_bytes(s)), format_bytes_exact)
+BANDWIDTH = _Kind('a bandwidth like "1008 GB/s"', _unit_parser(lambda s: parse_bandwidth(s)), format_bandwidth_exact)
+COMPUTE = _Kind('a compute rate like "165.2 TFLOPS"', _unit_parser(lambda s: parse_flops(s)), format_flops_exact)
+TIME = _Kind('a time like "5 us" or "1.2 ms"', _unit_parser(lambda s: parse_seconds(s)), format_seconds_exact)
+INT = _Kind("an integer", _parse_int, _ident)
+NUMBER = _Kind("a number", _parse_number, _ident)
+STR = _Kind("a string", _parse_str, _ident)
+BOOL = _Kind("true or false", _parse_bool, _ident)
+CC = _Kind('a quoted compute capability like "8.9" (or null)', _parse_opt_str, _ident)
+
+# yaml key -> (field, kind, default) ; default _REQUIRED means the key must be present.
+_REQUIRED = object()
+
+_GPU_KEYS: dict[str, tuple[str, _Kind, Any]] = {
+    "name": ("name", STR, _REQUIRED),
+    "count": ("count", INT, 1),
+    "memory": ("memory_bytes", SIZE, _REQUIRED),
+    "memory_bandwidth": ("memory_bandwidth_bytes_per_s", BANDWIDTH, _REQUIRED),
+    "bf16_compute": ("bf16_flops", COMPUTE, _REQUIRED),
+    "compute_capability": ("compute_capability", CC, None),
+}
+_HOST_KEYS = {
+    "ram": ("ram_bytes", SIZE, _REQUIRED),
+    "ram_bandwidth": ("ram_bandwidth_bytes_per_s", BANDWIDTH, _REQUIRED),
+    "cpu_cores": ("cpu_cores", INT, _REQUIRED),
+    "cpu_bf16_compute": ("cpu_bf16_flops", COMPUTE, _REQUIRED),
+}
+_LINK_KEYS = {
+    "name": ("name", STR, _REQUIRED),
+    "h2d_pinned": ("h2d_pinned_bytes_per_s", BANDWIDTH, _REQUIRED),
+    "h2d_pageable": ("h2d_pageable_bytes_per_s", BANDWIDTH, _REQUIRED),
+    "d2h_pinned": ("d2h_pinned_bytes_per_s", BANDWIDTH, _REQUIRED),
+    "d2h_pageable": ("d2h_pageable_bytes_per_s", BANDWIDTH, _REQUIRED),
+}
+_OVERHEAD_KEYS = {
+    "cuda_context": ("cuda_context_bytes", SIZE, _REQUIRED),
+    "allocator_reserve": ("allocator_reserve_bytes", SIZE, _REQUIRED),
+    "kernel_launch": ("kernel_launch_s", TIME, _REQUIRED),
+}
+_ENTRY_KEYS = {
+    "device": ("device", STR, _REQUIRED),
+    "backend": ("backend", STR, _REQUIRED),
+    "quant": ("quant", STR, _REQUIRED),
+    "bandwidth_efficiency": ("bandwidth_efficiency", NUMBER, _REQUIRED),
+    "compute_efficiency": ("compute_efficiency", NUMBER, _REQUIRED),
+    "per_layer_overhead": ("per_layer_overhead_s", TIME, 0.0),
+    "per_token_overhead": ("per_token_overhead_s", TIME, 0.0),
+}
+_CALIBRATION_KEYS = {  # versions/entries/residuals are handled by hand
+    "measured_at": ("measured_at", STR, _REQUIRED),
+    "versions": ("versions", None, {}),
+    "entries": ("entries", None, []),
+    "residuals": ("residuals", None, {}),
+}
+_PROFILE_KEYS = {
+    "schema_version": ("schema_version", INT, _REQUIRED),
+    "name": ("name", STR, _REQUIRED),
+    "description": ("description", STR, _REQUIRED),
+    "source": ("source", STR, _REQUIRED),
+    "measured": ("measured", BOOL, False),
+    "unified_memory": ("unified_memory", BOOL, False),
+    "gpus": ("gpus", None, _REQUIRED),
+    "host": ("host", None, _REQUIRED),
+    "link": ("link", None, None),
+    "overheads": ("overheads", None, _REQUIRED),
+    "calibration": ("calibration", None, None),
+    "notes": ("notes", None, ()),
+}
+
+
+class _Reader:
+    """Walks a loaded YAML document with a key path, raising ProfileError with file and path."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+
+    def fail(self, path: str, message: str) -> ProfileError:
+        where = f"{self.origin}: {path}: " if path else f"{self.origin}: "
+        return ProfileError(where + message)
+
+    def mapping(self, value: Any, path: str, keys: Mapping[str, tuple[str, Any, Any]]) -> dict[str, Any]:
+        what = path or "the top level"
+        if not isinstance(value, Mapping):
+            raise self.fail(path, f"expected a mapping at {what}, got {_show(value)}")
+        for k in value:
+            if not isinstance(k, str) or k not in keys:
+                close = difflib.get_close_matches(str(k), list(keys), n=1)
+                hint = f'; did you mean "{close[0]}"?' if close else ""
+                raise self.fail(
+                    path, f'unknown key "{k}" (expected one of: {", ".join(keys)}){hint}'
+                )
+        for k, (_f, kind, default) in keys.items():
+            if default is _REQUIRED and k not in value:
+                exp = f" ({kind.expected})" if isinstance(kind, _Kind) else ""
+                raise self.fail(path, f'missing required key "{k}"{exp}')
+        return dict(value)
+
+    def scalars(self, value: Any, path: str, keys: Mapping[str, tuple[str, Any, Any]]) -> dict[str, Any]:
+        """Parse a mapping whose values are all scalar kinds into dataclass kwargs."""
+        d = self.mapping(value, path, keys)
+        kwargs: dict[str, Any] = {}
+        for k, (field, kind, default) in keys.items():
+            if kind is None:
+                continue
+            if k not in d:
+                kwargs[field] = default
+                continue
+            kwargs[field] = self.value(d[k], _join(path, k), kind)
+        return kwargs
+
+    def value(self, v: Any, path: str, kind: _Kind) -> Any:
+        try:
+            return kind.parse(v)
+        except _Bad:
+            raise self.fail(path, f"expected {kind.expected}, got {_show(v)}") from None
+
+    def build(self, cls: type, kwargs: dict[str, Any], path: str, keys: Mapping[str, tuple[str, Any, Any]]) -> Any:
+        try:
+            return cls(**kwargs)
+        except _FieldError as e:
+            yaml_key = next((k for k, (f, _kind, _d) in keys.items() if f == e.field), e.field)
+            raise self.fail(_join(path, yaml_key), e.detail) from None
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _parse_profile(d: Any, r: _Reader) -> HardwareProfile:
+    if not isinstance(d, Mapping):
+        raise r.fail("", f"expected a mapping at the top level, got {_show(d)}")
+    # The schema version first: a future file's other keys would only confuse.
+    if "schema_version" not in d:
+        raise r.fail("", f'missing required key "schema_version" (this vramplan reads {SCHEMA_VERSION})')
+    sv = d["schema_version"]
+    if isinstance(sv, bool) or not isinstance(sv, int):
+        raise r.fail("schema_version", f"expected an integer, got {_show(sv)}")
+    if sv != SCHEMA_VERSION:
+        newer = " (written by a newer vramplan: upgrade)" if sv > SCHEMA_VERSION else ""
+        raise r.fail("schema_version", f"unsupported schema version {sv}: this vramplan reads version {SCHEMA_VERSION}{newer}")
+
+    top = r.mapping(d, "", _PROFILE_KEYS)
+    kwargs = r.scalars(top, "", _PROFILE_KEYS)
+
+    gpus_raw = top["gpus"]
+    if gpus_raw is None:
+        gpus_raw = []
+    if not isinstance(gpus_raw, list):
+        raise r.fail("gpus", f"expected a list of GPUs (or [] for none), got {_show(gpus_raw)}")
+    gpus = []
+    for i, g in enumerate(gpus_raw):
+        p = _join("gpus", i)
+        gpus.append(r.build(GPUSpec, r.scalars(g, p, _GPU_KEYS), p, _GPU_KEYS))
+    kwargs["gpus"] = tuple(gpus)
+
+    kwargs["host"] = r.build(HostSpec, r.scalars(top["host"], "host", _HOST_KEYS), "host", _HOST_KEYS)
+    link_raw = top.get("link")
+    kwargs["link"] = None if link_raw is None else r.build(LinkSpec, r.scalars(link_raw, "link", _LINK_KEYS), "link", _LINK_KEYS)
+    kwargs["overheads"] = r.build(
+        Overheads, r.scalars(top["overheads"], "overheads", _OVERHEAD_KEYS), "overheads", _OVERHEAD_KEYS
+    )
+    cal_raw = top.get("calibration")
+    kwargs["calibration"] = None if cal_raw is None else _parse_calibration(cal_raw, r)
+
+    notes_raw = top.get("notes", [])
+    if notes_raw is None:
+        notes_raw = []
+    if not isinstance(notes_raw, list):
+        raise r.fail("notes", f"expected a list of strings, got {_show(notes_raw)}")
+    for i, n in enumerate(notes_raw):
+        if not isinstance(n, str):
+            raise r.fail(_join("notes", i), f"expected a string, got {_show(n)}")
+    kwargs["notes"] = tuple(notes_raw)
+    return r.build(HardwareProfile, kwargs, "", _PROFILE_KEYS)
+
+
+def _parse_calibration(raw: Any, r: _Reader) -> Calibration:
+    path = "calibration"
+    d = r.mapping(raw, path, _CALIBRATION_KEYS)
+    kwargs = r.scalars(d, path, _CALIBRATION_KEYS)
+    versions = d.get("versions", {}) or {}
+    if not isinstance(versions, Mapping):
+        raise r.fail(_join(path, "versions"), f'expected a mapping like {{torch: "2.5.1"}}, got {_show(versions)}')
+    for k, v in versions.items():
+        if not isinstance(v, str):
+            raise r.fail(_join(_join(path, "versions"), str(k)), f"expected a quoted version string, got {_show(v)}")
+    residuals = d.get("residuals", {}) or {}
+    if not isinstance(residuals, Mapping):
+        raise r.fail(_join(path, "residuals"), f"expected a mapping of name: number, got {_show(residuals)}")
+    for k, v in residuals.items():
+        if not _is_number(v):
+            raise r.fail(_join(_join(path, "residuals"), str(k)), f"expected a number, got {_show(v)}")
+    entries_raw = d.get("entries", []) or []
+    if not isinstance(entries_raw, list):
+        raise r.fail(_join(path, "entries"), f"expected a list, got {_show(entries_raw)}")
+    entries = []
+    for i, e in enumerate(entries_raw):
+        p = _join(_join(path, "entries"), i)
+        entries.append(r.build(CalibrationEntry, r.scalars(e, p, _ENTRY_KEYS), p, _ENTRY_KEYS))
+    kwargs.update(versions=dict(versions), residuals=dict(residuals), entries=tuple(entries))
+    return r.build(Calibration, kwargs, path, _CALIBRATION_KEYS)
+
+
+def profile_from_dict(d: Any, *, origin: str = "<dict>") -> HardwareProfile:
+    """Strictly build a HardwareProfile from a loaded YAML/JSON document."""
+    return _parse_profile(d, _Reader(origin))
+
+
+def _section_to_dict(obj: Any, keys: Mapping[str, tuple[str, Any, Any]]) -> dict[str, Any]:
+    return {k: kind.format(getattr(obj, field)) for k, (field, kind, _d) in keys.items() if kind is not None}
+
+
+def profile_to_dict(p: HardwareProfile) -> dict[str, Any]:
+    """The YAML/JSON form: plain types, units in strings, every key present, fixed order."""
+    cal = None
+    if p.calibration is not None:
+        c = p.calibration
+        cal = {
+            "measured_at": c.measured_at,
+            "versions": dict(c.versions),
+            "entries": [_section_to_dict(e, _ENTRY_KEYS) for e in c.entries],
+            "residuals": dict(c.residuals),
+        }
+    return {
+        "schema_version": p.schema_version,
+        "name": p.name,
+        "description": p.description,
+        "source": p.source,
+        "measured": p.measured,
+        "unified_memory": p.unified_memory,
+        "gpus": [_section_to_dict(g, _GPU_KEYS) for g in p.gpus],
+        "host": _section_to_dict(p.host, _HOST_KEYS),
+        "link": None if p.link is None else _section_to_dict(p.link, _LINK_KEYS),
+        "overheads": _section_to_dict(p.overheads, _OVERHEAD_KEYS),
+        "calibration": cal,
+        "notes": list(p.notes),
+    }
+
+
+def loads_profile(text: str, origin: str = "<string>") -> HardwareProfile:
+    """Parse YAML text (strictly) into a HardwareProfile."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ProfileError(f"{origin}: not valid YAML{where}: {problem}") from None
+    if doc is None:
+        raise ProfileError(f"{origin}: empty file (expected a hardware profile mapping)")
+    return profile_from_dict(doc, origin=origin)
+
+
+def dumps_profile(p: HardwareProfile) -> str:
+    header = (
+        f"# vramplan hardware profile (schema {SCHEMA_VERSION}). Units live in the strings:\n"
+        '# sizes "24 GiB" (binary) or "24 GB" (decimal), bandwidths "GB/s", compute "TFLOPS", times "us".\n'
+    )
+    body = yaml.safe_dump(profile_to_dict(p), sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+    return header + body
+
+
+def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ProfileError(f"{path}: is a directory, not a profile file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProfileError(f"{path}: cannot read: {e}") from None
+    return loads_profile(text, str(path))
+
+
+def save_profile(p: HardwareProfile, path: str | os.PathLike[str]) -> Path:
+    """Write the profile as YAML (atomically); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(dumps_profile(p), encoding="utf-8")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,309 @@
+"""A model's exact weight inventory, counted from its config.json.
+
+`ModelSpec` holds every weight tensor of the transformers model a config describes
+(name, shape, layer, role, kind) plus the attention layout needed for the KV cache.
+The builders per architecture live in planner/architectures.py; this module holds
+the data types and the arithmetic over them. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Iterable
+
+from .errors import ConfigError
+
+# Bytes per element of the dtypes a checkpoint or a cache may hold.
+DTYPE_BYTES: dict[str, float] = {
+    "float64": 8,
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
+# Short names accepted everywhere a dtype is asked for.
+DTYPE_ALIASES = {
+    "fp64": "float64",
+    "f64": "float64",
+    "fp32": "float32",
+    "f32": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "f16": "float16",
+    "half": "float16",
+    "fp8": "float8_e4m3fn",
+    "f8_e4m3": "float8_e4m3fn",
+    "f8_e5m2": "float8_e5m2",
+    # safetensors header spellings
+    "F64": "float64",
+    "F32": "float32",
+    "BF16": "bfloat16",
+    "F16": "float16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def canonical_dtype(name: str) -> str:
+    """'bf16', 'BF16', 'torch.bfloat16' -> 'bfloat16'. Unknown names raise ConfigError."""
+    key = str(name).strip()
+    key = key.removeprefix("torch.")
+    if key in DTYPE_BYTES:
+        return key
+    if key in DTYPE_ALIASES:
+        return DTYPE_ALIASES[key]
+    if key.lower() in DTYPE_ALIASES:
+        return DTYPE_ALIASES[key.lower()]
+    raise ConfigError(f"unknown dtype {name!r}; known: {', '.join(sorted(DTYPE_BYTES))}")
+
+
+def dtype_bytes(name: str) -> float:
+    return DTYPE_BYTES[canonical_dtype(name)]
+
+
+class Role(str, Enum):
+    ATTENTION = "attention"
+    MLP = "mlp"  # dense MLPs and always-active shared experts
+    EXPERT = "expert"  # routed experts: only top-k of them run per token
+    ROUTER = "router"
+    NORM = "norm"
+    EMBEDDING = "embedding"
+    LM_HEAD = "lm_head"
+
+
+class Kind(str, Enum):
+    """What kind of module holds the tensor; decides what a quantizer touches."""
+
+    LINEAR = "linear"  # nn.Linear weight [out, in]
+    BIAS = "bias"  # nn.Linear bias
+    EXPERTS = "experts"  # fused 3D expert tensor [E, out, in] (transformers 5: not an nn.Linear)
+    ROUTER = "router"  # router weight [E, H] held by a router module (transformers 5: not an nn.Linear)
+    NORM = "norm"
+    EMBEDDING = "embedding"
+    BUFFER = "buffer"  # persistent buffer saved in the checkpoint (not a parameter)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    role: Role
+    kind: Kind
+    layer: int | None = None  # decoder layer index; None for embeddings, final norm, lm_head
+    dtype: str | None = None  # dtype on disk when a checkpoint header said so
+
+    def __post_init__(self) -> None:
+        if not self.shape or any((not isinstance(d, int)) or d <= 0 for d in self.shape):
+            raise ConfigError(f"tensor {self.name}: bad shape {self.shape}")
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def is_parameter(self) -> bool:
+        return self.kind is not Kind.BUFFER
+
+    def bytes(self, dtype: str) -> int:
+        return int(self.numel * dtype_bytes(dtype))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionLayout:
+    """What one decoder layer keeps in the KV cache, per token."""
+
+    kind: str  # "mha" (incl. GQA/MQA) or "mla"
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int  # K/V head dim for mha; for mla the q/k head dim (nope + rope)
+    window: int | None = None  # sliding window: the cache never holds more tokens
+    mla_cache_dim: int | None = None  # mla: kv_lora_rank + qk_rope_head_dim
+
+    @property
+    def kv_elements_per_token(self) -> int:
+        """Elements cached per token for this layer (K and V together)."""
+        if self.kind == "mla":
+            assert self.mla_cache_dim is not None
+            return self.mla_cache_dim
+        return 2 * self.num_kv_heads * self.head_dim
+
+    def cached_tokens(self, context: int) -> int:
+        return context if self.window is None else min(context, self.window)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEInfo:
+    num_experts: int
+    experts_per_token: int
+    num_shared_experts: int = 0
+    moe_layers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    name: str
+    model_type: str
+    architecture: str  # transformers class, e.g. "LlamaForCausalLM"
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    intermediate_size: int
+    max_context: int
+    dtype: str  # checkpoint dtype (config's torch_dtype / dtype), canonical
+    tie_word_embeddings: bool
+    tensors: tuple[TensorSpec, ...]
+    attention: tuple[AttentionLayout, ...]  # one per decoder layer
+    moe: MoEInfo | None = None
+    source: str = ""  # where the spec came from: catalog, a directory, the HF cache
+    notes: tuple[str, ...] = ()
+    checkpoint_bytes: int | None = None  # exact bytes of the tensors on disk (safetensors headers)
+    config: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.attention) != self.num_layers:
+            raise ConfigError(f"{self.name}: {len(self.attention)} attention layouts for {self.num_layers} layers")
+
+    # ------------------------------------------------------------ parameters
+    @property
+    def params_total(self) -> int:
+        return sum(t.numel for t in self.tensors if t.is_parameter)
+
+    @property
+    def params_active(self) -> int:
+        """Parameters touched per token: routed experts count only top-k of E."""
+        if self.moe is None:
+            return self.params_total
+        frac = self.moe.experts_per_token / self.moe.num_experts
+        total = 0.0
+        for t in self.tensors:
+            if not t.is_parameter:
+                continue
+            total += t.numel * frac if t.role is Role.EXPERT else t.numel
+        return int(round(total))
+
+    def params_by_role(self) -> dict[str, int]:
+        out: dict[str, int] = {r.value: 0 for r in Role}
+        for t in self.tensors:
+            if t.is_parameter:
+                out[t.role.value] += t.numel
+        return {k: v for k, v in out.items() if v}
+
+    # ------------------------------------------------------------ tensors
+    def layer_tensors(self, layer: int) -> tuple[TensorSpec, ...]:
+        return self._by_layer()[layer]
+
+    def non_layer_tensors(self) -> tuple[TensorSpec, ...]:
+        return self._by_layer()[None]
+
+    def _by_layer(self) -> dict[int | None, tuple[TensorSpec, ...]]:
+        cache = self.__dict__.get("_by_layer_cache")
+        if cache is None:
+            groups: dict[int | None, list[TensorSpec]] = {i: [] for i in range(self.num_layers)}
+            groups[None] = []
+            for t in self.tensors:
+                groups[t.layer].append(t)
+            cache = {k: tuple(v) for k, v in groups.items()}
+            object.__setattr__(self, "_by_layer_cache", cache)
+        return cache
+
+    def tensor(self, name: str) -> TensorSpec:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    # ------------------------------------------------------------ bytes
+    def layer_bytes(self, layer: int, dtype: str | None = None) -> int:
+        """Bytes of one decoder layer's tensors, every tensor in `dtype` (default: checkpoint dtype)."""
+        return sum(t.bytes(dtype or self.dtype) for t in self.layer_tensors(layer))
+
+    def weight_bytes(self, dtype: str | None = None) -> int:
+        """All tensors in one dtype (tied embeddings counted once)."""
+        return sum(t.bytes(dtype or self.dtype) for t in self.tensors)
+
+    # ------------------------------------------------------------ KV cache
+    def kv_bytes_per_token_per_layer(self, dtype_bytes_per_element: float = 2.0) -> tuple[float, ...]:
+        return tuple(a.kv_elements_per_token * dtype_bytes_per_element for a in self.attention)
+
+    def kv_bytes_per_token(self, dtype_bytes_per_element: float = 2.0) -> float:
+        """KV bytes per token summed over layers, as if the context were within every window."""
+        return sum(self.kv_bytes_per_token_per_layer(dtype_bytes_per_element))
+
+    def kv_cache_elements(self, context: int, layers: Iterable[int] | None = None) -> int:
+        """Cached elements for `context` tokens (batch 1), sliding windows capped."""
+        idx = range(self.num_layers) if layers is None else layers
+        return sum(self.attention[i].cached_tokens(context) * self.attention[i].kv_elements_per_token for i in idx)
+
+    @property
+    def sliding_window_layers(self) -> int:
+        return sum(1 for a in self.attention if a.window is not None)
+
+    def summary(self) -> dict:
+        """The facts `vramplan inspect --json` prints."""
+        ckpt = self.dtype
+        weight_bytes = {d: self.weight_bytes(d) for d in ("float32", "bfloat16", "float16")}
+        out = {
+            "name": self.name,
+            "source": self.source,
+            "model_type": self.model_type,
+            "architecture": self.architecture,
+            "checkpoint_dtype": ckpt,
+            "params_total": self.params_total,
+            "params_active": self.params_active,
+            "params_by_role": self.params_by_role(),
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "max_context": self.max_context,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention": _attention_summary(self.attention),
+            "kv_bytes_per_token": int(self.kv_bytes_per_token(2.0)),
+            "kv_bytes_per_token_per_layer": [int(x) for x in self.kv_bytes_per_token_per_layer(2.0)],
+            "sliding_window_layers": self.sliding_window_layers,
+            "weight_bytes": {"bf16": weight_bytes["bfloat16"], "fp16": weight_bytes["float16"], "fp32": weight_bytes["float32"]},
+            "layer_bytes_bf16": [self.layer_bytes(i, "bfloat16") for i in range(self.num_layers)],
+            "non_layer_bytes_bf16": sum(t.bytes("bfloat16") for t in self.non_layer_tensors()),
+            "num_tensors": len(self.tensors),
+            "notes": list(self.notes),
+        }
+        if self.checkpoint_bytes is not None:
+            out["weight_bytes"]["checkpoint"] = self.checkpoint_bytes
+        if self.moe is not None:
+            out["moe"] = {
+                "num_experts": self.moe.num_experts,
+                "experts_per_token": self.moe.experts_per_token,
+                "num_shared_experts": self.moe.num_shared_experts,
+                "moe_layers": len(self.moe.moe_layers),
+            }
+        return out
+
+
+def _attention_summary(layouts: tuple[AttentionLayout, ...]) -> dict:
+    a = layouts[0]
+    windows = sorted({x.window for x in layouts if x.window is not None})
+    out = {
+        "kind": a.kind,
+        "num_heads": a.num_heads,
+        "num_kv_heads": a.num_kv_heads,
+        "head_dim": a.head_dim,
+        "sliding_windows": windows,
+    }
+    if a.kind == "mla":
+        out["mla_cache_dim"] = a.mla_cache_dim
+    return out

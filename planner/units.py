@@ -1,0 +1,197 @@
+"""Quantities at the edges: "32k" tokens, "24GiB", "1008 GB/s", "165 TFLOPS".
+
+Inside the project everything is plain numbers in one unit each: tokens, bytes,
+bytes per second, FLOP per second, seconds. These parsers run only at the edges
+(CLI flags, YAML files) and refuse anything ambiguous: a bare "24" for memory, "24G"
+(GB or GiB?), "24Gb" (bits), negative or non-integral results.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .errors import UnitError
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+TiB = 1024**4
+
+# Longest context anyone may ask for: 16M tokens. Beyond that is a typo.
+MAX_CONTEXT_TOKENS = 1 << 24
+
+_NUMBER = r"(?P<num>[0-9]+(?:\.[0-9]+)?|\.[0-9]+)"
+
+_CONTEXT_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<suffix>[kKmM]?)\s*$")
+_CONTEXT_MULT = {"": 1, "k": 1024, "m": 1024**2}
+
+# Prefix letters are case-insensitive except that a "B" must be upper case:
+# lowercase b means bits (accelerate's trap) and is refused.
+_BYTE_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kKmMgGtT]?)(?P<i>i?)B\s*$")
+_DEC = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BIN = {"k": KiB, "m": MiB, "g": GiB, "t": TiB}
+
+_BW_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kKmMgGtT]?)(?P<i>i?)B\s*/\s*s\s*$")
+_FLOPS_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kKmMgGtTpP]?)FLOP(?:S|/s)\s*$")
+_FLOPS_MULT = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
+
+_TIME_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<unit>s|ms|us|µs|ns)\s*$")
+_TIME_MULT = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def _whole(value: float, text: str, what: str) -> int:
+    rounded = round(value)
+    if not math.isclose(value, rounded, rel_tol=0, abs_tol=1e-6):
+        raise UnitError(f"{what} {text!r} is not a whole number ({value:g})")
+    return int(rounded)
+
+
+def parse_context(text: str | int) -> int:
+    """Tokens: 32768, "32k" (= 32768), "128K", "1m" (= 1048576). k and m are binary (1024)."""
+    if isinstance(text, bool):
+        raise UnitError(f"context {text!r} is not a number of tokens")
+    if isinstance(text, int):
+        value = text
+    else:
+        m = _CONTEXT_RE.match(str(text))
+        if not m:
+            raise UnitError(
+                f"context {text!r} is not a token count; write e.g. 4096, 32k (=32768) or 1m (=1048576)"
+            )
+        value = _whole(float(m["num"]) * _CONTEXT_MULT[m["suffix"].lower()], str(text), "context")
+    if value <= 0:
+        raise UnitError(f"context {text!r} must be at least 1 token")
+    if value > MAX_CONTEXT_TOKENS:
+        raise UnitError(f"context {text!r} is beyond any model's reach (max {MAX_CONTEXT_TOKENS} tokens = 16m)")
+    return value
+
+
+def parse_bytes(text: str | int, *, what: str = "size") -> int:
+    """Bytes: "24GiB", "512 MiB" (binary), "24GB" (decimal), "0B". A bare number is refused."""
+    if isinstance(text, bool):
+        raise UnitError(f"{what} {text!r} needs a unit such as GiB or GB")
+    if isinstance(text, int):
+        if text < 0:
+            raise UnitError(f"{what} {text} must not be negative")
+        return text
+    m = _BYTE_RE.match(str(text))
+    if not m:
+        raise UnitError(
+            f"{what} {text!r} needs an explicit unit: e.g. 24GiB (binary), 24GB (decimal), 512MiB"
+        )
+    prefix = m["prefix"].lower()
+    if m["i"]:
+        if not prefix:
+            raise UnitError(f"{what} {text!r}: 'iB' needs a prefix (KiB, MiB, GiB, TiB)")
+        mult = _BIN[prefix]
+    else:
+        mult = _DEC[prefix]
+    return _whole(float(m["num"]) * mult, str(text), what)
+
+
+def parse_bandwidth(text: str | int | float, *, what: str = "bandwidth") -> float:
+    """Bytes per second: "1008 GB/s", "25 GiB/s"."""
+    if isinstance(text, bool):
+        raise UnitError(f"{what} {text!r} needs a unit such as GB/s")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = _BW_RE.match(str(text))
+        if not m:
+            raise UnitError(f"{what} {text!r} needs a unit: e.g. 1008 GB/s or 25 GiB/s")
+        prefix = m["prefix"].lower()
+        mult = _BIN[prefix] if m["i"] and prefix else _DEC[prefix]
+        if m["i"] and not prefix:
+            raise UnitError(f"{what} {text!r}: 'iB/s' needs a prefix")
+        value = float(m["num"]) * mult
+    if not math.isfinite(value) or value <= 0:
+        raise UnitError(f"{what} {text!r} must be positive")
+    return value
+
+
+def parse_flops(text: str | int | float, *, what: str = "compute") -> float:
+    """FLOP per second: "165 TFLOPS", "989 TFLOP/s"."""
+    if isinstance(text, bool):
+        raise UnitError(f"{what} {text!r} needs a unit such as TFLOPS")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = _FLOPS_RE.match(str(text))
+        if not m:
+            raise UnitError(f"{what} {text!r} needs a unit: e.g. 165 TFLOPS or 989 TFLOP/s")
+        value = float(m["num"]) * _FLOPS_MULT[m["prefix"].lower()]
+    if not math.isfinite(value) or value <= 0:
+        raise UnitError(f"{what} {text!r} must be positive")
+    return value
+
+
+def parse_seconds(text: str | int | float, *, what: str = "time") -> float:
+    """Seconds: "5 us", "1.2 ms", "0.5 s"."""
+    if isinstance(text, bool):
+        raise UnitError(f"{what} {text!r} needs a unit such as ms or us")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = _TIME_RE.match(str(text))
+        if not m:
+            raise UnitError(f"{what} {text!r} needs a unit: s, ms, us or ns")
+        value = float(m["num"]) * _TIME_MULT[m["unit"]]
+    if not math.isfinite(value) or value < 0:
+        raise UnitError(f"{what} {text!r} must not be negative")
+    return value
+
+
+def parse_fraction(text: str | int | float, *, what: str = "fraction") -> float:
+    """A fraction in [0, 1] ("0.85"); percentages ("85%") are converted."""
+    if isinstance(text, bool):
+        raise UnitError(f"{what} {text!r} is not a fraction")
+    s = str(text).strip()
+    try:
+        value = float(s[:-1]) / 100 if s.endswith("%") else float(s)
+    except ValueError:
+        raise UnitError(f"{what} {text!r} is not a fraction between 0 and 1") from None
+    if not (0.0 <= value <= 1.0):
+        raise UnitError(f"{what} {text!r} must lie between 0 and 1")
+    return value
+
+
+def format_bytes(n: float | int | None) -> str:
+    """Human bytes, binary units: 23622320128 -> '22.00 GiB'."""
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{int(n)} B"
+
+
+def format_bandwidth(bps: float | None) -> str:
+    return "-" if bps is None else f"{bps / 1e9:.1f} GB/s"
+
+
+def format_flops(fps: float | None) -> str:
+    return "-" if fps is None else f"{fps / 1e12:.1f} TFLOPS"
+
+
+def format_count(n: int | float | None) -> str:
+    """Parameter counts: 8030261248 -> '8.03B'."""
+    if n is None:
+        return "-"
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(int(n))
+
+
+def format_tokens(n: int | None) -> str:
+    """Context lengths: 32768 -> '32k', 131072 -> '128k', 1000 -> '1000'."""
+    if n is None:
+        return "-"
+    if n >= 1024**2 and n % 1024**2 == 0:
+        return f"{n // 1024**2}m"
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n // 1024}k"
+    return str(n)
