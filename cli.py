@@ -156,14 +156,347 @@ def inspect_cmd(model: ModelOpt, as_json: JsonOpt = False) -> None:
 
 # ---------------------------------------------------------------- hardware commands
 # (probe, profiles list/show/validate)
+profiles_app = typer.Typer(
+    help="Hardware profiles: the shipped ones, yours ($VRAMPLAN_PROFILES, ~/.config/vramplan/profiles), and checks.",
+    no_args_is_help=True,
+)
+app.add_typer(profiles_app, name="profiles")
+
+
+def _profile_kind(p: Any) -> str:
+    if not p.gpus:
+        return "CPU only"
+    return "unified memory (GPU shares RAM)" if p.unified_memory else "discrete GPU"
+
+
+def _render_profile(p: Any, path: Any = None) -> None:
+    """One profile as tables on stdout (people); notes follow."""
+    from planner.units import format_bandwidth, format_bytes, format_flops
+
+    rows: list[list[Any]] = [
+        ["name", p.name],
+        ["description", p.description],
+        ["source", p.source],
+        ["kind", _profile_kind(p)],
+        ["measured", "yes (vramplan probe)" if p.measured else "no (datasheet / typical / estimated figures)"],
+    ]
+    if path is not None:
+        rows.append(["file", str(path)])
+    for i, g in enumerate(p.gpus):
+        cc = f", compute capability {g.compute_capability}" if g.compute_capability else ""
+        rows += [
+            [f"GPU {i}", f"{g.count}x {g.name}{cc}"],
+            ["  memory", f"{format_bytes(g.memory_bytes)} ({g.memory_bytes:,} B) per device"],
+            ["  memory bandwidth", format_bandwidth(g.memory_bandwidth_bytes_per_s)],
+            ["  bf16 compute (dense)", format_flops(g.bf16_flops)],
+        ]
+    h = p.host
+    rows += [
+        ["host RAM", f"{format_bytes(h.ram_bytes)} ({h.ram_bytes:,} B)"],
+        ["  RAM bandwidth", format_bandwidth(h.ram_bandwidth_bytes_per_s)],
+        ["  CPU cores", h.cpu_cores],
+        ["  CPU bf16 compute", format_flops(h.cpu_bf16_flops)],
+    ]
+    if p.link is not None:
+        lk = p.link
+        rows += [
+            ["link", lk.name],
+            ["  host->GPU pinned / pageable", f"{format_bandwidth(lk.h2d_pinned_bytes_per_s)} / {format_bandwidth(lk.h2d_pageable_bytes_per_s)}"],
+            ["  GPU->host pinned / pageable", f"{format_bandwidth(lk.d2h_pinned_bytes_per_s)} / {format_bandwidth(lk.d2h_pageable_bytes_per_s)}"],
+        ]
+    o = p.overheads
+    if p.gpus:
+        rows += [
+            ["CUDA context", format_bytes(o.cuda_context_bytes)],
+            ["allocator reserve", format_bytes(o.allocator_reserve_bytes)],
+            ["kernel launch", f"{o.kernel_launch_s * 1e6:g} us"],
+        ]
+    out.print(table(f"hardware profile {p.name}", ["", "value"], rows))
+    if p.calibration is not None:
+        c = p.calibration
+        out.print(table(
+            f"calibration ({c.measured_at})",
+            ["device", "backend", "quant", "bandwidth eff.", "compute eff.", "per layer", "per token"],
+            [[e.device, e.backend, e.quant, f"{e.bandwidth_efficiency:.2f}", f"{e.compute_efficiency:.2f}",
+              f"{e.per_layer_overhead_s * 1e6:g} us", f"{e.per_token_overhead_s * 1e3:g} ms"] for e in c.entries],
+            justify_right={3, 4, 5, 6},
+        ))
+    if p.notes:
+        out.print("[bold]notes[/]")
+        for n in p.notes:
+            out.print(f"  - {n}", highlight=False, soft_wrap=True)
+
+
+@app.command("probe")
+def probe_cmd(
+    quick: Annotated[bool, typer.Option("--quick", help="Read only (NVML, psutil): < 2 s, no torch, peaks from datasheets.")] = False,
+    save: Annotated[Optional[str], typer.Option("--save", help="Write the profile as YAML to this path (its name becomes the file's stem).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Read and measure this machine and print its hardware profile."""
+    import re
+
+    from planner.hardware import profile_to_dict, save_profile
+    from runtime.probe import probe
+
+    with err.status("probing this machine", spinner="dots") as status:
+        result = probe(quick=quick, progress=lambda msg: status.update(f"probing: {msg}"))
+    profile = result.profile
+    if save:
+        from pathlib import Path
+
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(save).stem).strip("-.") or profile.name
+        profile = profile.replace(name=stem)
+        path = save_profile(profile, save)
+        err.print(f"saved {path} (use it with --hardware {path})", highlight=False)
+    if as_json:
+        print_data({"profile": profile_to_dict(profile), "readings": result.readings, "elapsed_s": round(result.elapsed_s, 3)})
+        return
+    _render_profile(profile)
+    err.print(f"{'quick ' if quick else ''}probe took {result.elapsed_s:.1f} s", highlight=False)
+
+
+@profiles_app.command("list")
+def profiles_list_cmd(as_json: JsonOpt = False) -> None:
+    """Every profile usable by name, where it lives, and whether it validates."""
+    from planner.errors import ProfileError
+    from planner.profiles import list_profiles, search_dirs
+    from planner.units import format_bandwidth, format_bytes
+
+    entries = list_profiles()
+    if as_json:
+        data = []
+        for e in entries:
+            d: dict[str, Any] = {"name": e.name, "path": str(e.path), "origin": e.origin, "valid": not isinstance(e.profile, ProfileError)}
+            if isinstance(e.profile, ProfileError):
+                d["error"] = str(e.profile)
+            else:
+                p = e.profile
+                d.update(
+                    description=p.description,
+                    kind=_profile_kind(p),
+                    gpus=[{"name": g.name, "count": g.count, "memory_bytes": g.memory_bytes} for g in p.gpus],
+                    ram_bytes=p.host.ram_bytes,
+                    measured=p.measured,
+                )
+            data.append(d)
+        print_data(data)
+        return
+    rows = []
+    for e in entries:
+        if isinstance(e.profile, ProfileError):
+            rows.append([e.name, e.origin, f"[red]invalid:[/] {e.profile}", "", "", ""])
+            continue
+        p = e.profile
+        gpu = ", ".join(f"{g.count}x {g.name}" for g in p.gpus) or "CPU only"
+        mem = format_bytes(p.gpu_memory_bytes) if p.gpus else "-"
+        bw = format_bandwidth(p.gpu_memory_bandwidth_bytes_per_s) if p.gpus else format_bandwidth(p.host.ram_bandwidth_bytes_per_s)
+        rows.append([e.name, e.origin, gpu + (" (unified)" if p.unified_memory else ""), mem, bw, format_bytes(p.host.ram_bytes)])
+    out.print(table(
+        f"hardware profiles ({len(rows)}; use the name with --hardware)",
+        ["name", "from", "GPU", "GPU memory", "bandwidth", "RAM"],
+        rows,
+        justify_right={3, 4, 5},
+    ))
+    err.print("searched: " + "; ".join(f"{d} ({o})" for d, o in search_dirs()), highlight=False, soft_wrap=True)
+
+
+@profiles_app.command("show")
+def profiles_show_cmd(
+    name: Annotated[str, typer.Argument(help="A profile name (see `vramplan profiles list`) or a YAML path.")],
+    as_json: JsonOpt = False,
+    as_yaml: Annotated[bool, typer.Option("--yaml", help="Print the profile as YAML (a starting point for your own).")] = False,
+) -> None:
+    """One profile in full: GPUs, host, link, overheads, calibration, notes."""
+    from planner.hardware import dumps_profile, profile_to_dict
+    from planner.profiles import resolve_profile
+
+    profile, path = resolve_profile(name)
+    if as_json:
+        print_data({"path": str(path), "profile": profile_to_dict(profile)})
+    elif as_yaml:
+        sys.stdout.write(dumps_profile(profile))
+    else:
+        _render_profile(profile, path)
+
+
+@profiles_app.command("validate")
+def profiles_validate_cmd(
+    paths: Annotated[list[str], typer.Argument(help="Profile YAML files to check.")],
+) -> None:
+    """Check profile files strictly; exit 1 if any is invalid (one message per bad file)."""
+    from planner.errors import ProfileError
+    from planner.hardware import load_profile
+
+    bad = 0
+    for p in paths:
+        try:
+            prof = load_profile(p)
+        except ProfileError as e:
+            bad += 1
+            err.print(f"[bold red]invalid:[/] {e}", highlight=False, soft_wrap=True)
+            continue
+        out.print(f"ok: {p} ({prof.name})", highlight=False, soft_wrap=True)
+    if bad:
+        raise typer.Exit(1)
+
 
 # ---------------------------------------------------------------- plan / run commands
+ContextOpt = Annotated[str, typer.Option("--context", "-c", help="Target context per sequence: 4096, 32k, 128k, 1m.")]
+BatchOpt = Annotated[int, typer.Option("--batch", help="Concurrent sequences.")]
+PromptTokensOpt = Annotated[Optional[int], typer.Option(
+    "--prompt-tokens", help="Prompt length for the TTFT prediction (default: the whole context); for run, a synthetic prompt.")]
+PreferOpt = Annotated[str, typer.Option("--prefer", help="quality, speed or balanced (best quality within reach of the fastest).")]
+QuantOpt = Annotated[Optional[str], typer.Option("--quant", "-q", help="Force weight quantization (comma list): bf16, fp16, bnb-int8, bnb-nf4, bnb-nf4-dq, bnb-fp4, bnb-fp4-dq, quanto-int8, quanto-int4.")]
+KVOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="Force KV-cache dtype (comma list): bf16, fp16, fp8, quanto-int4, quanto-int2.")]
+GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", help="Force decoder layers on the GPU (>= layers: all).")]
+OffloadOpt = Annotated[Optional[str], typer.Option("--offload", help="Force the offload mode: stream or cpu.")]
+VramOpt = Annotated[Optional[str], typer.Option("--vram-budget", help="GPU memory to plan for, e.g. 24GiB.")]
+RamOpt = Annotated[Optional[str], typer.Option("--ram-budget", help="Host RAM to plan for, e.g. 64GiB.")]
+HeadroomOpt = Annotated[Optional[str], typer.Option("--headroom", help="GPU memory kept free (default 512MiB).")]
+ChunkOpt = Annotated[Optional[int], typer.Option("--prefill-chunk", help="Prefill chunk in tokens (default 2048).")]
+
+
+def _split(v: str | None) -> tuple[str, ...]:
+    return tuple(x.strip().lower() for x in v.split(",") if x.strip()) if v else ()
+
+
+def build_request(context: str, batch: int, prompt_tokens: int | None, prefer: str, quant: str | None,
+                  kv_dtype: str | None, gpu_layers: int | None, offload: str | None, vram_budget: str | None,
+                  ram_budget: str | None, headroom: str | None, prefill_chunk: int | None):
+    from planner.request import DEFAULT_HEADROOM_BYTES, DEFAULT_PREFILL_CHUNK, Request
+    from planner.units import parse_bytes, parse_context
+
+    return Request(
+        context=parse_context(context), batch=batch, prompt_tokens=prompt_tokens, prefer=prefer.lower(),
+        quant=_split(quant), kv_dtype=_split(kv_dtype), gpu_layers=gpu_layers,
+        offload=offload.lower() if offload else None,
+        vram_budget_bytes=parse_bytes(vram_budget, what="--vram-budget") if vram_budget else None,
+        ram_budget_bytes=parse_bytes(ram_budget, what="--ram-budget") if ram_budget else None,
+        headroom_bytes=parse_bytes(headroom, what="--headroom") if headroom else DEFAULT_HEADROOM_BYTES,
+        prefill_chunk=prefill_chunk if prefill_chunk is not None else DEFAULT_PREFILL_CHUNK,
+    )
+
+
+def resolve_hardware(hardware: str | None):
+    from planner.profiles import resolve_profile, this_machine_profile
+
+    if hardware:
+        return resolve_profile(hardware)[0]
+    return this_machine_profile()
+
+
+def render_plan(p) -> None:
+    """The human report of a Plan."""
+    from planner.units import format_bytes as fb, format_tokens
+
+    d = p.to_dict()
+    m, h, r = d["model"], d["hardware"], d["request"]
+    head = (f"[bold]{m['id']}[/] on [bold]{h['name']}[/] ({h['gpu'] or 'no GPU'}"
+            f"{', ' + fb(h['gpu_memory_bytes']) if h['gpu'] else ''}, RAM {fb(h['ram_bytes'])}"
+            f"{', measured' if h['measured'] else ''}{', calibrated' if h['calibrated'] else ''}) - "
+            f"context {format_tokens(r['context'])} x batch {r['batch']}, prefer {r['prefer']}")
+    out.print(head)
+    c = d["choice"]
+    if c:
+        where = ("CPU only (no GPU)" if c["compute_device"] == "cpu" else
+                 f"{c['gpu_layers']}/{c['total_layers']} layers on the GPU"
+                 + (f", {c['total_layers'] - c['gpu_layers']} offloaded ({c['offload']})" if c["offload"] != "none" else ""))
+        pr = d["predicted"]
+        out.print(f"[bold green]plan:[/] {c['weight_quant']} weights + {c['kv_dtype']} KV cache, {where}")
+        out.print(f"  predicted: decode {pr['decode_tokens_per_s']:.2f} tok/s (at full context "
+                  f"{pr['decode_tokens_per_s_full_context']:.2f}), TTFT {pr['ttft_s']:.2f} s for "
+                  f"{r['prompt_tokens'] or r['context']} prompt tokens; ceiling (bandwidth roofline) "
+                  f"{d['ceiling']['decode_tokens_per_s']:.2f} tok/s; efficiencies: {d['speed_terms']['efficiency_source']}")
+        where_ctx = "in RAM (CPU only)" if c["compute_device"] == "cpu" else "entirely on the GPU"
+        out.print(f"  largest context {where_ctx} with this scheme: {format_tokens(d['max_context_tokens'])}")
+    else:
+        out.print("[bold red]nothing fits[/]")
+    for reason in d["reasons"]:
+        out.print(f"  - {reason}", highlight=False)
+    if d["memory"]:
+        rows = []
+        gpu, cpu = d["memory"]["gpu"] or {}, d["memory"]["cpu"]
+        keys = list(dict.fromkeys([k for k in list(gpu) + list(cpu) if k not in ("capacity_bytes", "free_bytes", "total_bytes")]))
+        for k in keys + ["total_bytes", "capacity_bytes", "free_bytes"]:
+            rows.append([k.removesuffix("_bytes").replace("_", " "), fb(gpu.get(k)) if k in gpu else "-",
+                         fb(cpu.get(k)) if k in cpu else "-"])
+        out.print(table("memory by device", ["term", "GPU", "RAM"], rows, justify_right={1, 2}))
+    cand_rows = []
+    for x in d["candidates"]:
+        pr = x["predicted"]
+        cand_rows.append([
+            x["weight_quant"], x["kv_dtype"], "yes" if x["fits"] else "no",
+            "all" if x["fits_on_gpu"] else (f"{x['gpu_layers']}/{x['total_layers']} {x['offload']}" if x["fits"] else "-"),
+            fb(x["vram_bytes"]), fb(x["ram_bytes"]),
+            f"{x['ceiling']['decode_tokens_per_s']:.2f}" if x["ceiling"]["decode_tokens_per_s"] else "-",
+            f"{pr['decode_tokens_per_s']:.2f}" if pr["decode_tokens_per_s"] else "-",
+            format_tokens(x["max_context_tokens"]), f"{x['quality_cost_pct']:.1f}",
+        ])
+    out.print(table("candidates", ["weights", "KV", "fits", "GPU layers", "VRAM", "RAM", "ceiling tok/s",
+                                   "predicted tok/s", "max ctx on GPU", "ppl +%"], cand_rows,
+                    justify_right={4, 5, 6, 7, 8, 9}))
+    consts = [[k, f"{v['value']:.4g}" if isinstance(v["value"], float) else f"{v['value']:,}", v["from"]]
+              for k, v in d["constants"].items()]
+    out.print(table("constants used", ["name", "value", "from"], consts, justify_right={1}))
+    for a in d["alternatives"][:5]:
+        out.print(f"[yellow]would fit:[/] {a['weight_quant']} + {a['kv_dtype']} KV up to "
+                  f"{format_tokens(a['max_context_tokens'])} tokens of context")
+    for w in d["warnings"]:
+        err.print(f"[yellow]warning:[/] {w}", highlight=False)
+
+
+@app.command("plan")
+def plan_cmd(
+    model: ModelOpt,
+    context: ContextOpt = "4k",
+    hardware: HardwareOpt = None,
+    batch: BatchOpt = 1,
+    prompt_tokens: PromptTokensOpt = None,
+    prefer: PreferOpt = "balanced",
+    quant: QuantOpt = None,
+    kv_dtype: KVOpt = None,
+    gpu_layers: GpuLayersOpt = None,
+    offload: OffloadOpt = None,
+    vram_budget: VramOpt = None,
+    ram_budget: RamOpt = None,
+    headroom: HeadroomOpt = None,
+    prefill_chunk: ChunkOpt = None,
+    as_json: JsonOpt = False,
+    as_yaml: Annotated[bool, typer.Option("--yaml", help="Print the plan as YAML.")] = False,
+    save: Annotated[Optional[str], typer.Option("--save", help="Write the plan (YAML) for `vramplan run --plan`.")] = None,
+) -> None:
+    """Will it fit, how, and how fast: quantization, KV dtype and GPU/CPU split for a target context."""
+    from planner.search import plan
+    from planner.sources import model_spec
+
+    req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
+                        ram_budget, headroom, prefill_chunk)
+    spec = model_spec(model)
+    hw = resolve_hardware(hardware)
+    p = plan(spec, hw, req)
+    if save:
+        try:
+            with open(save, "w") as f:
+                yaml.safe_dump(p.to_dict(), f, sort_keys=False)
+        except OSError as e:
+            fail(f"--save {save}: {e.strerror or e}")
+    if as_json or as_yaml:
+        print_data(p.to_dict(), as_yaml=as_yaml)
+    else:
+        render_plan(p)
+        if save:
+            err.print(f"plan saved to {save}")
+    if not p.fits:
+        raise typer.Exit(1)
+
 
 
 def main() -> None:
     """Console-script entry point: one-line errors, tracebacks only under VRAMPLAN_DEBUG."""
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # click returns the code of a typer.Exit instead of raising it
+        sys.exit(rc if isinstance(rc, int) else 0)
     except VramplanError as e:
         if os.environ.get("VRAMPLAN_DEBUG"):
             raise

@@ -405,25 +405,28 @@ def _unit_parser(parse: Callable[[str], Any]) -> Callable[[Any], Any]:
     return run
 
 
+def _shortest(x: float) -> list[str]:
+    """Decimal renderings of x, shortest first, without exponents."""
+    texts = []
+    for digits in range(1, 18):
+        t = f"{x:.{digits}g}"
+        if "e" not in t and "n" not in t and t not in texts:
+            texts.append(t)
+    return texts
+
+
 def _exact(value: float, candidates: list[tuple[float, str]], parse: Callable[[str], float]) -> str:
-    """The shortest "<number> <unit>" among candidates that parses back to exactly `value`."""
+    """The first unit (in order of preference) with the shortest number that parses back to exactly `value`."""
     for mult, unit in candidates:
-        x = value / mult
-        text = repr(float(x))
-        if "e" in text or "inf" in text or "nan" in text:
-            continue
-        if text.endswith(".0"):
-            text = text[:-2]
-        s = f"{text} {unit}"
-        try:
-            if parse(s) == value:
-                return s
-        except UnitError:
-            continue
+        for text in _shortest(value / mult):
+            s = f"{text} {unit}"
+            try:
+                if parse(s) == value:
+                    return s
+            except UnitError:
+                break
     # Exact decimal expansion of the float in the base unit: always parses back bit for bit.
-    base_unit = candidates[-1][1]
-    text = format(Decimal(value), "f")
-    return f"{text} {base_unit}"
+    return f"{format(Decimal(value), 'f')} {candidates[-1][1]}"
 
 
 def format_bytes_exact(n: int) -> str:
@@ -453,21 +456,8 @@ def format_seconds_exact(s: float) -> str:
     elif s < 1.0:
         cands = [(1e-3, "ms"), (1e-6, "us"), (1.0, "s")]
     else:
-        cands = [(1.0, "s"), (1e-3, "ms")]
-    for mult, unit in cands:
-        x = s / mult
-        text = repr(float(x))
-        if "e" in text:
-            continue
-        if text.endswith(".0"):
-            text = text[:-2]
-        out = f"{text} {unit}"
-        try:
-            if parse_seconds(out) == s:
-                return out
-        except UnitError:
-            continue
-    return f"{format(Decimal(s), 'f')} s"
+        cands = [(1e-3, "ms"), (1.0, "s")][::-1]
+    return _exact(s, cands, parse_seconds)
 
 
 def _parse_int(v: Any) -> int:

@@ -181,11 +181,14 @@ class ModelSpec:
     # ------------------------------------------------------------ parameters
     @property
     def params_total(self) -> int:
-        return sum(t.numel for t in self.tensors if t.is_parameter)
+        return self._cached("_params_total", lambda: sum(t.numel for t in self.tensors if t.is_parameter))
 
     @property
     def params_active(self) -> int:
         """Parameters touched per token: routed experts count only top-k of E."""
+        return self._cached("_params_active", self._count_active)
+
+    def _count_active(self) -> int:
         if self.moe is None:
             return self.params_total
         frac = self.moe.experts_per_token / self.moe.num_experts
@@ -220,6 +223,40 @@ class ModelSpec:
             cache = {k: tuple(v) for k, v in groups.items()}
             object.__setattr__(self, "_by_layer_cache", cache)
         return cache
+
+    def _cached(self, key: str, fn):
+        """Memoize a derived value on this frozen instance (the search asks for them thousands of times)."""
+        d = self.__dict__
+        if key not in d:
+            object.__setattr__(self, key, fn())
+        return d[key]
+
+    def layer_signature(self, layer: int) -> tuple:
+        """Identical signatures mean identical per-layer byte counts under any scheme."""
+        sigs = self._cached("_sigs", lambda: tuple(
+            tuple((t.shape, t.kind, t.role) for t in self.layer_tensors(i)) for i in range(self.num_layers)))
+        return sigs[layer]
+
+    def per_layer(self, fn) -> list:
+        """fn(layer tensors) for every layer, computed once per distinct layer signature."""
+        cache: dict = {}
+        out = []
+        for i in range(self.num_layers):
+            sig = self.layer_signature(i)
+            if sig not in cache:
+                cache[sig] = fn(self.layer_tensors(i))
+            out.append(cache[sig])
+        return out
+
+    @property
+    def attention_groups(self) -> tuple[tuple[AttentionLayout, int], ...]:
+        """Distinct attention layouts with how many layers have each."""
+        def build():
+            counts: dict[AttentionLayout, int] = {}
+            for a in self.attention:
+                counts[a] = counts.get(a, 0) + 1
+            return tuple(counts.items())
+        return self._cached("_attn_groups", build)
 
     def tensor(self, name: str) -> TensorSpec:
         for t in self.tensors:

@@ -86,7 +86,8 @@ def resolve_profile(name_or_path: str | os.PathLike[str]) -> tuple[HardwareProfi
                 return load_profile(f), f
     known = sorted({f.stem for d, _o in dirs for f in _profile_files(d)})
     close = difflib.get_close_matches(wanted, [k.lower() for k in known], n=4, cutoff=0.5)
-    close_names = [k for k in known if k.lower() in close]
+    by_lower = {k.lower(): k for k in known}
+    close_names = [by_lower[c] for c in close]
     hint = f"; did you mean: {', '.join(close_names)}?" if close_names else ""
     where = "; ".join(f"{d} ({o})" for d, o in dirs)
     raise ProfileError(

@@ -1,0 +1,212 @@
+"""Quantization schemes, planner half: exact bytes for any tensor, what each touches.
+
+Each weight scheme knows which tensors its library replaces (transformers 5 +
+bitsandbytes / optimum-quanto replace `nn.Linear` modules inside the decoder layers;
+embeddings, norms, lm_head and — in transformers 5 — MoE routers and fused 3D expert
+tensors stay in the load dtype), the bytes of every tensor it stores (scales and absmax
+included), the temporary it needs at matmul time, where it runs, and a documented
+quality cost. The runtime half (how to load it) lives in runtime/load.py. Pure.
+
+Layouts (measured with bitsandbytes 0.50.2 / optimum-quanto 0.2.7 on transformers 5.23;
+shared/DESIGN.md and tests/test_runtime_core.py check them on real modules):
+- bnb int8 (LLM.int8): int8 [out, in] + fp32 SCB [out].
+- bnb 4-bit, blocksize 64: packed uint8 (n/2) + fp32 absmax per 64 elements; with double
+  quantization: uint8 absmax per 64 + fp32 nested absmax per 256 blocks + fp32 offset +
+  a 256-entry fp32 code table.
+- quanto qint8: int8 [out, in] + one scale per output row in the compute dtype.
+- quanto qint4: packed uint8 (n/2) + scale and shift per group of 128 in the compute dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import PlanError
+from .modelspec import Kind, ModelSpec, TensorSpec, dtype_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class QualityCost:
+    """Typical perplexity increase over bf16, in percent, and where the number comes from."""
+
+    ppl_increase_pct: float
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightScheme:
+    name: str
+    backend: str  # "torch", "bnb", "quanto"
+    description: str
+    devices: tuple[str, ...]  # where the runtime can execute it: "cuda", "cpu", "mps"
+    quality: QualityCost
+    # layout
+    bits: int = 16  # 16 = unquantized
+    group_size: int | None = None  # elements per scale (4-bit schemes)
+    double_quant: bool = False
+    scale_bytes: float = 0.0  # bytes of each scale / absmax
+    row_scales: bool = False  # one scale per output row (int8 schemes)
+    row_scale_bytes: float = 0.0
+    fixed_bytes_per_tensor: int = 0  # code tables etc.
+    compute_dtype: str = "bfloat16"
+
+    @property
+    def quantized(self) -> bool:
+        return self.bits < 16
+
+    def touches(self, t: TensorSpec) -> bool:
+        """True when the library replaces this tensor with its quantized form."""
+        return self.quantized and t.kind is Kind.LINEAR and t.layer is not None
+
+    def tensor_bytes(self, t: TensorSpec, load_dtype: str | None = None) -> int:
+        """Exact bytes this scheme stores for one tensor."""
+        load = load_dtype or self.compute_dtype
+        if not self.touches(t):
+            return int(t.numel * dtype_bytes(load))
+        n = t.numel
+        out_features = t.shape[0]
+        if self.bits == 8:
+            return n + int(out_features * self.row_scale_bytes)
+        if self.bits == 4:
+            blocks = math.ceil(n / self.group_size)
+            packed = math.ceil(n / 2)
+            if self.backend == "bnb" and self.double_quant:
+                nested = math.ceil(blocks / 256)
+                return packed + blocks * 1 + nested * 4 + 4 + self.fixed_bytes_per_tensor
+            return packed + int(blocks * self.scale_bytes) + self.fixed_bytes_per_tensor
+        raise AssertionError(self.bits)
+
+    def bytes_of(self, tensors, load_dtype: str | None = None) -> int:
+        return sum(self.tensor_bytes(t, load_dtype) for t in tensors)
+
+    def matmul_temp_bytes(self, spec: ModelSpec) -> int:
+        """Temporary a matmul needs: 4-bit and int8 kernels dequantize the weight to the compute dtype first."""
+        if not self.quantized:
+            return 0
+        largest = spec._cached("_largest_layer_linear", lambda: max(
+            (t.numel for t in spec.tensors if t.kind is Kind.LINEAR and t.layer is not None), default=0))
+        return int(largest * dtype_bytes(self.compute_dtype))
+
+
+def _bnb4(name, quant_type, dq, ppl, src) -> WeightScheme:
+    return WeightScheme(
+        name=name, backend="bnb", bits=4, group_size=64, double_quant=dq, scale_bytes=4.0,
+        fixed_bytes_per_tensor=1024 if dq else 0,
+        devices=("cuda", "cpu"),
+        description=f"bitsandbytes {quant_type.upper()} 4-bit, blocksize 64" + (", double quantization" if dq else ""),
+        quality=QualityCost(ppl_increase_pct=ppl, source=src),
+    )
+
+
+_QLORA = ("QLoRA (Dettmers et al. 2023, arXiv:2305.14314) Table 2: mean Pile-CC perplexity over LLaMA/OPT/BLOOM/"
+          "Pythia: NF4+DQ 27.41, FP4 (E3M0) 29.48, FP4 (E2M1) 31.07, Int4 34.34; NF4 matches 16-bit in fine-tuning "
+          "benchmarks. The % over bf16 is a typical 7B-13B figure, not a per-model measurement.")
+
+SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
+    WeightScheme(name="bf16", backend="torch", bits=16, devices=("cuda", "cpu", "mps"),
+                 description="bfloat16, unquantized",
+                 quality=QualityCost(ppl_increase_pct=0.0, source="reference")),
+    WeightScheme(name="fp16", backend="torch", bits=16, devices=("cuda", "mps", "cpu"), compute_dtype="float16",
+                 description="float16, unquantized",
+                 quality=QualityCost(ppl_increase_pct=0.0, source="reference (overflow risk for some bf16-trained models)")),
+    WeightScheme(name="bnb-int8", backend="bnb", bits=8, row_scales=True, row_scale_bytes=4.0, devices=("cuda", "cpu"),
+                 description="bitsandbytes LLM.int8(): int8 weights + fp32 row scale (SCB), outlier decomposition",
+                 quality=QualityCost(ppl_increase_pct=0.1, source="LLM.int8() (Dettmers et al. 2022, arXiv:2208.07339) "
+                                     "§4: no perplexity degradation measured from 125M to 175B parameters")),
+    _bnb4("bnb-nf4", "nf4", False, 3.0, _QLORA),
+    _bnb4("bnb-nf4-dq", "nf4", True, 3.0, _QLORA),
+    _bnb4("bnb-fp4", "fp4", False, 6.0, _QLORA),
+    _bnb4("bnb-fp4-dq", "fp4", True, 6.0, _QLORA),
+    WeightScheme(name="quanto-int8", backend="quanto", bits=8, row_scales=True, row_scale_bytes=2.0,
+                 devices=("cuda", "cpu", "mps"),
+                 description="optimum-quanto qint8 weights, one scale per output row",
+                 quality=QualityCost(ppl_increase_pct=0.2, source="per-channel int8 weight-only RTN: within noise of "
+                                     "fp16 (SmoothQuant, Xiao et al. 2022, arXiv:2211.10438, W8A16 rows)")),
+    WeightScheme(name="quanto-int4", backend="quanto", bits=4, group_size=128, scale_bytes=4.0,
+                 devices=("cuda", "cpu", "mps"),
+                 description="optimum-quanto qint4 weights, group 128, scale + shift per group",
+                 quality=QualityCost(ppl_increase_pct=4.8, source="AWQ (Lin et al. 2023, arXiv:2306.00978) Table 4: "
+                                     "Llama-2-7B WikiText-2 perplexity FP16 5.47, INT4 g128 round-to-nearest 5.73")),
+]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVScheme:
+    """A KV-cache dtype as transformers 5 stores it."""
+
+    name: str
+    description: str
+    bytes_per_element: float
+    per_layer_fixed_bytes: int = 0  # per-tensor scales
+    residual_tokens: int = 0  # tokens kept in the compute dtype before quantizing (QuantizedCache residual_length)
+    dequantizes_whole_layer: bool = False  # attention reads a full-precision copy of the layer's cache each step
+    full_attention_only: bool = False  # transformers' QuantizedCache refuses sliding-window layers
+    quality: QualityCost
+
+    @property
+    def quantized(self) -> bool:
+        return self.bytes_per_element < 2
+
+
+KV_SCHEMES: dict[str, KVScheme] = {k.name: k for k in [
+    KVScheme(name="bf16", description="bfloat16 (DynamicCache)", bytes_per_element=2.0,
+             quality=QualityCost(ppl_increase_pct=0.0, source="reference")),
+    KVScheme(name="fp16", description="float16 (DynamicCache)", bytes_per_element=2.0,
+             quality=QualityCost(ppl_increase_pct=0.0, source="reference")),
+    KVScheme(name="fp8", description="float8 e4m3, per-tensor fp32 scale (QuantizedCache backend fp8)",
+             bytes_per_element=1.0, per_layer_fixed_bytes=2 * 4, dequantizes_whole_layer=True,
+             full_attention_only=True,
+             quality=QualityCost(ppl_increase_pct=0.3, source="FP8 e4m3 KV with per-tensor scale: vLLM docs report "
+                                 "negligible accuracy loss; typical <0.5 % perplexity")),
+    KVScheme(name="quanto-int4", description="int4 per-channel, group 64, 128 residual tokens (QuantizedCache quanto)",
+             bytes_per_element=0.5 + 4 / 64, residual_tokens=128, dequantizes_whole_layer=True,
+             full_attention_only=True,
+             quality=QualityCost(ppl_increase_pct=1.0, source="KIVI (Liu et al. 2024, arXiv:2402.02750) and the "
+                                 "transformers KV-quantization blog (2024): int4 close to fp16")),
+    KVScheme(name="quanto-int2", description="int2 per-channel, group 64, 128 residual tokens (QuantizedCache quanto)",
+             bytes_per_element=0.25 + 4 / 64, residual_tokens=128, dequantizes_whole_layer=True,
+             full_attention_only=True,
+             quality=QualityCost(ppl_increase_pct=10.0, source="transformers KV-quantization blog (2024): int2 "
+                                 "degrades perplexity noticeably; rough figure")),
+]}
+
+
+def weight_scheme(name: str) -> WeightScheme:
+    try:
+        return SCHEMES[name.lower()]
+    except KeyError:
+        raise PlanError(f"unknown quantization {name!r}; choose one of: {', '.join(SCHEMES)}") from None
+
+
+def kv_scheme(name: str) -> KVScheme:
+    try:
+        return KV_SCHEMES[name.lower()]
+    except KeyError:
+        raise PlanError(f"unknown KV-cache dtype {name!r}; choose one of: {', '.join(KV_SCHEMES)}") from None
+
+
+def layer_kv_bytes(a, kv: KVScheme, context: int, batch: int) -> float:
+    """KV-cache bytes of one layer with attention layout `a` for `context` tokens x `batch` sequences."""
+    tokens = a.cached_tokens(context)
+    per_tok = a.kv_elements_per_token
+    if kv.residual_tokens:
+        resid = min(tokens, kv.residual_tokens)
+        b = batch * (resid * per_tok * 2.0 + (tokens - resid) * per_tok * kv.bytes_per_element)
+    else:
+        b = batch * tokens * per_tok * kv.bytes_per_element
+    return b + kv.per_layer_fixed_bytes
+
+
+def kv_bytes(spec: ModelSpec, kv: KVScheme, context: int, batch: int, layers=None) -> int:
+    """Exact KV-cache bytes of `layers` (default: all) for `context` tokens x `batch` sequences."""
+    if layers is None:
+        total = sum(n * layer_kv_bytes(a, kv, context, batch) for a, n in spec.attention_groups)
+    else:
+        total = sum(layer_kv_bytes(spec.attention[i], kv, context, batch) for i in layers)
+    return int(math.ceil(total))
+
+
+def kv_bytes_per_layer(spec: ModelSpec, kv: KVScheme, context: int, batch: int) -> list[int]:
+    per = {a: int(math.ceil(layer_kv_bytes(a, kv, context, batch))) for a, _ in spec.attention_groups}
+    return [per[a] for a in spec.attention]

@@ -1,0 +1,261 @@
+"""The planner: toy budgets with exact expected plans, realistic cases whose numbers add up, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.architectures import spec_from_config
+from planner.errors import PlanError, VramplanError
+from planner.hardware import profile_from_dict
+from planner.memory import FitTotals, layer_costs, memory_breakdown, place, workspace_bytes
+from planner.plan import Plan
+from planner.profiles import resolve_profile
+from planner.quant import KV_SCHEMES, SCHEMES
+from planner.request import Request
+from planner.search import plan
+from planner.sources import model_spec
+from planner.units import GiB
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TOY = {
+    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+}
+# By hand, bf16: a layer = q 64x64 + k 32x64 + v 32x64 + o 64x64 + MLP 3x64x128 + 2 norms x 64
+LAYER = (4096 + 2048 + 2048 + 4096 + 3 * 64 * 128 + 128) * 2  # 73,984 B
+EMBED = 256 * 64 * 2  # 32,768 B (on the CPU once anything is offloaded)
+HEAD = 256 * 64 * 2 + 64 * 2  # lm_head + final norm: 32,896 B (always on the GPU)
+KV_LAYER_64 = 64 * 2 * 2 * 16 * 2  # 64 tokens x K,V x 2 KV heads x head_dim 16 x 2 B = 8,192 B
+# Workspace with a 1-token prefill chunk: hidden 1x64x2x4 + qkv (4+2+2)x16x2 + MLP 128x2x3
+# + logits 256x6 + one layer's K,V at 64 tokens in bf16
+WS = 512 + 256 + 768 + 1536 + KV_LAYER_64  # 11,264 B
+FULL = 4 * LAYER + 4 * KV_LAYER_64 + EMBED + HEAD + WS  # 405,632 B
+
+
+def toy_hw(gpu_bytes: int, *, ram_bytes: int = 1 << 30, ram_bw="1 GB/s", link_bw="100 GB/s", cpu="1 TFLOPS",
+           gpu: bool = True, calibration=None):
+    d = {
+        "schema_version": 1, "name": "toy", "description": "toy budget", "source": "test", "measured": False,
+        "unified_memory": False,
+        "gpus": [{"name": "Toy GPU", "count": 1, "memory": f"{gpu_bytes} B", "memory_bandwidth": "1000 GB/s",
+                  "bf16_compute": "100 TFLOPS", "compute_capability": "9.0"}] if gpu else [],
+        "host": {"ram": f"{ram_bytes} B", "ram_bandwidth": ram_bw, "cpu_cores": 8, "cpu_bf16_compute": cpu},
+        "link": {"name": "toy link", "h2d_pinned": link_bw, "h2d_pageable": link_bw, "d2h_pinned": link_bw,
+                 "d2h_pageable": link_bw} if gpu else None,
+        "overheads": {"cuda_context": "0 B", "allocator_reserve": "0 B", "kernel_launch": "0 us"} if gpu else
+        {"cuda_context": "0 B", "allocator_reserve": "0 B", "kernel_launch": "0 us"},
+        "calibration": calibration, "notes": [],
+    }
+    return profile_from_dict(d)
+
+
+def toy_req(**kw):
+    base = dict(context=64, prefill_chunk=1, headroom_bytes=0, runtime_base_ram_bytes=0, quant=("bf16",), kv_dtype=("bf16",))
+    base.update(kw)
+    return Request(**base)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return spec_from_config(TOY, name="toy")
+
+
+def test_toy_hand_counts(toy):
+    costs = layer_costs(toy, SCHEMES["bf16"], KV_SCHEMES["bf16"], toy_req())
+    assert costs.weights == (LAYER,) * 4 and costs.kv == (KV_LAYER_64,) * 4
+    assert costs.embed_bytes == EMBED and costs.head_bytes == HEAD
+    assert sum(workspace_bytes(toy, SCHEMES["bf16"], KV_SCHEMES["bf16"], toy_req()).values()) == WS
+
+
+def test_toy_fits_exactly_at_capacity(toy):
+    p = plan(toy, toy_hw(FULL), toy_req())
+    assert p.fits and p.choice.offload == "none" and p.choice.gpu_layers == 4
+    assert p.to_dict()["memory"]["gpu"]["total_bytes"] == FULL
+    assert p.to_dict()["memory"]["gpu"]["free_bytes"] == 0
+
+
+def test_toy_one_byte_short_offloads_with_exact_layer_counts(toy):
+    # stream: n layers + all KV + 2 slots of one layer; cpu: n layers with their own KV
+    stream_2 = 2 * LAYER + 4 * KV_LAYER_64 + 2 * LAYER + HEAD + WS
+    assert stream_2 <= FULL - 1 < 3 * LAYER + 4 * KV_LAYER_64 + 2 * LAYER + HEAD + WS
+    p = plan(toy, toy_hw(FULL - 1, ram_bw="1 GB/s", link_bw="100 GB/s"), toy_req())
+    assert (p.choice.offload, p.choice.gpu_layers) == ("stream", 2)  # slow RAM: streaming wins
+    assert p.to_dict()["memory"]["gpu"]["total_bytes"] == stream_2
+    p = plan(toy, toy_hw(FULL - 1, ram_bw="1000 GB/s", link_bw="0.001 GB/s", cpu="100 TFLOPS"), toy_req())
+    assert (p.choice.offload, p.choice.gpu_layers) == ("cpu", 3)  # a crawling link: the CPU computes layer 3
+    mem = p.to_dict()["memory"]
+    assert mem["gpu"]["total_bytes"] == 3 * LAYER + 3 * KV_LAYER_64 + HEAD + WS
+    assert mem["cpu"]["weights_bytes"] == LAYER + EMBED and mem["cpu"]["kv_cache_bytes"] == KV_LAYER_64
+
+
+def test_toy_forced_choices(toy):
+    p = plan(toy, toy_hw(FULL * 10), toy_req(gpu_layers=1, offload="cpu"))
+    assert (p.choice.gpu_layers, p.choice.offload) == (1, "cpu")
+    p = plan(toy, toy_hw(FULL - 1), toy_req(gpu_layers=99))
+    assert not p.fits and "GPU needs" in p.reasons[0]
+    p = plan(toy, toy_hw(FULL * 10), toy_req(vram_budget_bytes=FULL))
+    assert p.fits and p.choice.offload == "none"
+    p = plan(toy, toy_hw(FULL * 10), toy_req(vram_budget_bytes=FULL - 1, offload="cpu"))
+    assert (p.choice.offload, p.choice.gpu_layers) == ("cpu", 3)
+
+
+def test_toy_ram_too_small_says_what_would_fit(toy):
+    # GPU of nothing useful, RAM for the model at a short context only
+    hw = toy_hw(HEAD + WS, ram_bytes=4 * LAYER + EMBED + 4 * 64 * 128 * 2 + 2 * 1024)
+    p = plan(toy, hw, Request(context=4096, prefill_chunk=1, headroom_bytes=0, runtime_base_ram_bytes=0))
+    assert not p.fits
+    assert p.alternatives and all(a["max_context_tokens"] < 4096 for a in p.alternatives)
+    assert any("what would fit instead" in r for r in p.reasons)
+
+
+def test_fit_totals_agree_with_the_breakdown_for_every_placement():
+    spec = model_spec("gemma-2-9b")  # sliding windows, tied embeddings
+    hw = resolve_profile("rtx-3090")[0]
+    req = Request(context=16384, batch=2)
+    for scheme in (SCHEMES["bf16"], SCHEMES["bnb-nf4-dq"]):
+        kv = KV_SCHEMES["bf16"]
+        costs = layer_costs(spec, scheme, kv, req)
+        ws = workspace_bytes(spec, scheme, kv, req)
+        fit = FitTotals(spec, hw, req, costs, sum(ws.values()))
+        for mode in ("stream", "cpu"):
+            for n in range(spec.num_layers + 1):
+                mem = memory_breakdown(spec, hw, req, scheme, kv, place(spec, n, mode, True), costs, ws)
+                m = "none" if n == spec.num_layers else mode
+                assert fit.gpu_total(n, m) == mem["gpu"]["total_bytes"], (n, mode)
+                assert fit.cpu_total(n, m) == mem["cpu"]["total_bytes"], (n, mode)
+
+
+def test_llama_8b_32k_fits_entirely_in_bf16_on_24gib():
+    p = plan(model_spec("llama-3.1-8b"), resolve_profile("rtx-4090")[0], Request(context=32768, quant=("bf16",)))
+    assert p.fits and p.choice.fits_on_gpu and p.choice.weight_quant == "bf16"
+    gpu = p.to_dict()["memory"]["gpu"]
+    assert gpu["weights_bytes"] == 8_030_261_248 * 2
+    assert gpu["kv_cache_bytes"] == 32768 * 131072
+    assert gpu["total_bytes"] <= gpu["capacity_bytes"] and gpu["capacity_bytes"] >= 24 * GiB - 1 * GiB
+
+
+def test_llama_70b_on_a_4090_offloads_and_the_numbers_add_up():
+    spec = model_spec("llama-3.1-70b")
+    p = plan(spec, resolve_profile("rtx-4090")[0], Request(context=32768))
+    d = p.to_dict()
+    assert d["fits"] and not any(c["fits_on_gpu"] for c in d["candidates"])
+    c = d["choice"]
+    assert 0 < c["gpu_layers"] < c["total_layers"] == 80 and c["offload"] in ("stream", "cpu")
+    for dev in ("gpu", "cpu"):
+        m = d["memory"][dev]
+        terms = sum(v for k, v in m.items() if k.endswith("_bytes") and k not in ("total_bytes", "capacity_bytes", "free_bytes"))
+        assert terms == m["total_bytes"] <= m["capacity_bytes"]
+        assert m["free_bytes"] == m["capacity_bytes"] - m["total_bytes"]
+    # every weight byte is somewhere: GPU + RAM weights = the whole scheme's weights
+    scheme = SCHEMES[c["weight_quant"]]
+    assert d["memory"]["gpu"]["weights_bytes"] + d["memory"]["cpu"]["weights_bytes"] == scheme.bytes_of(spec.tensors)
+    assert d["predicted"]["decode_tokens_per_s"] <= d["ceiling"]["decode_tokens_per_s"]
+
+
+def test_forced_bf16_all_layers_on_a_small_gpu_is_refused_with_numbers():
+    r = subprocess.run([sys.executable, "cli.py", "plan", "-m", "llama-3.1-8b", "-c", "32k", "-H", "rtx-3060-12gb",
+                        "--quant", "bf16", "--gpu-layers", "99"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 1
+    assert "nothing fits" in r.stdout and "GPU needs 20.57 GiB > capacity 12.00 GiB" in r.stdout
+
+
+def test_ceiling_reproduces_the_bandwidth_rule():
+    """A ~30 GB model on a 1,000 GB/s GPU caps near 33 tokens/s."""
+    spec = model_spec("qwen2.5-14b")  # 29.5 GB in bf16
+    hw = toy_hw(80 * GiB)
+    p = plan(spec, hw, Request(context=16, quant=("bf16",), kv_dtype=("bf16",)))
+    weights = SCHEMES["bf16"].bytes_of(spec.tensors) - spec.tensor("model.embed_tokens.weight").bytes("bf16")
+    assert p.choice.ceiling_decode_tokens_per_s == pytest.approx(1000e9 / weights, rel=0.01)
+    assert 30 < p.choice.ceiling_decode_tokens_per_s < 36
+
+
+def test_prefer_orders_choices():
+    spec = model_spec("llama-3.1-8b")
+    hw = resolve_profile("rtx-4090")[0]
+    q = plan(spec, hw, Request(context=8192, prefer="quality")).choice
+    s = plan(spec, hw, Request(context=8192, prefer="speed")).choice
+    assert q.quality_cost_pct == 0.0
+    assert s.predicted_decode_tokens_per_s >= q.predicted_decode_tokens_per_s
+    all_speeds = [c.predicted_decode_tokens_per_s for c in plan(spec, hw, Request(context=8192)).candidates if c.runnable]
+    assert s.predicted_decode_tokens_per_s == max(all_speeds)
+
+
+def test_cpu_only_machine_plans_on_the_cpu():
+    p = plan(model_spec("qwen2.5-0.5b"), resolve_profile("cpu-ddr5-desktop")[0], Request(context=2048))
+    assert p.fits and p.choice.compute_device == "cpu" and p.choice.gpu_layers == 0
+    assert p.to_dict()["memory"]["gpu"] is None
+
+
+def test_quantized_kv_refused_for_sliding_window_models():
+    p = plan(model_spec("gemma-2-9b"), resolve_profile("rtx-4090")[0], Request(context=8192, kv_dtype=("quanto-int4",)))
+    assert not p.fits and "sliding-window" in p.candidates[0].reason
+
+
+def test_plan_round_trips_through_yaml():
+    p = plan(model_spec("llama-3.1-70b"), resolve_profile("rtx-4090")[0], Request(context=8192))
+    d = p.to_dict()
+    back = Plan.from_dict(yaml.safe_load(yaml.safe_dump(d)))
+    assert back.to_dict()["choice"] == d["choice"]
+    assert back.choice.predicted_decode_tokens_per_s == pytest.approx(p.choice.predicted_decode_tokens_per_s)
+    assert back.request == p.request
+
+
+@pytest.mark.parametrize("kw", [
+    dict(context=0), dict(context=-5), dict(context=100, batch=0), dict(context=100, prefer="cheap"),
+    dict(context=100, quant=("int3",)), dict(context=100, kv_dtype=("int8",)), dict(context=100, offload="disk"),
+    dict(context=100, gpu_layers=-1), dict(context=100, prompt_tokens=200), dict(context=100, prefill_chunk=0),
+])
+def test_bad_requests(kw):
+    with pytest.raises(PlanError):
+        Request(**kw)
+
+
+def test_contradictions_against_the_hardware():
+    spec = model_spec("qwen2.5-0.5b")
+    cpu = resolve_profile("cpu-ddr5-desktop")[0]
+    for kw in (dict(gpu_layers=4), dict(offload="stream"), dict(vram_budget_bytes=GiB)):
+        with pytest.raises(PlanError):
+            plan(spec, cpu, Request(context=1024, **kw))
+    with pytest.raises(PlanError):
+        plan(spec, resolve_profile("rtx-4090")[0], Request(context=1024, vram_budget_bytes=100 * GiB))
+
+
+@pytest.mark.parametrize("args", [
+    ["-c", "0"], ["-c", "-4k"], ["-c", "99m"], ["-c", "32k", "--quant", "int3"], ["-c", "32k", "--vram-budget", "24"],
+    ["-c", "32k", "--offload", "disk"], ["-c", "32k", "-H", "no-such-profile"],
+    ["-c", "1k", "-H", "cpu-ddr5-desktop", "--gpu-layers", "3"],
+])
+def test_cli_bad_input_is_one_line_exit_2(args):
+    r = subprocess.run([sys.executable, "cli.py", "plan", "-m", "llama-3.1-8b", *args], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_plan_json_fields_and_no_torch_import(tmp_path):
+    code = ("import sys, runpy; sys.argv = ['vramplan', 'plan', '-m', 'llama-3.1-8b', '-c', '32k', '-H', 'rtx-4090', "
+            "'--json', '--save', %r]; import cli\ntry:\n    cli.main()\nexcept SystemExit as e:\n    rc = e.code\n"
+            "sys.stderr.write('TORCH' if 'torch' in sys.modules else 'NOTORCH')\nsys.exit(rc)") % str(tmp_path / "p.yaml")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.endswith("NOTORCH")
+    d = json.loads(r.stdout)
+    for key in ("fits", "choice", "memory", "ceiling", "predicted", "max_context_tokens", "candidates"):
+        assert key in d
+    for key in ("weight_quant", "kv_dtype", "gpu_layers", "total_layers", "offload"):
+        assert key in d["choice"]
+    for key in ("capacity_bytes", "total_bytes", "weights_bytes", "kv_cache_bytes"):
+        assert isinstance(d["memory"]["gpu"][key], int)
+    assert isinstance(d["memory"]["cpu"]["total_bytes"], int)
+    assert d["ceiling"]["decode_tokens_per_s"] > 0 and d["predicted"]["ttft_s"] > 0
+    assert all("weight_quant" in c and "fits" in c and "memory" in c for c in d["candidates"])
+    assert yaml.safe_load((tmp_path / "p.yaml").read_text())["choice"] == d["choice"]
