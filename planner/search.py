@@ -317,6 +317,9 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
         warnings.append(f"{choice.total_layers - choice.gpu_layers} of {choice.total_layers} layers are offloaded "
                         f"({choice.offload}): decode is limited by the "
                         f"{'host link' if choice.offload == 'stream' else 'CPU'}")
+    if spec.moe is not None and SCHEMES[choice.weight_quant].quantized:
+        warnings.append("transformers 5 stores MoE experts as fused 3D tensors that bitsandbytes and quanto do not "
+                        "quantize: the experts stay in bf16 and are counted so")
     if choice.weight_quant.startswith("bnb") and choice.compute_device == "cpu":
         warnings.append("bitsandbytes runs on the CPU only slowly; quanto schemes are the CPU-capable backend")
     return Plan(model=model_ref(spec), hardware=hardware_ref(hw), request=req, fits=True, choice=choice,
