@@ -491,6 +491,134 @@ def plan_cmd(
         raise typer.Exit(1)
 
 
+def render_run(r: dict) -> None:
+    from planner.units import format_bytes as fb
+
+    def show(metric, v):
+        if v is None:
+            return "-"
+        if "bytes" in metric:
+            return fb(v)
+        return f"{v:.3f} s" if metric in ("ttft_s", "load_s") else f"{v:.2f}"
+
+    rows = []
+    for metric in ("decode_tokens_per_s", "ttft_s", "peak_vram_bytes", "peak_ram_bytes"):
+        e = r["error_pct"].get(metric)
+        rows.append([metric, show(metric, r["predicted"].get(metric)), show(metric, r["measured"].get(metric)),
+                     "-" if e is None else f"{e:+.1f} %"])
+    m = r["measured"]
+    for metric in ("load_s", "prefill_tokens_per_s", "decode_tokens_per_s_start", "decode_tokens_per_s_end",
+                   "generated_tokens"):
+        if m.get(metric) is not None:
+            rows.append([metric, "", show(metric, m[metric]) if metric != "generated_tokens" else str(m[metric]), ""])
+    err.print(table(f"predicted vs measured ({r['device']}, prompt {r['prompt_tokens']} tokens, "
+                    f"stopped: {r['stopped_reason'] or '-'})", ["metric", "predicted", "measured", "error"], rows,
+                    justify_right={1, 2, 3}))
+    for n in r["notes"]:
+        err.print(f"[yellow]note:[/] {n}", highlight=False)
+    for e in r["errors"]:
+        err.print(f"[red]error during the run:[/] {e}", highlight=False)
+
+
+@app.command("run")
+def run_cmd(
+    model: ModelOpt,
+    plan_file: Annotated[Optional[str], typer.Option("--plan", help="Run a plan saved by `vramplan plan --save`.")] = None,
+    context: ContextOpt = "4k",
+    hardware: HardwareOpt = None,
+    dummy_weights: Annotated[bool, typer.Option("--dummy-weights", help="The real architecture with random weights (no download).")] = False,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text.")] = None,
+    prompt_file: Annotated[Optional[str], typer.Option("--prompt-file", help="Read the prompt from a file.")] = None,
+    prompt_tokens: PromptTokensOpt = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate.")] = 64,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy.")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    batch: BatchOpt = 1,
+    prefer: PreferOpt = "balanced",
+    quant: QuantOpt = None,
+    kv_dtype: KVOpt = None,
+    gpu_layers: GpuLayersOpt = None,
+    offload: OffloadOpt = None,
+    vram_budget: VramOpt = None,
+    ram_budget: RamOpt = None,
+    headroom: HeadroomOpt = None,
+    prefill_chunk: ChunkOpt = None,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) checkpoints.")] = False,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+    as_json: JsonOpt = False,
+    save: Annotated[Optional[str], typer.Option("--save", help="Write the run report (JSON).")] = None,
+) -> None:
+    """Run the model as planned, stream the text, and report predicted versus measured."""
+    from planner.plan import Plan
+    from planner.search import plan
+    from planner.sources import load_spec, resolve_model
+
+    if max_new_tokens < 1:
+        fail("--max-new-tokens must be at least 1")
+    if temperature < 0:
+        fail("--temperature must not be negative")
+    if prompt is not None and prompt_file is not None:
+        fail("give --prompt or --prompt-file, not both")
+    if prompt_file is not None:
+        try:
+            prompt = open(prompt_file).read()
+        except OSError as e:
+            fail(f"--prompt-file {prompt_file}: {e.strerror or e}")
+    elif prompt is None and prompt_tokens is None and not sys.stdin.isatty():
+        piped = sys.stdin.read()
+        prompt = piped if piped.strip() else None
+    if prompt is not None and prompt_tokens is not None:
+        fail("give a prompt or --prompt-tokens, not both")
+    if batch != 1:
+        fail("run executes batch 1 for now; plan larger batches with `vramplan plan --batch`")
+    source = resolve_model(model)
+    if source.path is None and not dummy_weights:
+        fail(f"{source.id} comes from the built-in catalog: there are no weights here; "
+             "add --dummy-weights to measure its speed and memory with random weights")
+    spec = load_spec(source)
+    hw = resolve_hardware(hardware)
+    if plan_file:
+        try:
+            p = Plan.from_dict(yaml.safe_load(open(plan_file)))
+        except OSError as e:
+            fail(f"--plan {plan_file}: {e.strerror or e}")
+        except yaml.YAMLError:
+            fail(f"--plan {plan_file}: not valid YAML")
+    else:
+        req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload,
+                            vram_budget, ram_budget, headroom, prefill_chunk)
+        p = plan(spec, hw, req)
+        if not p.fits:
+            render_plan(p)
+            raise typer.Exit(1)
+    c = p.choice
+    err.print(f"[bold green]plan:[/] {c.weight_quant} weights + {c.kv_dtype} KV, "
+              + ("CPU only" if c.compute_device == "cpu" else f"{c.gpu_layers}/{c.total_layers} layers on the GPU"
+                 + (f", offload {c.offload}" if c.offload != "none" else "")), highlight=False)
+    from runtime.execute import execute
+
+    stream_out = None if as_json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    report = execute(p, spec, hw, source, dummy_weights=dummy_weights, prompt_text=prompt,
+                     prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                     allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, on_text=stream_out,
+                     progress=lambda s: err.print(f"[dim]{s}[/]", highlight=False))
+    d = report.to_dict()
+    if not as_json:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        render_run(d)
+    else:
+        print_data(d)
+    if save:
+        try:
+            with open(save, "w") as f:
+                json.dump(d, f, indent=2)
+        except OSError as e:
+            fail(f"--save {save}: {e.strerror or e}")
+    if report.errors:
+        raise typer.Exit(1)
+
+
 
 def main() -> None:
     """Console-script entry point: one-line errors, tracebacks only under VRAMPLAN_DEBUG."""
