@@ -37,7 +37,8 @@ _FLOPS_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kKmMgGtTpP]?)FLOP(?:S|/s)\
 _FLOPS_MULT = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 
 _TIME_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<unit>s|ms|us|µs|ns)\s*$")
-_TIME_MULT = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+# divisors, not 1e-6 multipliers: "5 us" must give exactly 5e-06
+_TIME_DIV = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}
 
 
 def _whole(value: float, text: str, what: str) -> int:
@@ -136,7 +137,7 @@ def parse_seconds(text: str | int | float, *, what: str = "time") -> float:
         m = _TIME_RE.match(str(text))
         if not m:
             raise UnitError(f"{what} {text!r} needs a unit: s, ms, us or ns")
-        value = float(m["num"]) * _TIME_MULT[m["unit"]]
+        value = float(m["num"]) / _TIME_DIV[m["unit"]]
     if not math.isfinite(value) or value < 0:
         raise UnitError(f"{what} {text!r} must not be negative")
     return value
