@@ -520,6 +520,69 @@ def render_run(r: dict) -> None:
         err.print(f"[red]error during the run:[/] {e}", highlight=False)
 
 
+@app.command("calibrate")
+def calibrate_cmd(
+    hardware: HardwareOpt = None,
+    save: Annotated[Optional[str], typer.Option("--save", help="Write the calibrated profile (YAML) here.")] = None,
+    models: Annotated[Optional[str], typer.Option("--models", help="Comma list of catalog models (default: a matrix sized for this machine).")] = None,
+    quants: Annotated[Optional[str], typer.Option("--quants", help="Comma list of weight schemes.")] = None,
+    prompts: Annotated[Optional[str], typer.Option("--prompts", help="Comma list of prompt lengths, e.g. 64,384.")] = None,
+    new_tokens: Annotated[Optional[int], typer.Option("--new-tokens", help="Tokens generated per run.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a small matrix of real runs here and fit the speed model into the profile's calibration."""
+    from dataclasses import replace as dc_replace
+
+    from planner.hardware import profile_to_dict, save_profile
+    from planner.quant import SCHEMES
+    from planner.units import parse_context
+    from runtime.calibrate import CPU_MATRIX, GPU_MATRIX, calibrate
+
+    if hardware:
+        hw = resolve_hardware(hardware)
+    else:
+        from runtime.probe import probe
+
+        with err.status("probing this machine (full measurements)..."):
+            hw = probe(quick=False).profile
+    import torch
+
+    m = GPU_MATRIX if hw.has_gpu and torch.cuda.is_available() else CPU_MATRIX
+    if models:
+        m = dc_replace(m, models=_split(models))
+    if quants:
+        for q in _split(quants):
+            if q not in SCHEMES:
+                fail(f"unknown quantization {q!r}; choose from {', '.join(SCHEMES)}")
+        m = dc_replace(m, quants=_split(quants))
+    if prompts:
+        m = dc_replace(m, prompts=tuple(parse_context(p) for p in _split(prompts)))
+    if new_tokens is not None:
+        if new_tokens < 2:
+            fail("--new-tokens must be at least 2")
+        m = dc_replace(m, new_tokens=new_tokens)
+    calibrated, records = calibrate(hw, m, progress=lambda s: err.print(f"[dim]{s}[/]", highlight=False))
+    if save:
+        save_profile(calibrated, save)
+        err.print(f"calibrated profile saved to {save}")
+    c = calibrated.calibration
+    if as_json:
+        print_data({"profile": profile_to_dict(calibrated),
+                    "runs": [{"model": r.model, "quant": r.quant, "prompt": r.prompt, "ttft_s": r.ttft_s,
+                              "decode_tokens_per_s": r.decode_tokens_per_s, "peak_rss_bytes": r.peak_rss_bytes}
+                             for r in records]})
+        return
+    out.print(table("calibration", ["device", "backend", "quant", "bandwidth eff", "compute eff", "per layer",
+                                    "per token"],
+                    [[e.device, e.backend, e.quant, f"{e.bandwidth_efficiency:.3f}", f"{e.compute_efficiency:.3f}",
+                      f"{e.per_layer_overhead_s * 1e6:.1f} us", f"{e.per_token_overhead_s * 1e3:.2f} ms"]
+                     for e in c.entries], justify_right={3, 4, 5, 6}))
+    out.print(table("fit residuals (on the calibration runs)", ["name", "value"],
+                    [[k, f"{v:.2f} %"] for k, v in c.residuals]))
+    if c.runtime_ram_bytes is not None:
+        out.print(f"runtime RAM beyond what plans count: {c.runtime_ram_bytes / 2**20:.0f} MiB")
+
+
 @app.command("run")
 def run_cmd(
     model: ModelOpt,

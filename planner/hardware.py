@@ -226,9 +226,13 @@ class Calibration:
     versions: tuple[tuple[str, str], ...] = ()  # accepts a dict too: {"torch": "2.13.0"}
     entries: tuple[CalibrationEntry, ...] = ()
     residuals: tuple[tuple[str, float], ...] = ()  # {"decode_tokens_per_s_median_abs_pct": 4.2}
+    # RSS of the runtime process beyond what the plan counts (interpreter, torch, allocator), measured
+    runtime_ram_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _check_str(self, "measured_at")
+        if self.runtime_ram_bytes is not None:
+            _check_int(self, "runtime_ram_bytes", minimum=0)
         try:
             _dt.datetime.fromisoformat(self.measured_at)
         except ValueError:
@@ -504,6 +508,8 @@ INT = _Kind("an integer", _parse_int, _ident)
 NUMBER = _Kind("a number", _parse_number, _ident)
 STR = _Kind("a string", _parse_str, _ident)
 BOOL = _Kind("true or false", _parse_bool, _ident)
+OPT_SIZE = _Kind('a size like "700 MiB" (or null)', lambda v: None if v is None else SIZE.parse(v),
+                 lambda v: None if v is None else SIZE.format(v))
 CC = _Kind('a quoted compute capability like "8.9" (or null)', _parse_opt_str, _ident)
 
 # yaml key -> (field, kind, default) ; default _REQUIRED means the key must be present.
@@ -549,6 +555,7 @@ _CALIBRATION_KEYS = {  # versions/entries/residuals are handled by hand
     "versions": ("versions", None, {}),
     "entries": ("entries", None, []),
     "residuals": ("residuals", None, {}),
+    "runtime_ram": ("runtime_ram_bytes", OPT_SIZE, None),
 }
 _PROFILE_KEYS = {
     "schema_version": ("schema_version", INT, _REQUIRED),
@@ -720,6 +727,7 @@ def profile_to_dict(p: HardwareProfile) -> dict[str, Any]:
             "versions": dict(c.versions),
             "entries": [_section_to_dict(e, _ENTRY_KEYS) for e in c.entries],
             "residuals": dict(c.residuals),
+            "runtime_ram": OPT_SIZE.format(c.runtime_ram_bytes),
         }
     return {
         "schema_version": p.schema_version,

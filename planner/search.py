@@ -18,7 +18,7 @@ from .memory import (FitTotals, LayerCosts, Placement, gpu_capacity, layer_costs
 from .modelspec import ModelSpec
 from .plan import Candidate, Plan, hardware_ref, model_ref
 from .quant import KV_SCHEMES, SCHEMES, KVScheme, WeightScheme, kv_bytes
-from .request import Request
+from .request import RUNTIME_BASE_RAM_BYTES, Request
 from .speed import _read_bytes_per_layer, estimate
 from .units import format_bytes
 
@@ -256,7 +256,9 @@ def _constants(hw: HardwareProfile, req: Request) -> dict:
         "kernel_launch_s": {"value": o.kernel_launch_s, "from": f"profile {hw.name}: overheads.kernel_launch"},
         "headroom_bytes": {"value": req.headroom_bytes, "from": "request --headroom"},
         "prefill_chunk_tokens": {"value": req.prefill_chunk, "from": "request --prefill-chunk"},
-        "runtime_base_ram_bytes": {"value": req.runtime_base_ram_bytes, "from": "planner.request.RUNTIME_BASE_RAM_BYTES"},
+        "runtime_base_ram_bytes": {"value": req.runtime_base_ram_bytes, "from": (
+            f"profile {hw.name}: calibration.runtime_ram" if hw.calibration is not None
+            and hw.calibration.runtime_ram_bytes == req.runtime_base_ram_bytes else "planner.request.RUNTIME_BASE_RAM_BYTES")},
         "balanced_speed_fraction": {"value": req.balanced_speed_fraction, "from": "planner.request.BALANCED_SPEED_FRACTION"},
         "activation_hidden_copies": {"value": m.ACTIVATION_HIDDEN_COPIES, "from": "planner.memory"},
         "activation_mlp_copies": {"value": m.ACTIVATION_MLP_COPIES, "from": "planner.memory"},
@@ -284,6 +286,9 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     if req.vram_budget_bytes is not None and hw.gpu is not None and req.vram_budget_bytes > hw.gpu.memory_bytes:
         raise PlanError(f"--vram-budget {format_bytes(req.vram_budget_bytes)} exceeds the GPU's "
                         f"{format_bytes(hw.gpu.memory_bytes)}")
+    cal = hw.calibration
+    if cal is not None and cal.runtime_ram_bytes is not None and req.runtime_base_ram_bytes == RUNTIME_BASE_RAM_BYTES:
+        req = replace(req, runtime_base_ram_bytes=cal.runtime_ram_bytes)  # measured beats the default
     schemes = [SCHEMES[q] for q in req.quant] if req.quant else list(SCHEMES.values())
     kvs = [KV_SCHEMES[k] for k in req.kv_dtype] if req.kv_dtype else list(KV_SCHEMES.values())
     warnings: list[str] = []

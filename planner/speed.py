@@ -118,6 +118,17 @@ def _attention_flops(spec: ModelSpec, prompt: int) -> float:
     return total
 
 
+def decode_bytes_per_token(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,
+                           costs: LayerCosts) -> float:
+    """Bytes one decode step reads with every layer resident: active weights, the KV cache, lm_head."""
+    read = _read_bytes_per_layer(spec, scheme, batch)
+    return sum(read) + sum(kv_bytes_per_layer(spec, kv, context, batch)) + costs.head_bytes
+
+
+def prefill_flops(spec: ModelSpec, prompt: int, batch: int = 1) -> float:
+    return (_flops_per_token(spec) * prompt + _attention_flops(spec, prompt)) * batch
+
+
 @dataclass(frozen=True, kw_only=True)
 class SpeedEstimate:
     decode_tokens_per_s: float  # at the start of generation (context = the prompt)
@@ -174,7 +185,7 @@ def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightS
 
     # Prefill: compute-bound, in chunks; each chunk also reads (or streams) every weight once.
     prompt = req.prompt
-    flops = (_flops_per_token(spec) * prompt + _attention_flops(spec, prompt)) * B
+    flops = prefill_flops(spec, prompt, B)
     peak = (hw.gpu.bf16_flops if on_gpu else hw.host.cpu_bf16_flops) * eff.compute
     chunks = -(-prompt // req.prefill_chunk)
     if on_gpu and p.offload == "cpu" and n < L:
