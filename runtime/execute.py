@@ -68,10 +68,12 @@ def _pct(measured, predicted):
     return 100.0 * (measured - predicted) / predicted
 
 
-def predicted_for_run(p: Plan, spec: ModelSpec, hw: HardwareProfile, prompt_tokens: int) -> dict:
-    """The plan's prediction for exactly this run: the same choice at the real prompt length."""
+def predicted_for_run(p: Plan, spec: ModelSpec, hw: HardwareProfile, prompt_tokens: int, total_tokens: int) -> dict:
+    """The plan's prediction for exactly this run: the same choice, at the run's real prompt length and with
+    the KV cache this run fills (prompt + generated tokens), which is what its peak memory holds."""
     c = p.choice
-    req = replace(p.request, prompt_tokens=min(prompt_tokens, p.request.context), quant=(c.weight_quant,),
+    context = max(1, min(total_tokens, p.request.context))
+    req = replace(p.request, context=context, prompt_tokens=min(prompt_tokens, context), quant=(c.weight_quant,),
                   kv_dtype=(c.kv_dtype,), gpu_layers=c.gpu_layers if c.compute_device == "cuda" else None,
                   offload=c.offload if c.offload != "none" else None)
     again = make_plan(spec, hw, req)
@@ -177,7 +179,8 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
     report.tokens = all_tokens
     report.text = "".join(text_parts)
     report.plan = current.to_dict()
-    report.predicted = predicted_for_run(current, spec, hw, report.prompt_tokens or p.request.prompt)
+    prompt_len = report.prompt_tokens or p.request.prompt
+    report.predicted = predicted_for_run(current, spec, hw, prompt_len, prompt_len + max(len(all_tokens), 1))
     report.error_pct = {m: _pct(report.measured.get(m), report.predicted.get(m)) for m in METRICS}
     return report
 

@@ -1,0 +1,172 @@
+"""Accuracy benchmark: plan, then run, and compare predicted with measured.
+
+A matrix of models x quantizations x contexts (x splits on a GPU) goes through
+`vramplan run` (which plans first), each row in its own process so that peak RAM is the
+row's own. Writes bench/results/accuracy-<machine>.json and .md (predicted, measured and
+error per row; median and worst error) and a PNG: predicted vs measured decode tokens/s
+on log axes with y = x, and the same for peak memory.
+
+    python bench/accuracy.py --hardware bench/results/profile-cpu-dev.yaml --machine cpu-dev
+    python bench/accuracy.py --hardware h100-measured --machine h100 --models llama-3.1-8b,qwen2.5-14b \
+        --quants bf16,bnb-int8,bnb-nf4 --contexts 4k,32k --vram-budget 24GiB
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+# Not the calibration's matrix (qwen2.5-0.5b and llama-3.2-1b at prompts 64 and 384).
+CPU_DEFAULT = dict(models="qwen3-0.6b,gemma-2-2b", quants="bf16,quanto-int8,quanto-int4", contexts="2k",
+                   prompts="256,1024", new_tokens=12)
+TARGETS_CPU = {"decode_median_pct": 15.0, "decode_worst_pct": 25.0, "ram_pct": 5.0}
+TARGETS_GPU = {"decode_pct": 10.0, "ttft_pct": 15.0, "vram_pct": 3.0, "vram_abs_bytes": 128 * 2**20}
+
+
+def run_row(model, quant, context, prompt, new_tokens, hardware, extra) -> dict:
+    cmd = [sys.executable, str(ROOT / "cli.py"), "run", "--model", model, "--dummy-weights", "--context", context,
+           "--prompt-tokens", str(prompt), "--max-new-tokens", str(new_tokens), "--quant", quant, "--kv-dtype", "bf16",
+           "--hardware", hardware, "--json", *extra]
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    row = {"model": model, "quant": quant, "context": context, "prompt_tokens": prompt, "new_tokens": new_tokens,
+           "extra_args": extra, "wall_s": round(time.time() - t0, 1)}
+    if r.returncode not in (0, 1) or not r.stdout.strip().startswith("{"):
+        row["error"] = (r.stderr.strip().splitlines() or ["?"])[-1]
+        return row
+    d = json.loads(r.stdout)
+    row.update(predicted=d["predicted"], measured=d["measured"], error_pct=d["error_pct"],
+               choice=d["plan"]["choice"], errors=d["errors"])
+    return row
+
+
+def summarize(rows: list[dict]) -> dict:
+    ok = [r for r in rows if "error_pct" in r]
+
+    def stats(metric):
+        vals = [abs(r["error_pct"][metric]) for r in ok if r["error_pct"].get(metric) is not None]
+        return {"median_abs_pct": round(statistics.median(vals), 2), "worst_abs_pct": round(max(vals), 2),
+                "n": len(vals)} if vals else None
+
+    return {m: stats(m) for m in ("decode_tokens_per_s", "ttft_s", "peak_ram_bytes", "peak_vram_bytes")}
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if "error_pct" in r]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    panels = [("decode_tokens_per_s", "decode tokens/s", 1.0), ("peak_ram_bytes", "peak RAM (GiB)", 2**30)]
+    if any(r["measured"].get("peak_vram_bytes") for r in ok):
+        panels[1] = ("peak_vram_bytes", "peak VRAM (GiB)", 2**30)
+    for ax, (metric, label, scale) in zip(axes, panels):
+        pts = [(r["predicted"][metric] / scale, r["measured"][metric] / scale, r["quant"]) for r in ok
+               if r["predicted"].get(metric) and r["measured"].get(metric)]
+        for q in sorted({p[2] for p in pts}):
+            xs = [p[0] for p in pts if p[2] == q]
+            ys = [p[1] for p in pts if p[2] == q]
+            ax.scatter(xs, ys, label=q, s=36)
+        if pts:
+            lo = min(min(p[0], p[1]) for p in pts) * 0.7
+            hi = max(max(p[0], p[1]) for p in pts) * 1.4
+            ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
+            ax.set_xlim(lo, hi)
+            ax.set_ylim(lo, hi)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"predicted {label}")
+        ax.set_ylabel(f"measured {label}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def markdown(out: dict) -> str:
+    lines = [f"# Accuracy: predicted vs measured on {out['machine']}", "",
+             f"{out['date']}; hardware profile `{out['hardware']}`; {out['versions']}", "",
+             "| model | quant | context | prompt | split | decode tok/s pred | meas | err | TTFT s pred | meas | err "
+             "| peak RAM pred | meas | err | peak VRAM err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def f(v, kind):
+        if v is None:
+            return "-"
+        return {"pct": f"{v:+.1f}%", "gib": f"{v / 2**30:.2f} GiB", "num": f"{v:.3g}"}[kind]
+
+    for r in out["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['quant']} | {r['context']} | {r['prompt_tokens']} | - | error: {r['error']} |"
+                         + " |" * 9)
+            continue
+        p, m, e, c = r["predicted"], r["measured"], r["error_pct"], r["choice"]
+        split = "cpu" if c["compute_device"] == "cpu" else f"{c['gpu_layers']}/{c['total_layers']} {c['offload']}"
+        lines.append(
+            f"| {r['model']} | {r['quant']} | {r['context']} | {r['prompt_tokens']} | {split} | "
+            f"{f(p['decode_tokens_per_s'], 'num')} | {f(m['decode_tokens_per_s'], 'num')} | {f(e['decode_tokens_per_s'], 'pct')} | "
+            f"{f(p['ttft_s'], 'num')} | {f(m['ttft_s'], 'num')} | {f(e['ttft_s'], 'pct')} | "
+            f"{f(p['peak_ram_bytes'], 'gib')} | {f(m['peak_ram_bytes'], 'gib')} | {f(e['peak_ram_bytes'], 'pct')} | "
+            f"{f(e['peak_vram_bytes'], 'pct')} |")
+    lines += ["", "## Summary (absolute % error)", "", "| metric | median | worst | rows |", "|---|---|---|---|"]
+    for metric, s in out["summary"].items():
+        if s:
+            lines.append(f"| {metric} | {s['median_abs_pct']} | {s['worst_abs_pct']} | {s['n']} |")
+    lines += ["", f"Targets: {out['targets']}", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hardware", required=True, help="the (calibrated) profile to plan with")
+    ap.add_argument("--machine", required=True, help="name used in the result file names")
+    ap.add_argument("--models", default=CPU_DEFAULT["models"])
+    ap.add_argument("--quants", default=CPU_DEFAULT["quants"])
+    ap.add_argument("--contexts", default=CPU_DEFAULT["contexts"])
+    ap.add_argument("--prompts", default=CPU_DEFAULT["prompts"], help="prompt lengths (or 'context' for the whole)")
+    ap.add_argument("--new-tokens", type=int, default=CPU_DEFAULT["new_tokens"])
+    ap.add_argument("--vram-budget", default=None, help="also run offloaded rows under this GPU budget")
+    args = ap.parse_args()
+
+    rows = []
+    splits = [[]] + ([["--vram-budget", args.vram_budget]] if args.vram_budget else [])
+    for model in args.models.split(","):
+        for quant in args.quants.split(","):
+            for context in args.contexts.split(","):
+                for prompt in args.prompts.split(","):
+                    for extra in splits:
+                        from planner.units import parse_context
+
+                        n = parse_context(context) - args.new_tokens if prompt == "context" else int(prompt)
+                        print(f"{model} {quant} ctx {context} prompt {n} {' '.join(extra)}", flush=True)
+                        row = run_row(model, quant, context, n, args.new_tokens, args.hardware, extra)
+                        print("   ", {k: row.get(k) for k in ("error_pct", "error", "wall_s")}, flush=True)
+                        rows.append(row)
+    sys.path.insert(0, str(ROOT))
+    from runtime.calibrate import versions
+
+    gpu = any((r.get("choice") or {}).get("compute_device") == "cuda" for r in rows)
+    out = {"benchmark": "accuracy", "machine": args.machine, "hardware": args.hardware,
+           "date": time.strftime("%Y-%m-%d"), "versions": versions(), "platform": platform.platform(),
+           "targets": TARGETS_GPU if gpu else TARGETS_CPU, "rows": rows, "summary": summarize(rows)}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"accuracy-{args.machine}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (RESULTS / f"accuracy-{args.machine}.md").write_text(markdown(out))
+    plot(rows, RESULTS / f"accuracy-{args.machine}.png", f"vramplan predicted vs measured - {args.machine}")
+    print(markdown(out))
+
+
+if __name__ == "__main__":
+    main()
