@@ -10,11 +10,14 @@ quality cost. The runtime half (how to load it) lives in runtime/load.py. Pure.
 Layouts (measured with bitsandbytes 0.50.2 / optimum-quanto 0.2.7 on transformers 5.23;
 shared/DESIGN.md and tests/test_runtime_core.py check them on real modules):
 - bnb int8 (LLM.int8): int8 [out, in] + fp32 SCB [out].
-- bnb 4-bit, blocksize 64: packed uint8 (n/2) + fp32 absmax per 64 elements; with double
-  quantization: uint8 absmax per 64 + fp32 nested absmax per 256 blocks + fp32 offset +
-  a 256-entry fp32 code table.
-- quanto qint8: int8 [out, in] + one scale per output row in the compute dtype.
-- quanto qint4: packed uint8 (n/2) + scale and shift per group of 128 in the compute dtype.
+- bnb 4-bit, blocksize 64: packed uint8 (n/2) + fp32 absmax per 64 elements + a 16-entry fp32
+  code table (64 B); with double quantization: uint8 absmax per 64 + fp32 nested absmax per
+  256 blocks + fp32 offset + a 256-entry fp32 nested code table (1 KiB).
+  (On the CPU, bnb re-lays 4-bit weights out at the first forward: bf16 scales, double
+  quantization undone, ~0.531 B/param. The plan counts the layout as loaded.)
+- quanto qint8: int8 [out, in] + one scale per output row in the compute dtype + 8 B of fp32 scalars.
+- quanto qint4: packed uint8 (n/2) + scale and shift per group of 128 along each row in the
+  compute dtype + 8 B of fp32 scalars.
 """
 
 from __future__ import annotations
@@ -67,13 +70,15 @@ class WeightScheme:
         n = t.numel
         out_features = t.shape[0]
         if self.bits == 8:
-            return n + int(out_features * self.row_scale_bytes)
+            return n + int(out_features * self.row_scale_bytes) + self.fixed_bytes_per_tensor
         if self.bits == 4:
             blocks = math.ceil(n / self.group_size)
             packed = math.ceil(n / 2)
             if self.backend == "bnb" and self.double_quant:
                 nested = math.ceil(blocks / 256)
                 return packed + blocks * 1 + nested * 4 + 4 + self.fixed_bytes_per_tensor
+            if self.backend == "quanto":  # scale + shift per group of 128 along each row
+                return packed + out_features * math.ceil(t.shape[-1] / self.group_size) * int(self.scale_bytes) + self.fixed_bytes_per_tensor
             return packed + int(blocks * self.scale_bytes) + self.fixed_bytes_per_tensor
         raise AssertionError(self.bits)
 
@@ -92,7 +97,8 @@ class WeightScheme:
 def _bnb4(name, quant_type, dq, ppl, src) -> WeightScheme:
     return WeightScheme(
         name=name, backend="bnb", bits=4, group_size=64, double_quant=dq, scale_bytes=4.0,
-        fixed_bytes_per_tensor=1024 if dq else 0,
+        # a 16-entry fp32 code table (64 B) per Linear; double quantization adds a 256-entry nested one
+        fixed_bytes_per_tensor=64 + (1024 if dq else 0),
         devices=("cuda", "cpu"),
         description=f"bitsandbytes {quant_type.upper()} 4-bit, blocksize 64" + (", double quantization" if dq else ""),
         quality=QualityCost(ppl_increase_pct=ppl, source=src),
@@ -119,12 +125,12 @@ SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
     _bnb4("bnb-fp4", "fp4", False, 6.0, _QLORA),
     _bnb4("bnb-fp4-dq", "fp4", True, 6.0, _QLORA),
     WeightScheme(name="quanto-int8", backend="quanto", bits=8, row_scales=True, row_scale_bytes=2.0,
-                 devices=("cuda", "cpu", "mps"),
+                 fixed_bytes_per_tensor=8, devices=("cuda", "cpu", "mps"),
                  description="optimum-quanto qint8 weights, one scale per output row",
                  quality=QualityCost(ppl_increase_pct=0.2, source="per-channel int8 weight-only RTN: within noise of "
                                      "fp16 (SmoothQuant, Xiao et al. 2022, arXiv:2211.10438, W8A16 rows)")),
     WeightScheme(name="quanto-int4", backend="quanto", bits=4, group_size=128, scale_bytes=4.0,
-                 devices=("cuda", "cpu", "mps"),
+                 fixed_bytes_per_tensor=8, devices=("cuda", "cpu", "mps"),
                  description="optimum-quanto qint4 weights, group 128, scale + shift per group",
                  quality=QualityCost(ppl_increase_pct=4.8, source="AWQ (Lin et al. 2023, arXiv:2306.00978) Table 4: "
                                      "Llama-2-7B WikiText-2 perplexity FP16 5.47, INT4 g128 round-to-nearest 5.73")),

@@ -123,11 +123,17 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
             t0 = time.perf_counter()
             try:
                 say(f"loading {spec.name} ({c.weight_quant}{', dummy weights' if dummy_weights else ''}) on {device}")
+                offloaded = on_gpu and c.offload != "none"
+                # offloaded plans load on the CPU, then the offload engine places them (stream or cpu mode)
                 loaded = load_model(weight_src, weight_quant=c.weight_quant,
                                     compute_dtype="fp16" if c.weight_quant == "fp16" else "bf16",
-                                    dummy_weights=dummy_weights, device=device,
-                                    gpu_layers=c.gpu_layers if on_gpu and c.offload != "none" else None,
+                                    dummy_weights=dummy_weights, device="cpu" if offloaded else device,
                                     allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, seed=seed)
+                if offloaded:
+                    from .offload import apply_offload
+
+                    engine = apply_offload(loaded.model, gpu_layers=c.gpu_layers, mode=c.offload, device=device)
+                    report.notes.append(f"offload engine ({c.offload}): {engine.summary()}")
             except torch.cuda.OutOfMemoryError as e:  # pragma: no cover - needs a GPU
                 result = None
                 oom_error = f"CUDA out of memory while loading: {e}"

@@ -1,0 +1,233 @@
+"""The generation loop, gpt-fast style: ``prefill``, ``decode_one_token``, ``decode_n_tokens``
+over tensors, batch 1, with the timings a RunReport needs.
+
+Timing rules (seconds, wall clock, CUDA synchronized where a CUDA device is in use):
+- prefill_s: from the start of the first prefill chunk to the last chunk's logits
+  being ready;
+- ttft_s: from the same start to the first generated token available on the host
+  (prefill + sampling + the copy to the host);
+- token_times_s: one entry per token after the first, each the wall time of one
+  decode step (forward, sampling, copy to host); so len(token_times_s) ==
+  len(tokens) - 1;
+- decode_tokens_per_s_median: 1 / median(token_times_s); _start / _end: tokens per
+  second over the first / last 10 % of token_times_s (at least one token each).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from runtime.kvcache import make_cache
+from runtime.measure import synchronize
+
+EDGE_FRACTION = 0.10       # the share of decode steps averaged for the start / end rates
+SPECIAL_TOKEN_IDS = 11     # synthetic prompts avoid ids 0..10 (pad/bos/eos live there in most vocabularies)
+
+STOP_MAX_NEW_TOKENS = "max_new_tokens"
+STOP_EOS = "eos"
+STOP_OOM = "oom"
+STOP_STOPPED = "stopped"
+
+
+@dataclass(kw_only=True)
+class GenerationResult:
+    tokens: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    ttft_s: float | None = None
+    prefill_s: float | None = None
+    prefill_tokens_per_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)
+    decode_tokens_per_s_median: float | None = None
+    decode_tokens_per_s_start: float | None = None
+    decode_tokens_per_s_end: float | None = None
+    stopped_reason: str = STOP_MAX_NEW_TOKENS
+    error: str | None = None
+
+
+def synthetic_prompt(n_tokens: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
+    """A deterministic [1, n_tokens] prompt of ids in [11, vocab_size) (all ids if the vocab is tiny)."""
+    low = SPECIAL_TOKEN_IDS if vocab_size > 2 * SPECIAL_TOKEN_IDS else 0
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(low, vocab_size, (1, n_tokens), generator=generator, dtype=torch.long)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where inputs go: the device of the input embeddings."""
+    return model.get_input_embeddings().weight.device
+
+
+def _forward(model: nn.Module, input_ids: torch.Tensor, start: int, cache) -> torch.Tensor:
+    """Run ``input_ids`` (positions start..) through the model; fp32 logits of the last position, [1, vocab].
+
+    Only the last position goes through lm_head. It is picked with an index tensor, not
+    ``logits_to_keep=1``: that slice keeps the chunk's batch stride, and a bf16 CPU matmul
+    on such an input copies the whole lm_head weight each call (+260 MiB for Qwen2.5-0.5B).
+    """
+    n = input_ids.shape[1]
+    positions = torch.arange(start, start + n, device=input_ids.device).unsqueeze(0)
+    last = 1 if n == 1 else torch.tensor([n - 1], device=input_ids.device)
+    out = model(input_ids=input_ids, position_ids=positions, past_key_values=cache, use_cache=True,
+                logits_to_keep=last)
+    return out.logits[:, -1, :].float()
+
+
+def prefill(model: nn.Module, input_ids: torch.Tensor, cache, prefill_chunk: int) -> torch.Tensor:
+    """Fill ``cache`` with the prompt, ``prefill_chunk`` tokens at a time; the last position's logits."""
+    if prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+    n = input_ids.shape[1]
+    if n < 1:
+        raise ValueError("the prompt is empty")
+    logits = None
+    for start in range(0, n, prefill_chunk):
+        logits = _forward(model, input_ids[:, start:start + prefill_chunk], start, cache)
+    return logits
+
+
+def decode_one_token(model: nn.Module, token: torch.Tensor, position: int, cache) -> torch.Tensor:
+    """One decode step for ``token`` ([1, 1]) at ``position``; its fp32 logits, [1, vocab]."""
+    return _forward(model, token, position, cache)
+
+
+def sample(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """Greedy for temperature 0, else a draw from softmax(logits / temperature); a [1, 1] tensor."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
+
+
+def decode_n_tokens(model: nn.Module, first_token: torch.Tensor, position: int, cache, n: int, *,
+                    temperature: float, generator, device, eos_ids: frozenset[int],
+                    on_token: Callable[[int], None] | None, stop: Callable[[], bool] | None,
+                    tokens: list[int], token_times_s: list[float]) -> str:
+    """Generate up to ``n`` tokens after ``first_token``; appends to ``tokens`` / ``token_times_s``
+    as it goes (so they survive an exception) and returns the stop reason."""
+    token = first_token
+    for i in range(n):
+        start = time.perf_counter()
+        logits = decode_one_token(model, token, position + i, cache)
+        token = sample(logits, temperature, generator)
+        token_id = int(token.item())  # the copy to the host synchronizes
+        synchronize(device)
+        token_times_s.append(time.perf_counter() - start)
+        tokens.append(token_id)
+        if on_token is not None:
+            on_token(token_id)
+        if token_id in eos_ids:
+            return STOP_EOS
+        if stop is not None and stop():
+            return STOP_STOPPED
+    return STOP_MAX_NEW_TOKENS
+
+
+def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk: int,
+             kv_dtype: str = "bf16", temperature: float = 0.0, eos_token_id: int | Iterable[int] | None = None,
+             seed: int = 0, on_token: Callable[[int], None] | None = None,
+             stop: Callable[[], bool] | None = None) -> GenerationResult:
+    """Prefill ``input_ids`` ([1, n] tensor or list of ids) in chunks, then decode.
+
+    An out-of-memory error mid-way does not raise: the result so far comes back with
+    stopped_reason "oom" and ``error`` set, so that the caller can re-plan.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    device = model_device(model)
+    input_ids = torch.as_tensor(input_ids, dtype=torch.long)
+    if input_ids.ndim == 1:
+        input_ids = input_ids.unsqueeze(0)
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"batch size 1 only, got input_ids of shape {tuple(input_ids.shape)}")
+    input_ids = input_ids.to(device)
+    prompt_tokens = input_ids.shape[1]
+    eos_ids = frozenset(_as_id_set(eos_token_id))
+    generator = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
+
+    result = GenerationResult(prompt_tokens=prompt_tokens)
+    cache = make_cache(kv_dtype, model.config)
+    try:
+        with no_grad_context(model):
+            synchronize(device)
+            start = time.perf_counter()
+            logits = prefill(model, input_ids, cache, prefill_chunk)
+            synchronize(device)
+            result.prefill_s = time.perf_counter() - start
+            result.prefill_tokens_per_s = prompt_tokens / result.prefill_s
+            token = sample(logits, temperature, generator)
+            token_id = int(token.item())
+            result.ttft_s = time.perf_counter() - start
+            result.tokens.append(token_id)
+            if on_token is not None:
+                on_token(token_id)
+            if token_id in eos_ids:
+                result.stopped_reason = STOP_EOS
+            elif stop is not None and stop():
+                result.stopped_reason = STOP_STOPPED
+            else:
+                result.stopped_reason = decode_n_tokens(
+                    model, token, prompt_tokens, cache, max_new_tokens - 1,
+                    temperature=temperature, generator=generator, device=device, eos_ids=eos_ids,
+                    on_token=on_token, stop=stop, tokens=result.tokens, token_times_s=result.token_times_s)
+    except Exception as exc:  # noqa: BLE001 - only out-of-memory is turned into a result
+        if not _is_oom(exc):
+            raise
+        del cache
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        result.stopped_reason = STOP_OOM
+        result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    _fill_decode_rates(result)
+    return result
+
+
+def no_grad_context(model: nn.Module):
+    """``torch.inference_mode()``, or ``torch.no_grad()`` for models holding optimum-quanto weights:
+    quanto's generic int4 matmul (fp16, or groups other than 128) fails on inference tensors
+    ("Cannot set version_counter for inference tensor")."""
+    quanto = any(type(m).__module__.startswith("optimum.quanto") for m in model.modules())
+    return torch.no_grad() if quanto else torch.inference_mode()
+
+
+def first_logits(model: nn.Module, input_ids, prefill_chunk: int, kv_dtype: str = "bf16") -> torch.Tensor:
+    """The fp32 logits of the last prompt position after a (chunked) prefill, [vocab]."""
+    input_ids = torch.as_tensor(input_ids, dtype=torch.long)
+    if input_ids.ndim == 1:
+        input_ids = input_ids.unsqueeze(0)
+    input_ids = input_ids.to(model_device(model))
+    with no_grad_context(model):
+        return prefill(model, input_ids, make_cache(kv_dtype, model.config), prefill_chunk)[0]
+
+
+def _as_id_set(eos_token_id) -> Iterable[int]:
+    if eos_token_id is None:
+        return ()
+    if isinstance(eos_token_id, int):
+        return (eos_token_id,)
+    return tuple(int(i) for i in eos_token_id)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    oom_type = getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    if isinstance(exc, MemoryError):
+        return True
+    message = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
+
+
+def _fill_decode_rates(result: GenerationResult) -> None:
+    times = result.token_times_s
+    if not times:
+        return
+    result.decode_tokens_per_s_median = 1.0 / statistics.median(times)
+    edge = max(1, math.ceil(EDGE_FRACTION * len(times)))
+    result.decode_tokens_per_s_start = edge / sum(times[:edge])
+    result.decode_tokens_per_s_end = edge / sum(times[-edge:])

@@ -1,0 +1,197 @@
+"""Measuring a run: peak host and GPU memory over a window, and synchronized wall time.
+
+Every reading tolerates a machine without a GPU, without NVML, or where NVML cannot see
+this process (containers with their own PID namespace): the value is then None.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+import torch
+
+DEFAULT_SAMPLE_INTERVAL_S = 0.005
+
+
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait for queued CUDA work on ``device``; a no-op for the CPU or None."""
+    if device is None:
+        return
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Timer:
+    """Wall time of a block, with CUDA synchronized on entry and exit when a CUDA device is given.
+
+    >>> with Timer("cuda:0") as t: ...
+    >>> t.elapsed_s
+    """
+
+    def __init__(self, device: torch.device | str | None = None):
+        self.device = device
+        self.start_s: float | None = None
+        self.elapsed_s: float | None = None
+
+    def __enter__(self) -> "Timer":
+        synchronize(self.device)
+        self.start_s = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        synchronize(self.device)
+        self.elapsed_s = time.perf_counter() - self.start_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPeaks:
+    """Peaks over one sampled window, in bytes; None where the source is unavailable.
+
+    peak_rss_bytes: the largest process RSS seen by the sampler, raised to
+        ru_maxrss at the end when ru_maxrss grew during the window (then the lifetime
+        peak was reached inside the window, so it is this window's exact peak, even one
+        shorter than the sampling interval).
+    lifetime_max_rss_bytes: ru_maxrss at the end of the window (the process' lifetime
+        peak, which may predate the window).
+    peak_vram_bytes: max(peak_torch_reserved_bytes + cuda_context_bytes,
+        peak_nvml_process_bytes), with a missing term left out; None without CUDA.
+        NVML's per-process figure includes the CUDA context and non-torch allocations;
+        torch's reserved figure does not, hence the context estimate (from the probe).
+    """
+
+    peak_rss_bytes: int
+    start_rss_bytes: int
+    lifetime_max_rss_bytes: int
+    peak_torch_reserved_bytes: int | None
+    peak_nvml_process_bytes: int | None
+    cuda_context_bytes: int | None
+    peak_vram_bytes: int | None
+
+    @property
+    def rss_delta_bytes(self) -> int:
+        return self.peak_rss_bytes - self.start_rss_bytes
+
+
+def _ru_maxrss_bytes() -> int:
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss if sys.platform == "darwin" else maxrss * 1024  # Linux reports KiB
+
+
+class _NvmlProcessMemory:
+    """Used GPU memory of this process on one device through NVML, or None."""
+
+    def __init__(self, device: torch.device):
+        self.handle = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._pynvml = pynvml
+            uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+            if uuid is not None:
+                self.handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+            else:
+                self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        except Exception:  # noqa: BLE001 - no NVML is a normal condition
+            self.handle = None
+
+    def read(self) -> int | None:
+        if self.handle is None:
+            return None
+        try:
+            processes = self._pynvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        except Exception:  # noqa: BLE001
+            return None
+        used = [p.usedGpuMemory for p in processes if p.pid == os.getpid() and p.usedGpuMemory is not None]
+        return sum(used) if used else None
+
+    def close(self) -> None:
+        if self.handle is not None:
+            try:
+                self._pynvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class PeakMemorySampler:
+    """Context manager sampling RSS (and NVML process memory on CUDA) every ``interval_s``.
+
+    >>> with PeakMemorySampler(device="cuda:0", cuda_context_bytes=500 << 20) as sampler:
+    ...     run()
+    >>> sampler.result.peak_vram_bytes
+    """
+
+    def __init__(self, *, device: torch.device | str | None = None,
+                 interval_s: float = DEFAULT_SAMPLE_INTERVAL_S, cuda_context_bytes: int | None = None):
+        device = torch.device(device) if device is not None else None
+        self.cuda_device = device if device is not None and device.type == "cuda" and torch.cuda.is_available() else None
+        self.interval_s = interval_s
+        self.cuda_context_bytes = cuda_context_bytes
+        self.result: MemoryPeaks | None = None
+        self._process = psutil.Process()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml: _NvmlProcessMemory | None = None
+        self._peak_rss = 0
+        self._peak_nvml: int | None = None
+
+    def _sample(self) -> None:
+        rss = self._process.memory_info().rss
+        self._peak_rss = max(self._peak_rss, rss)
+        if self._nvml is not None:
+            used = self._nvml.read()
+            if used is not None:
+                self._peak_nvml = used if self._peak_nvml is None else max(self._peak_nvml, used)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> "PeakMemorySampler":
+        if self.cuda_device is not None:
+            synchronize(self.cuda_device)
+            torch.cuda.reset_peak_memory_stats(self.cuda_device)
+            self._nvml = _NvmlProcessMemory(self.cuda_device)
+        self._start_maxrss = _ru_maxrss_bytes()
+        self._start_rss = self._process.memory_info().rss
+        self._peak_rss = self._start_rss
+        self._sample()
+        self._thread = threading.Thread(target=self._run, name="vramplan-memory-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch_reserved = None
+        if self.cuda_device is not None:
+            synchronize(self.cuda_device)
+            torch_reserved = torch.cuda.max_memory_reserved(self.cuda_device)
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        end_maxrss = _ru_maxrss_bytes()
+        peak_rss = self._peak_rss
+        if end_maxrss > self._start_maxrss:
+            peak_rss = max(peak_rss, end_maxrss)
+        if self._nvml is not None:
+            self._nvml.close()
+        vram_terms = []
+        if torch_reserved is not None:
+            vram_terms.append(torch_reserved + (self.cuda_context_bytes or 0))
+        if self._peak_nvml is not None:
+            vram_terms.append(self._peak_nvml)
+        self.result = MemoryPeaks(
+            peak_rss_bytes=peak_rss,
+            start_rss_bytes=self._start_rss,
+            lifetime_max_rss_bytes=end_maxrss,
+            peak_torch_reserved_bytes=torch_reserved,
+            peak_nvml_process_bytes=self._peak_nvml,
+            cuda_context_bytes=self.cuda_context_bytes,
+            peak_vram_bytes=max(vram_terms) if vram_terms else None,
+        )

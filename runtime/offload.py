@@ -1,0 +1,755 @@
+"""The offload engine: run a causal LM whose last decoder layers do not fit on the GPU.
+
+``apply_offload(model, gpu_layers=..., mode=..., device=...)`` takes a transformers CausalLM
+loaded entirely on the CPU, already quantized as planned, and places it:
+
+- on ``device``: the first ``gpu_layers`` decoder layers and everything outside the decoder
+  layers (final norm, lm_head, rotary embedding), plus the input embedding when it is tied
+  to lm_head. An untied input embedding stays on the CPU (a lookup reads a few rows; the
+  plan counts it in RAM): token ids go to it and its output comes to ``device``.
+- the other decoder layers, "offloaded", run in one of two modes:
+  - "stream": each offloaded layer's tensors, still packed and quantized, are moved into
+    one flat host buffer per layer (page-locked in place when CUDA is there). Two "slots",
+    replicas of an offloaded layer on ``device`` whose tensors are views into one flat device
+    buffer, take turns: while one slot runs layer i, layer i+1's buffer is copied into the other on a
+    side CUDA stream, one copy per layer. Events order them: compute waits for the copy
+    into its slot; a copy into a slot waits for the compute that last read it. The last
+    offloaded layer prefetches the first for the next forward. The KV cache of streamed
+    layers is on ``device``: before a slot runs layer i it takes that layer's index
+    (``self_attn.layer_idx``) and every other per-layer attribute (layer type, window).
+  - "cpu": offloaded layers compute on the CPU with their KV cache in RAM. Hidden states
+    and the kwargs a decoder layer receives (position embeddings, mask, positions) cross
+    to the CPU once per forward, at the first offloaded layer; the output of the last one
+    comes back to ``device``.
+
+Without CUDA the same code runs with ``device="cpu"``: streams, events and pinning drop
+out, the slot copies are plain memcpy, and the logits are bit-identical to the model's
+without offload, which is what the tests check.
+
+``OffloadEngine.detach()`` puts the original layers back and the model on the CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from planner.errors import VramplanError
+from runtime.load import _decoder_layers, count_tensor_bytes, release_freed_heap
+
+MODES = ("stream", "cpu")
+SLOT_COUNT = 2
+# Offset alignment of each tensor inside a layer's flat buffer: kernels want >= 16 bytes for
+# vectorized loads; 256 matches what cudaMalloc guarantees, so a view is aligned like its original.
+LEAF_ALIGNMENT_BYTES = 256
+CPU = torch.device("cpu")
+_SCALAR_TYPES = (bool, int, float, str, type(None))
+
+
+# ---------------------------------------------------------------------------------------
+# Public API
+
+
+def apply_offload(model: nn.Module, *, gpu_layers: int, mode: str,
+                  device: str | torch.device) -> "OffloadEngine":
+    """Place ``model`` (a CausalLM entirely on the CPU) with ``gpu_layers`` decoder layers on
+    ``device`` and the rest offloaded in ``mode`` ("stream" or "cpu"); see the module docstring."""
+    if mode not in MODES:
+        raise VramplanError(f"unknown offload mode {mode!r}; one of {', '.join(MODES)}")
+    device = _resolve_device(device)
+    if any(isinstance(m, OffloadedLayer) for m in model.modules()):
+        raise VramplanError("this model is already offloaded: detach() its engine first")
+    layers_path, layers = _decoder_layers(model, int(model.config.get_text_config(decoder=True).num_hidden_layers))
+    if isinstance(gpu_layers, bool) or not isinstance(gpu_layers, int) or not 0 <= gpu_layers <= len(layers):
+        raise VramplanError(f"gpu_layers={gpu_layers!r} is outside 0..{len(layers)} (the model's decoder layers)")
+    elsewhere = sorted(set(count_tensor_bytes(model)) - {"cpu"})
+    if elsewhere:
+        raise VramplanError(f"apply_offload takes a model loaded entirely on the CPU; this one has tensors on "
+                            f"{', '.join(elsewhere)}")
+    engine = OffloadEngine(model, layers, layers_path, mode=mode, gpu_layers=gpu_layers, device=device)
+    engine.attach()
+    return engine
+
+
+class OffloadedLayer(nn.Module):
+    """Stands in the decoder ModuleList for an offloaded layer and hands each call to the engine.
+
+    The original layer stays registered as ``.layer`` (its host tensors are still part of the
+    model for counting and ``model.modules()``), and its public scalar attributes are copied
+    here, for model code that reads them off the layer (``decoder_layer.attention_type``).
+    """
+
+    def __init__(self, engine: "OffloadEngine", index: int, layer: nn.Module):
+        super().__init__()
+        for name, value in _public_scalars(layer).items():
+            setattr(self, name, value)
+        self.index = index
+        self.layer = layer
+        self._engine = engine
+
+    def forward(self, *args, **kwargs):
+        return self._engine._run(self.index, self.layer, args, kwargs)
+
+
+class OffloadEngine:
+    """What ``apply_offload`` placed where, the stream-mode machinery, and ``detach()``.
+
+    Reports (bytes):
+      host_bytes: the offloaded layers' tensors held in host memory (each tensor once, no padding);
+      host_buffer_bytes: the flat host buffers of stream mode (host_bytes + alignment padding);
+      pinned_bytes: host_buffer_bytes when they are pinned (CUDA), else 0;
+      slot_bytes: the device buffers of the slots (both);
+      layer_buffer_bytes: one layer's buffer, what one slot load copies;
+      h2d_bytes_last_forward: bytes copied into slots during the last forward (stream),
+        from its first offloaded layer to its last, including the prefetch of the next
+        forward's first layer; so achieved link bandwidth = this / the forward's time.
+    """
+
+    def __init__(self, model: nn.Module, layers: nn.ModuleList, layers_path: str, *, mode: str,
+                 gpu_layers: int, device: torch.device):
+        self.model = model
+        self.mode = mode
+        self.gpu_layers = gpu_layers
+        self.device = device
+        self.offloaded_layers: tuple[int, ...] = tuple(range(gpu_layers, len(layers)))
+        self.input_embedding_on_host = False
+        self.host_bytes = 0
+        self.host_buffer_bytes = 0
+        self.pinned_bytes = 0
+        self.slot_bytes = 0
+        self.layer_buffer_bytes = 0
+        self.h2d_bytes_last_forward = 0
+        self.attached = False
+        self._layers = layers
+        self._layers_path = layers_path
+        self._originals = {i: layers[i] for i in self.offloaded_layers}
+        self._next_layer = dict(zip(self.offloaded_layers, self.offloaded_layers[1:] + self.offloaded_layers[:1]))
+        self._resident: list[tuple[nn.Module, bool]] = []  # (module, with its submodules) moved to device
+        self._hooks: list[Any] = []
+        self._boundary = _Boundary()
+        # stream mode
+        self._host_buffers: dict[int, torch.Tensor] = {}
+        self._locked: list[torch.Tensor] = []  # host buffers page-locked with cudaHostRegister
+        self._unlock: Callable[[], Any] | None = None
+        self._layout: _Layout | None = None
+        self._slots: list[_Slot] = []
+        self._current_slot: _Slot | None = None
+        self._copy_stream = None
+        self._attribute_keys: tuple[tuple[str, str], ...] = ()
+        self._attribute_values: dict[int, tuple[Any, ...]] = {}
+
+    # --- attach / detach ---------------------------------------------------------------
+
+    def attach(self) -> None:
+        """Place the model; if a step fails, whatever was done is undone before the error propagates."""
+        if self.mode == "stream" and self.offloaded_layers:
+            self._check_streamable()  # before anything moves
+        try:
+            self._place_resident()
+            if self.mode == "stream":
+                self._prepare_stream()
+            else:
+                self.host_bytes = sum(_distinct_bytes(_module_leaves(self._layers[i])) for i in self.offloaded_layers)
+            self._install_wrappers()
+            self._install_hooks()
+        except BaseException:
+            self._restore()
+            raise
+        self.attached = True
+
+    def detach(self) -> None:
+        """Put the original layers back, remove the hooks and bring the model back to the CPU.
+        Streamed layers keep their tensors in their host buffers, no longer pinned; the values are the same."""
+        if self.attached:
+            self._restore()
+            self.attached = False
+
+    def _restore(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        for index, layer in self._originals.items():
+            self._layers[index] = layer
+        if self.device.type != "cpu":
+            for module, recurse in self._resident:
+                _move(module, CPU, recurse=recurse)
+        self._slots, self._current_slot, self._copy_stream = [], None, None
+        if self._unlock is not None:
+            torch.cuda.synchronize(self.device)  # no copy may still read a buffer being unlocked
+            self._unlock()
+            self.pinned_bytes = 0
+        self._boundary.clear()
+
+    remove = detach
+
+    def __enter__(self) -> "OffloadEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode, "device": str(self.device), "gpu_layers": self.gpu_layers,
+            "offloaded_layers": list(self.offloaded_layers), "input_embedding_on_host": self.input_embedding_on_host,
+            "host_bytes": self.host_bytes, "host_buffer_bytes": self.host_buffer_bytes,
+            "pinned_bytes": self.pinned_bytes, "slot_bytes": self.slot_bytes,
+            "layer_buffer_bytes": self.layer_buffer_bytes, "h2d_bytes_last_forward": self.h2d_bytes_last_forward,
+        }
+
+    # --- placement ---------------------------------------------------------------------
+
+    def _place_resident(self) -> None:
+        """Everything but the offloaded layers (and an untied input embedding) goes to ``device``."""
+        embedding = self.model.get_input_embeddings()
+        self.input_embedding_on_host = not _embeddings_tied(self.model)
+        keep_on_host = [embedding] if self.input_embedding_on_host else []
+        self._resident = list(_modules_outside(self.model, self._layers, keep_on_host))
+        self._resident += [(self._layers[i], True) for i in range(self.gpu_layers)]
+        for module, recurse in self._resident:
+            _move(module, self.device, recurse=recurse)
+
+    def _install_wrappers(self) -> None:
+        for index in self.offloaded_layers:
+            self._layers[index] = OffloadedLayer(self, index, self._originals[index])
+
+    def _install_hooks(self) -> None:
+        """Token ids go to the input embedding's device, its output and every other tensor the
+        decoder stack receives (positions, mask) to ``device``."""
+        embedding = self.model.get_input_embeddings()
+        base = self.model.get_submodule(self._layers_path.rpartition(".")[0])
+        self._hooks = [
+            embedding.register_forward_pre_hook(_ids_to_weight_device),
+            embedding.register_forward_hook(partial(_output_to, self.device)),
+            base.register_forward_pre_hook(partial(_kwargs_to, self.device), with_kwargs=True),
+        ]
+
+    # --- stream mode: setup ------------------------------------------------------------
+
+    def _prepare_stream(self) -> None:
+        if not self.offloaded_layers:
+            return
+        pin = self.device.type == "cuda"
+        if pin:  # unlocked when the engine goes away, or at detach(); the buffers live at least until then
+            self._unlock = weakref.finalize(self, _page_unlock, self._locked)
+        for index in self.offloaded_layers:
+            self._host_buffers[index] = self._pack_host_layer(index, pin)
+        release_freed_heap()  # the layers' former tensors
+        self.host_buffer_bytes = sum(b.nbytes for b in self._host_buffers.values())
+        self.pinned_bytes = self.host_buffer_bytes if pin else 0
+        self.layer_buffer_bytes = self._layout.nbytes
+        self._slots = [self._make_slot() for _ in range(min(SLOT_COUNT, len(self.offloaded_layers)))]
+        self.slot_bytes = sum(slot.buffer.nbytes for slot in self._slots)
+        if self.device.type == "cuda":
+            self._copy_stream = torch.cuda.Stream(self.device)
+
+    def _pack_host_layer(self, index: int, pin: bool) -> torch.Tensor:
+        """Move layer ``index``'s tensors into one flat host buffer; its modules now hold views of it."""
+        layer = self._layers[index]
+        _bnb4_device_form(layer, self.device)
+        leaves = _module_leaves(layer)
+        layout = _layout_of(leaves, _module_types(layer))
+        self._layout = self._layout or layout  # one for all: _check_streamable compared them
+        buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+        if pin:
+            _page_lock(buffer)
+            self._locked.append(buffer)
+        _bind(leaves, layout, buffer)
+        self.host_bytes += layout.payload_bytes
+        return buffer
+
+    def _make_slot(self) -> "_Slot":
+        """A replica of the first offloaded layer on ``device``, its tensors views of one device buffer."""
+        module = _clone_layer(self._layers[self.offloaded_layers[0]])
+        _move(module, self.device)
+        leaves = _module_leaves(module)
+        layout = _layout_of(leaves, _module_types(module))
+        if layout.signature != self._layout.signature:
+            raise VramplanError(
+                f"stream mode: on {self.device} this layer's tensors take another layout than in host memory "
+                f"(a quantization backend that repacks its weights per device); use mode='cpu'")
+        buffer = torch.empty(layout.nbytes, dtype=torch.uint8, device=self.device)
+        _bind(leaves, layout, buffer)
+        targets = tuple(module.get_submodule(path) for path, _ in self._attribute_keys)
+        cuda = self.device.type == "cuda"
+        return _Slot(module=module, buffer=buffer, attribute_targets=targets,
+                     copied=torch.cuda.Event() if cuda else None, used=torch.cuda.Event() if cuda else None)
+
+    def _check_streamable(self) -> None:
+        """Offloaded layers must share one structure (the slots are replicas), and say their index."""
+        first = self.offloaded_layers[0]
+        signature = _layout_of(_module_leaves(self._layers[first]), _module_types(self._layers[first])).signature
+        for index in self.offloaded_layers[1:]:
+            layer = self._layers[index]
+            if _layout_of(_module_leaves(layer), _module_types(layer)).signature != signature:
+                raise VramplanError(
+                    f"stream mode needs offloaded layers of one structure; layer {index} differs from layer "
+                    f"{first} (modules or tensor shapes): use mode='cpu' or more gpu_layers")
+        self._collect_layer_attributes()
+
+    def _collect_layer_attributes(self) -> None:
+        """The scalar attributes that differ between offloaded layers (``layer_idx`` at least):
+        a slot takes layer i's values before it runs layer i."""
+        per_layer = {i: _scalar_attributes(self._originals[i]) for i in self.offloaded_layers}
+        first = per_layer[self.offloaded_layers[0]]
+        self._attribute_keys = tuple(key for key in first
+                                     if any(values.get(key, first[key]) != first[key] for values in per_layer.values()))
+        self._attribute_values = {i: tuple(values[key] for key in self._attribute_keys)
+                                  for i, values in per_layer.items()}
+        holds_index = any(name == "layer_idx" and all(per_layer[i][(path, name)] == i for i in per_layer)
+                          for path, name in first)
+        if not holds_index:
+            raise VramplanError("stream mode: the decoder layers do not say their index (no `layer_idx` "
+                                "attribute), so a slot cannot use the right KV cache entry; use mode='cpu'")
+
+    # --- running -----------------------------------------------------------------------
+
+    def _run(self, index: int, layer: nn.Module, args: tuple, kwargs: dict):
+        if self.mode == "stream":
+            return self._run_streamed(index, args, kwargs)
+        return self._run_on_cpu(index, layer, args, kwargs)
+
+    def _run_streamed(self, index: int, args: tuple, kwargs: dict):
+        if index == self.offloaded_layers[0]:
+            self.h2d_bytes_last_forward = 0
+        slot = self._slot_holding(index) or self._load(index, self._free_slot())
+        self._prefetch(self._next_offloaded(index), busy=slot)
+        if slot.copied is not None:
+            torch.cuda.current_stream(self.device).wait_event(slot.copied)
+        for target, (_, name), value in zip(slot.attribute_targets, self._attribute_keys,
+                                            self._attribute_values[index]):
+            setattr(target, name, value)
+        output = slot.module(*args, **kwargs)
+        if slot.used is not None:
+            slot.used.record(torch.cuda.current_stream(self.device))
+        self._current_slot = slot
+        if not slot.verified:
+            self._verify_bindings(slot)
+        return output
+
+    def _run_on_cpu(self, index: int, layer: nn.Module, args: tuple, kwargs: dict):
+        if index == self.offloaded_layers[0]:
+            self._boundary.clear()
+        args, kwargs = self._boundary.move((args, kwargs), CPU)
+        output = layer(*args, **kwargs)
+        if index == self.offloaded_layers[-1]:
+            output = _to(output, self.device)
+        return output
+
+    def _slot_holding(self, index: int) -> "_Slot | None":
+        return next((slot for slot in self._slots if slot.layer == index), None)
+
+    def _free_slot(self, busy: "_Slot | None" = None) -> "_Slot":
+        """The slot not in use: not ``busy`` (the one about to run) nor the one that ran last."""
+        avoid = busy or self._current_slot
+        return next((slot for slot in self._slots if slot is not avoid), self._slots[0])
+
+    def _next_offloaded(self, index: int) -> int:
+        """The layer after ``index``; after the last, the first one (the next forward's)."""
+        return self._next_layer[index]
+
+    def _prefetch(self, index: int, busy: "_Slot") -> None:
+        if self._slot_holding(index) is None:
+            self._load(index, self._free_slot(busy))
+
+    def _load(self, index: int, slot: "_Slot") -> "_Slot":
+        """Copy layer ``index``'s host buffer into ``slot`` (on the side stream, after the slot's last use)."""
+        source = self._host_buffers[index]
+        if self._copy_stream is None:
+            slot.buffer.copy_(source)
+        else:
+            with torch.cuda.stream(self._copy_stream):
+                self._copy_stream.wait_event(slot.used)
+                slot.buffer.copy_(source, non_blocking=True)
+                slot.copied.record(self._copy_stream)
+        slot.layer = index
+        self.h2d_bytes_last_forward += source.nbytes
+        return slot
+
+    def _verify_bindings(self, slot: "_Slot") -> None:
+        """After a slot's first run: every tensor of it must still be a view of its buffer. A module
+        that rebinds its weights in forward would otherwise silently keep the first layer's values."""
+        start = slot.buffer.data_ptr()
+        stray = [leaf for leaf in _module_leaves(slot.module)
+                 if leaf.tensor.numel() and not start <= leaf.tensor.data_ptr() < start + slot.buffer.nbytes]
+        if stray:
+            raise VramplanError(f"stream mode: a module of {type(slot.module).__name__} replaced its tensors "
+                                f"during forward ({len(stray)} of them); it cannot be streamed: use mode='cpu'")
+        slot.verified = True
+
+
+# ---------------------------------------------------------------------------------------
+# Leaves: the plain tensors that hold a layer's memory
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    """A plain tensor holding part of a module's memory, and how to point its owner at another one."""
+
+    tensor: torch.Tensor
+    rebind: Callable[[torch.Tensor], None]
+
+
+def _module_leaves(module: nn.Module, *, recurse: bool = True) -> list[_Leaf]:
+    """Every plain tensor of ``module``, in a fixed order, opened up like ``count_tensor_bytes``:
+    bnb Params4bit (packed data + quant_state tensors), Int8Params (int8 data + SCB, also when its
+    first forward moved them into the module's ``state``), optimum-quanto inner tensors."""
+    leaves: list[_Leaf] = []
+    for owner in (module.modules() if recurse else (module,)):
+        for name, param in owner._parameters.items():
+            if param is not None:
+                leaves.extend(_param_leaves(owner, param))
+        for name, buffer in owner._buffers.items():
+            if buffer is not None:
+                leaves.extend(_tensor_leaves(buffer, partial(owner._buffers.__setitem__, name)))
+    return leaves
+
+
+def _param_leaves(owner: nn.Module, param: torch.Tensor) -> Iterator[_Leaf]:
+    quant_state = getattr(param, "quant_state", None)
+    if quant_state is not None:  # bitsandbytes Params4bit
+        yield _Leaf(param.data, partial(setattr, param, "data"))
+        yield from _quant_state_leaves(quant_state)
+    elif hasattr(param, "SCB") and hasattr(param, "CB"):  # bitsandbytes Int8Params
+        yield from _int8_leaves(owner, param)
+    elif _is_wrapper(param):  # optimum-quanto
+        yield from _tensor_leaves(param, None)
+    else:
+        yield _Leaf(param.data, partial(setattr, param, "data"))
+
+
+def _tensor_leaves(tensor: torch.Tensor, rebind: Callable | None) -> Iterator[_Leaf]:
+    if not _is_wrapper(tensor):
+        yield _Leaf(tensor, rebind)
+        return
+    names, _ = tensor.__tensor_flatten__()
+    for name in names:
+        yield from _tensor_leaves(getattr(tensor, name), partial(setattr, tensor, name))
+
+
+def _quant_state_leaves(quant_state: Any) -> Iterator[_Leaf]:
+    for name, value in list(vars(quant_state).items()):
+        if isinstance(value, torch.Tensor):
+            yield _Leaf(value, partial(setattr, quant_state, name))
+        elif value is not None and hasattr(value, "absmax") and hasattr(value, "code"):
+            yield from _quant_state_leaves(value)  # state2 of double quantization
+
+
+def _int8_leaves(owner: nn.Module, weight: torch.Tensor) -> Iterator[_Leaf]:
+    """Int8Params: CB *is* the int8 data (an alias); the first forward moves CB/SCB into the
+    module's MatmulLtState. Rebinding points every alias at the new tensor."""
+    state = getattr(owner, "state", None)
+
+    def rebind_data(tensor: torch.Tensor) -> None:
+        weight.data = tensor
+        if weight.CB is not None:
+            weight.CB = tensor
+        if getattr(state, "CB", None) is not None:
+            state.CB = tensor
+
+    def rebind_scb(tensor: torch.Tensor) -> None:
+        if weight.SCB is not None:
+            weight.SCB = tensor
+        if getattr(state, "SCB", None) is not None:
+            state.SCB = tensor
+
+    yield _Leaf(weight.data, rebind_data)
+    scb = weight.SCB if weight.SCB is not None else getattr(state, "SCB", None)
+    if scb is not None:
+        yield _Leaf(scb, rebind_scb)
+
+
+def _is_wrapper(tensor: torch.Tensor) -> bool:
+    return (hasattr(type(tensor), "__tensor_flatten__")
+            and type(tensor) not in (torch.Tensor, nn.Parameter))
+
+
+def _distinct_bytes(leaves: list[_Leaf]) -> int:
+    return sum({_tensor_key(leaf.tensor): _extent_bytes(leaf.tensor) for leaf in leaves}.values())
+
+
+# ---------------------------------------------------------------------------------------
+# Layouts: one flat byte buffer per layer
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each distinct leaf tensor of a layer lives in one flat byte buffer."""
+
+    specs: tuple[tuple[torch.dtype, tuple[int, ...], tuple[int, ...]], ...]  # dtype, size, stride
+    offsets: tuple[int, ...]
+    leaf_to_tensor: tuple[int, ...]  # leaves sharing a tensor share its view
+    module_types: tuple[str, ...]
+    nbytes: int
+    payload_bytes: int
+
+    @property
+    def signature(self) -> tuple:
+        return self.specs, self.leaf_to_tensor, self.module_types
+
+
+def _layout_of(leaves: list[_Leaf], module_types: tuple[str, ...]) -> _Layout:
+    index_of: dict[tuple, int] = {}
+    specs, offsets, leaf_to_tensor = [], [], []
+    offset = payload = 0
+    for leaf in leaves:
+        tensor = leaf.tensor
+        key = _tensor_key(tensor)
+        if key not in index_of:
+            index_of[key] = len(specs)
+            specs.append((tensor.dtype, tuple(tensor.shape), tuple(tensor.stride())))
+            offsets.append(offset)
+            size = _extent_bytes(tensor)
+            payload += size
+            offset += -(-size // LEAF_ALIGNMENT_BYTES) * LEAF_ALIGNMENT_BYTES
+        leaf_to_tensor.append(index_of[key])
+    return _Layout(specs=tuple(specs), offsets=tuple(offsets), leaf_to_tensor=tuple(leaf_to_tensor),
+                   module_types=module_types, nbytes=max(offset, 1), payload_bytes=payload)
+
+
+def _bind(leaves: list[_Leaf], layout: _Layout, buffer: torch.Tensor) -> None:
+    """Copy every leaf into its place in ``buffer`` and point its owner at that view."""
+    views = [_view(buffer, offset, *spec) for offset, spec in zip(layout.offsets, layout.specs)]
+    for leaf, i in zip(leaves, layout.leaf_to_tensor):
+        views[i].copy_(leaf.tensor)
+    for leaf, i in zip(leaves, layout.leaf_to_tensor):
+        leaf.rebind(views[i])
+
+
+def _view(buffer: torch.Tensor, offset: int, dtype: torch.dtype, size: tuple, stride: tuple) -> torch.Tensor:
+    extent = _extent_elements(size, stride)
+    return buffer[offset:offset + extent * dtype.itemsize].view(dtype).as_strided(size, stride)
+
+
+def _extent_elements(size: tuple, stride: tuple) -> int:
+    if any(s == 0 for s in size):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(size, stride))
+
+
+def _extent_bytes(tensor: torch.Tensor) -> int:
+    return _extent_elements(tuple(tensor.shape), tuple(tensor.stride())) * tensor.element_size()
+
+
+def _tensor_key(tensor: torch.Tensor) -> tuple:
+    return tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride())
+
+
+def _module_types(layer: nn.Module) -> tuple[str, ...]:
+    return tuple(type(m).__name__ for m in layer.modules())
+
+
+# ---------------------------------------------------------------------------------------
+# Slots
+
+
+@dataclass(eq=False)
+class _Slot:
+    module: nn.Module
+    buffer: torch.Tensor
+    attribute_targets: tuple[nn.Module, ...]
+    copied: Any  # torch.cuda.Event, or None without CUDA
+    used: Any
+    layer: int | None = None
+    verified: bool = False
+
+
+def _clone_layer(layer: nn.Module) -> nn.Module:
+    """A deep copy of ``layer``, made while its tensors are standalone copies: deep-copying a view
+    copies its whole storage (bnb's __deepcopy__ does, for every tensor), here the layer's buffer."""
+    leaves = _module_leaves(layer)
+    originals = [leaf.tensor for leaf in leaves]
+    copies = {_tensor_key(t): t.clone() for t in originals}
+    for leaf, tensor in zip(leaves, originals):
+        leaf.rebind(copies[_tensor_key(tensor)])
+    try:
+        return _deepcopy_layer(layer)
+    finally:
+        for leaf, tensor in zip(leaves, originals):
+            leaf.rebind(tensor)
+
+
+def _deepcopy_layer(layer: nn.Module) -> nn.Module:
+    """optimum-quanto tensors cannot be deep-copied: they are rebuilt from copies of their inner
+    tensors. The model's config stays shared (attention reads ``config._attn_implementation``).
+    bnb's Linear4bit ends up with one quant_state, on the module and its weight, as in the original."""
+    memo: dict[int, Any] = {}
+    for module in layer.modules():
+        for value in vars(module).values():
+            if isinstance(value, PretrainedConfig):
+                memo[id(value)] = value
+        for param in module._parameters.values():
+            if param is not None and _is_wrapper(param):
+                memo[id(param)] = nn.Parameter(_clone_wrapper(param), requires_grad=False)
+    clone = copy.deepcopy(layer, memo)
+    for module in clone.modules():
+        weight_state = getattr(getattr(module, "weight", None), "quant_state", None)
+        if weight_state is not None and getattr(module, "quant_state", None) is not None:
+            module.quant_state = weight_state
+    return clone
+
+
+def _clone_wrapper(tensor: torch.Tensor) -> torch.Tensor:
+    if not _is_wrapper(tensor):
+        return tensor.detach().clone()
+    names, context = tensor.__tensor_flatten__()
+    inner = {name: _clone_wrapper(getattr(tensor, name)) for name in names}
+    return type(tensor).__tensor_unflatten__(inner, context, tensor.size(), tensor.stride())
+
+
+def _scalar_attributes(layer: nn.Module) -> dict[tuple[str, str], Any]:
+    return {(path, name): value for path, module in layer.named_modules()
+            for name, value in _public_scalars(module).items()}
+
+
+def _public_scalars(module: nn.Module) -> dict[str, Any]:
+    return {name: value for name, value in vars(module).items()
+            if not name.startswith("_") and name != "training" and isinstance(value, _SCALAR_TYPES)}
+
+
+# ---------------------------------------------------------------------------------------
+# Moving modules and tensors
+
+
+def _page_lock(buffer: torch.Tensor) -> None:
+    """Pin ``buffer`` in place with cudaHostRegister. Not ``pin_memory=True``: torch's caching host
+    allocator rounds every pinned block up to a power of two (a 0.6 GB layer would lock 1 GiB)."""
+    error = int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.nbytes, 0))
+    if error != 0:
+        raise VramplanError(f"cannot page-lock {buffer.nbytes} bytes of host memory for stream mode "
+                            f"(cudaHostRegister: cudaError {error}); is the memlock limit (ulimit -l) too low?")
+
+
+def _page_unlock(buffers: list[torch.Tensor]) -> None:
+    """Undo _page_lock; ``buffers`` keeps them alive until then (memory must not be freed while registered)."""
+    for buffer in buffers:
+        torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr())
+    buffers.clear()
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise VramplanError(f"unsupported device {device!r}: {exc}") from None
+    if device.type == "cpu":
+        return CPU
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise VramplanError(f"device {str(device)!r} asked for, but torch {torch.__version__} sees no CUDA GPU")
+        return torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    raise VramplanError(f"unsupported device {str(device)!r}: 'cpu' or 'cuda[:N]'")
+
+
+def _move(module: nn.Module, device: torch.device, *, recurse: bool = True) -> None:
+    """``module.to(device)``, then every leaf re-pointed at its copy on ``device``: nn.Module.to
+    swaps a parameter's ``.data`` but not bnb's side tensors (Int8Params.SCB, its CB alias)."""
+    if device.type != "cpu":
+        _bnb4_device_form(module, device)
+    if recurse:
+        module.to(device)  # optimum-quanto tensors re-wrap themselves for the device
+    for leaf in _module_leaves(module, recurse=recurse):
+        leaf.rebind(leaf.tensor.to(device))
+
+
+def _bnb4_device_form(layer: nn.Module, device: torch.device) -> None:
+    """Put bnb 4-bit weights in the layout their forward uses on ``device``, up front.
+
+    On a CPU with AVX512-BF16, Linear4bit repacks its weight and absmax on its first forward
+    and rebinds them; a slot must not do that under the engine (its tensors are views of its
+    buffer), so layers that slots run on the CPU are repacked here, the same way. A layer
+    repacked by an earlier CPU forward and bound for CUDA is unpacked (as Params4bit.cuda() does).
+    """
+    for module in layer.modules():
+        weight = getattr(module, "weight", None)
+        quant_state = getattr(weight, "quant_state", None)
+        if quant_state is None:
+            continue
+        from bitsandbytes.functional import _convert_weight_packed_for_cpu, _convert_weight_packed_for_cpu_inverse
+
+        packed = getattr(quant_state, "packing_format_for_cpu", False)
+        if device.type == "cpu" and not packed and getattr(module, "support_avx512bf16_for_cpu", False) \
+                and not module.training:
+            weight.data, weight.quant_state = _convert_weight_packed_for_cpu(weight.data, quant_state)
+        elif device.type != "cpu" and packed:
+            weight.data, weight.quant_state = _convert_weight_packed_for_cpu_inverse(weight.data, quant_state)
+
+
+def _modules_outside(root: nn.Module, layers: nn.ModuleList,
+                     keep: list[nn.Module]) -> Iterator[tuple[nn.Module, bool]]:
+    """The largest submodules of ``root`` that hold no decoder layer and nothing in ``keep``, as
+    (module, True); their ancestors as (ancestor, False): only their own tensors move."""
+    blocked = {id(layers), *map(id, keep)}
+    if id(root) in blocked:
+        return
+    if not any(id(m) in blocked for m in root.modules()):
+        yield root, True
+        return
+    yield root, False
+    for child in root.children():
+        yield from _modules_outside(child, layers, keep)
+
+
+def _embeddings_tied(model: nn.Module) -> bool:
+    output = model.get_output_embeddings()
+    weight = getattr(output, "weight", None)
+    return weight is not None and weight is model.get_input_embeddings().weight
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple):
+        return type(value)(*(_to(v, device) for v in value)) if hasattr(value, "_fields") \
+            else tuple(_to(v, device) for v in value)
+    return value
+
+
+class _Boundary:
+    """Moves what an offloaded layer receives across the link once per forward: a source tensor
+    (position embeddings, mask, positions) is copied the first time, then the copy is reused."""
+
+    def __init__(self):
+        self._copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def clear(self) -> None:
+        self._copies.clear()
+
+    def move(self, value: Any, device: torch.device) -> Any:
+        if isinstance(value, torch.Tensor):
+            if value.device == device:
+                return value
+            hit = self._copies.get(id(value))
+            if hit is None or hit[0] is not value:
+                hit = self._copies[id(value)] = (value, value.to(device))
+            return hit[1]
+        if isinstance(value, tuple) and not hasattr(value, "_fields"):
+            return tuple(self.move(v, device) for v in value)
+        if isinstance(value, list):
+            return [self.move(v, device) for v in value]
+        if isinstance(value, dict):
+            return {k: self.move(v, device) for k, v in value.items()}
+        return value
+
+
+def _ids_to_weight_device(module: nn.Module, args: tuple):
+    if not args:
+        return None
+    return (args[0].to(module.weight.device), *args[1:])
+
+
+def _output_to(device: torch.device, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    return output.to(device)
+
+
+def _kwargs_to(device: torch.device, module: nn.Module, args: tuple, kwargs: dict):
+    """Positions, mask and the like go to ``device``; token ids stay for the embedding's hook."""
+    moved = {k: v.to(device) if isinstance(v, torch.Tensor) and k != "input_ids" else v for k, v in kwargs.items()}
+    return args, moved

@@ -1,0 +1,300 @@
+"""The offload engine (runtime/offload.py) on tiny saved models.
+
+On the CPU, device="cpu" runs the very same code path (slots, flat buffers, per-layer
+attributes, boundary crossings) with streams, events and pinning dropped: the same kernels
+run on the same device in the same order, so the offloaded model's logits must be
+bit-identical (torch.equal) to the model's without offload, and greedy tokens identical.
+Three decoder layers, so that gpu_layers=0 streams three layers through two slots (every
+forward reloads them) and gpu_layers=1 streams two.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import save_tiny_model, tiny_config
+from planner.errors import VramplanError
+from runtime.generate import first_logits, generate, synthetic_prompt
+from runtime.load import count_tensor_bytes, load_model
+from runtime.offload import OffloadedLayer, apply_offload
+
+ARCHS = ("llama", "qwen2", "gemma2")  # untied embeddings (llama, qwen2 with q/k/v biases), tied + sliding window
+QUANTS = ("bf16", "bnb-nf4", "bnb-int8")
+NUM_LAYERS = 3
+PROMPT = synthetic_prompt(12, 512, seed=3)
+PREFILL_CHUNK = 5
+NEW_TOKENS = 4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matmuls on 2 shared cores: OpenMP threads spin-waiting for a busy core make them ~20x
+    slower than one thread. Reference and offloaded runs both use this setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("offload-checkpoints")
+    return {arch: save_tiny_model(tiny_config(arch, num_hidden_layers=NUM_LAYERS), root / arch, seed=7)
+            for arch in (*ARCHS, "mixtral")}
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoints):
+    """reference(arch, quant) -> (model, last logits, greedy tokens) without offload, computed once."""
+    cache = {}
+
+    def get(arch: str, quant: str):
+        if (arch, quant) not in cache:
+            model = load_model(checkpoints[arch], weight_quant=quant).model
+            cache[arch, quant] = (model, first_logits(model, PROMPT, PREFILL_CHUNK), _greedy(model))
+        return cache[arch, quant]
+
+    return get
+
+
+def _greedy(model) -> list[int]:
+    return generate(model, PROMPT, max_new_tokens=NEW_TOKENS, prefill_chunk=PREFILL_CHUNK).tokens
+
+
+def _decoder_layers(model):
+    return model.model.layers
+
+
+@pytest.mark.parametrize("gpu_layers", [0, 1])
+@pytest.mark.parametrize("mode", ["stream", "cpu"])
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_offloaded_model_gives_identical_logits_and_tokens(reference, arch, quant, mode, gpu_layers):
+    model, ref_logits, ref_tokens = reference(arch, quant)
+    originals = list(_decoder_layers(model))
+    engine = apply_offload(model, gpu_layers=gpu_layers, mode=mode, device="cpu")
+    try:
+        assert engine.offloaded_layers == tuple(range(gpu_layers, NUM_LAYERS))
+        wrapped = [isinstance(layer, OffloadedLayer) for layer in _decoder_layers(model)]
+        assert wrapped == [i >= gpu_layers for i in range(NUM_LAYERS)]
+        assert engine.input_embedding_on_host == (arch != "gemma2")  # gemma2 ties lm_head to the embedding
+        assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
+        assert _greedy(model) == ref_tokens
+    finally:
+        engine.detach()
+    assert list(_decoder_layers(model)) == originals
+
+
+def test_streaming_really_reloads_the_slots(reference):
+    """Three layers through two slots: every forward copies each offloaded layer once, and the
+    bit-for-bit comparisons above can fail: stale slots or a wrong KV-cache index change the logits."""
+    model, ref_logits, _ = reference("llama", "bnb-nf4")
+    with apply_offload(model, gpu_layers=0, mode="stream", device="cpu") as engine:
+        assert len(engine._slots) == 2 and engine.slot_bytes == 2 * engine.layer_buffer_bytes
+        assert engine._slots[0].module.self_attn.config is model.config  # shared, not copied
+        first_logits(model, PROMPT[:, :1], 1)  # the first forward also loads layer 0 itself
+        assert engine.h2d_bytes_last_forward == 4 * engine.layer_buffer_bytes
+        assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
+        assert engine.h2d_bytes_last_forward == 3 * engine.layer_buffer_bytes  # layers 1, 2, then 0 for the next
+        assert all(slot.verified for slot in engine._slots)
+
+        load = engine._load
+        engine._load = lambda index, slot: setattr(slot, "layer", index) or slot  # no copy: stale weights
+        assert not torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
+        engine._load = load
+        for slot in engine._slots:
+            slot.layer = None  # they say they hold layers they never received
+        assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
+
+        key = engine._attribute_keys.index(("self_attn", "layer_idx"))
+        engine._attribute_values = {i: values[:key] + (0,) + values[key + 1:]
+                                    for i, values in engine._attribute_values.items()}
+        try:  # every layer on KV-cache entry 0
+            broken = first_logits(model, PROMPT, PREFILL_CHUNK)
+        except RuntimeError:  # that entry grows three times per chunk: the mask no longer fits
+            broken = None
+        assert broken is None or not torch.equal(broken, ref_logits)
+    assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("mode", ["stream", "cpu"])
+def test_host_bytes_are_the_offloaded_layers_tensor_bytes(checkpoints, quant, mode):
+    model = load_model(checkpoints["llama"], weight_quant=quant).model
+    if quant == "bnb-nf4" and mode == "stream":
+        # On AVX512-BF16 CPUs bnb 4-bit repacks weight and absmax (bf16) on its first forward;
+        # stream mode takes that form up front, so count the layers in it. (Not for int8:
+        # its first forward moves SCB where count_tensor_bytes does not look.)
+        first_logits(model, PROMPT, PREFILL_CHUNK)
+    offloaded = torch.nn.ModuleList(_decoder_layers(model)[1:])
+    before = count_tensor_bytes(offloaded)["cpu"]
+    with apply_offload(model, gpu_layers=1, mode=mode, device="cpu") as engine:
+        assert engine.host_bytes == before
+        after = count_tensor_bytes(offloaded)["cpu"]
+        if mode == "stream":
+            # every offloaded tensor now lives in the layers' flat buffers (+ alignment padding)
+            assert after == engine.host_buffer_bytes == 2 * engine.layer_buffer_bytes
+            assert 0 <= engine.host_buffer_bytes - engine.host_bytes < 256 * 64
+            assert engine.slot_bytes == 2 * engine.layer_buffer_bytes
+        else:
+            assert after == before and engine.host_buffer_bytes == engine.slot_bytes == 0
+        assert engine.pinned_bytes == 0  # nothing is pinned without CUDA
+        summary = engine.summary()
+        assert summary["offloaded_layers"] == [1, 2] and summary["host_bytes"] == before
+
+
+@pytest.mark.parametrize("mode", ["stream", "cpu"])
+def test_detach_restores_the_model(reference, mode):
+    model, ref_logits, ref_tokens = reference("qwen2", "bnb-int8")
+    originals = list(_decoder_layers(model))
+    engine = apply_offload(model, gpu_layers=1, mode=mode, device="cpu")
+    with pytest.raises(VramplanError, match="already offloaded"):
+        apply_offload(model, gpu_layers=1, mode=mode, device="cpu")
+    engine.detach()
+    engine.detach()  # idempotent
+    assert list(_decoder_layers(model)) == originals
+    assert not any(isinstance(m, OffloadedLayer) for m in model.modules())
+    assert not model.get_input_embeddings()._forward_pre_hooks and not model.model._forward_pre_hooks
+    assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
+    assert _greedy(model) == ref_tokens
+
+
+def test_quanto_layers_stream_and_compute_on_cpu(reference):
+    for quant in ("quanto-int8", "quanto-int4"):
+        model, ref_logits, _ = reference("llama", quant)
+        for mode in ("stream", "cpu"):
+            with apply_offload(model, gpu_layers=0, mode=mode, device="cpu"):
+                assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits), (quant, mode)
+
+
+@pytest.mark.parametrize("mode", ["stream", "cpu"])
+def test_moe_layers_with_fused_experts_stream(reference, mode):
+    """Mixtral keeps its experts as 3-D parameters (not nn.Linear): they stream like any tensor."""
+    model, ref_logits, ref_tokens = reference("mixtral", "bf16")
+    with apply_offload(model, gpu_layers=0, mode=mode, device="cpu"):
+        assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
+        assert _greedy(model) == ref_tokens
+
+
+def test_all_layers_on_the_device_offloads_nothing(reference):
+    model, ref_logits, _ = reference("gemma2", "bf16")
+    with apply_offload(model, gpu_layers=NUM_LAYERS, mode="stream", device="cpu") as engine:
+        assert engine.offloaded_layers == () and engine.host_bytes == engine.slot_bytes == 0
+        assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
+
+
+def test_bad_arguments_are_clear_errors(reference):
+    model, _, _ = reference("llama", "bf16")
+    for gpu_layers in (-1, NUM_LAYERS + 1, 1.5, True):
+        with pytest.raises(VramplanError, match=r"gpu_layers=.* is outside 0\.\.3"):
+            apply_offload(model, gpu_layers=gpu_layers, mode="stream", device="cpu")
+    with pytest.raises(VramplanError, match="unknown offload mode 'disk'; one of stream, cpu"):
+        apply_offload(model, gpu_layers=1, mode="disk", device="cpu")
+    with pytest.raises(VramplanError, match="unsupported device"):
+        apply_offload(model, gpu_layers=1, mode="cpu", device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(VramplanError, match="sees no CUDA GPU"):
+            apply_offload(model, gpu_layers=1, mode="stream", device="cuda")
+    assert not any(isinstance(m, OffloadedLayer) for m in model.modules())  # nothing was half-applied
+
+
+def test_model_not_on_the_cpu_and_mixed_layers_are_refused(checkpoints):
+    model = load_model(checkpoints["llama"], weight_quant="bf16").model
+    layers = _decoder_layers(model)
+    layers[2].mlp.down_proj = torch.nn.Linear(256, 64, bias=True, dtype=torch.bfloat16)  # layer 2 differs
+    originals = list(layers)
+    with pytest.raises(VramplanError, match="one structure; layer 2 differs from layer 1"):
+        apply_offload(model, gpu_layers=1, mode="stream", device="cpu")
+    assert list(layers) == originals and not model.model._forward_pre_hooks  # refused before touching anything
+    with apply_offload(model, gpu_layers=1, mode="cpu", device="cpu"):  # computing them on the CPU is fine
+        first_logits(model, PROMPT, PREFILL_CHUNK)
+    layers[0].mlp.up_proj.weight = torch.nn.Parameter(torch.empty(256, 64, device="meta"), requires_grad=False)
+    with pytest.raises(VramplanError, match="entirely on the CPU; this one has tensors on meta"):
+        apply_offload(model, gpu_layers=1, mode="cpu", device="cpu")
+
+
+# --- on a CUDA GPU ----------------------------------------------------------------------
+
+
+def _resident_logits(checkpoint, quant):
+    model = load_model(checkpoint, weight_quant=quant).model
+    engine = apply_offload(model, gpu_layers=NUM_LAYERS, mode="stream", device="cuda")
+    logits, tokens = first_logits(model, PROMPT, PREFILL_CHUNK), _greedy(model)
+    engine.detach()
+    return model, logits, tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", QUANTS)
+def test_gpu_offload_matches_the_model_on_the_gpu(checkpoints, quant):
+    """Stream mode runs the same kernels on the same shapes (slot tensors are 256-byte aligned views,
+    as aligned as the allocator's): bit-identical to all layers resident. cpu mode runs two of the
+    three layers with CPU kernels, which accumulate in another order: relative logit error < 5 %
+    (bf16 rounds at 2**-8 ~ 0.4 % per op; a wrong layer or cache entry gives ~100 %)."""
+    model, ref_logits, ref_tokens = _resident_logits(checkpoints["llama"], quant)
+    for gpu_layers in (0, 1):
+        with apply_offload(model, gpu_layers=gpu_layers, mode="stream", device="cuda") as engine:
+            assert engine.pinned_bytes == engine.host_buffer_bytes > 0
+            assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
+            assert _greedy(model) == ref_tokens
+    with apply_offload(model, gpu_layers=1, mode="cpu", device="cuda"):
+        logits = first_logits(model, PROMPT, PREFILL_CHUNK)
+        assert logits.device.type == "cuda"
+        assert float((logits - ref_logits).norm() / ref_logits.norm()) < 0.05
+        assert len(_greedy(model)) == NEW_TOKENS
+
+
+@pytest.mark.gpu
+def test_gpu_host_tensors_are_pinned_and_slots_are_reused(checkpoints):
+    model = load_model(checkpoints["llama"], weight_quant="bnb-nf4").model
+    with apply_offload(model, gpu_layers=0, mode="stream", device="cuda") as engine:
+        for index in engine.offloaded_layers:
+            layer = engine._originals[index]
+            assert engine._host_buffers[index].is_pinned()
+            assert layer.mlp.down_proj.weight.data.is_pinned()
+            assert layer.mlp.down_proj.weight.quant_state.absmax.is_pinned()
+        assert model.lm_head.weight.device.type == "cuda" and model.model.norm.weight.device.type == "cuda"
+        assert model.model.embed_tokens.weight.device.type == "cpu"  # untied: the lookup stays on the host
+        slot_pointers = [slot.buffer.data_ptr() for slot in engine._slots]
+        first_logits(model, PROMPT, PREFILL_CHUNK)
+        torch.cuda.synchronize()
+        allocated = torch.cuda.memory_allocated()
+        for _ in range(3):
+            first_logits(model, PROMPT, PREFILL_CHUNK)
+            assert engine.h2d_bytes_last_forward == 3 * engine.layer_buffer_bytes
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == allocated  # nothing allocated per layer: the two slots are reused
+        assert [slot.buffer.data_ptr() for slot in engine._slots] == slot_pointers
+        assert all(slot.verified for slot in engine._slots)
+
+
+@pytest.mark.gpu
+def test_gpu_copies_run_on_a_side_stream_while_layers_compute(tmp_path):
+    """A profile of one prefill: host-to-device copies run on another stream than the compute
+    kernels, and at least one of them overlaps a compute kernel in time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    config = tiny_config("llama", num_hidden_layers=6, hidden_size=1024, intermediate_size=4096,
+                         num_attention_heads=8, num_key_value_heads=8, head_dim=128)
+    model = load_model(save_tiny_model(config, tmp_path / "wide"), weight_quant="bf16").model
+    ids = synthetic_prompt(512, 512, seed=0)
+    with apply_offload(model, gpu_layers=1, mode="stream", device="cuda") as engine:
+        first_logits(model, ids, 512)  # warm-up
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            first_logits(model, ids, 512)
+            torch.cuda.synchronize()
+        compute_stream = torch.cuda.current_stream().cuda_stream
+        assert engine._copy_stream.cuda_stream != compute_stream
+    events = [e for e in prof.profiler.kineto_results.events() if e.device_type() == torch.autograd.DeviceType.CUDA]
+    copies = [e for e in events if "HtoD" in e.name() or "Memcpy" in e.name()]
+    kernels = [e for e in events if "Memcpy" not in e.name() and "Memset" not in e.name()]
+    assert copies and kernels
+    copy_streams = {e.device_resource_id() for e in copies if e.duration_ns() > 0}
+    kernel_streams = {e.device_resource_id() for e in kernels}
+    assert copy_streams - kernel_streams, (copy_streams, kernel_streams)
+    overlapping = [c for c in copies for k in kernels
+                   if c.device_resource_id() != k.device_resource_id()
+                   and c.start_ns() < k.end_ns() and k.start_ns() < c.end_ns()]
+    assert overlapping
