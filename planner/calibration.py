@@ -1,11 +1,18 @@
 """Fitting the speed model's efficiencies and fixed costs to measured runs. Pure.
 
-The decode model is linear in its unknowns. For one device x backend x quant:
+The decode model is linear in its unknowns once the attention term's bound is known. For one
+device x backend x quant:
 
-    t_token = bytes_read / bandwidth * (1 / eff_bw) + layers * per_layer_s + per_token_s
+    t_token = weight_bytes / bandwidth / eff_bw + attention / eff_attn + layers * per_layer_s + per_token_s
 
-so a non-negative least-squares fit over runs of different sizes (models, contexts) gives
-eff_bw, per_layer_s and per_token_s. Prefill then gives the compute efficiency:
+where `attention` is the attention's roofline time, max(KV bytes / bandwidth, attention FLOPs /
+peak compute), taken per run from whichever bound is the larger on that device. A
+non-negative least-squares fit over runs of different sizes (models, contexts) gives eff_bw,
+eff_attn, per_layer_s and per_token_s. eff_attn belongs to the attention kernel, not to the
+weight quantization: it is stored once per device x attention implementation (the median over
+the quantizations' fits) as an entry with backend "attn-sdpa" or "attn-eager", as its
+bandwidth efficiency when reading the cache bounds it (GPUs) or its compute efficiency when
+FLOPs do (CPUs). Prefill then gives the compute efficiency:
 
     eff_compute = flops / (peak_flops * (t_prefill - chunks * (layers * per_layer_s + per_token_s)))
 
@@ -20,6 +27,7 @@ import statistics
 from dataclasses import dataclass
 
 from .hardware import Calibration, CalibrationEntry
+from .speed import KV_PASSES_DEFAULT
 
 # Bounds that keep a noisy fit physical.
 MIN_EFFICIENCY = 0.005
@@ -35,7 +43,10 @@ class Sample:
     quant: str
     bandwidth_bytes_per_s: float  # peak bandwidth of where the layers ran
     peak_flops: float
-    bytes_read_per_token: float  # weights + KV + lm_head one decode step reads (at the measured context)
+    bytes_read_per_token: float  # weights + lm_head one decode step reads
+    kv_bytes_per_token: float  # KV cache one decode step reads (at the measured context)
+    attention_flops_per_token: float  # QK^T + AV FLOPs of one decode step
+    attention_impl: str  # "sdpa" or "eager"
     num_layers: int
     decode_s_per_token: float  # measured (median)
     prefill_flops: float
@@ -81,14 +92,36 @@ def nnls(rows: list[list[float]], y: list[float], weights: list[float]) -> list[
     return best
 
 
-def fit_entry(samples: list[Sample]) -> tuple[CalibrationEntry, dict]:
-    """Fit one device x backend x quant; returns the entry and its residuals (percent)."""
+# What bounds single-query attention at decode, per device. Measured on the CPU dev machine
+# (bench/results/accuracy-cpu-dev.md): the time per cached token followed heads x head_dim x layers
+# (Llama-3.2-1B 30.6 us vs Qwen3-0.6B 53 us per token: ratio 1.74, FLOP ratio 1.75, KV-byte ratio
+# 3.5), so the CPU kernel is compute-bound; on GPUs decode attention reads the cache at bandwidth.
+ATTENTION_BOUND = {"cpu": "compute", "gpu": "bandwidth"}
+
+
+def _compute_bound(s: Sample) -> bool:
+    return ATTENTION_BOUND[s.device] == "compute"
+
+
+def _attention_roofline(s: Sample) -> float:
+    if _compute_bound(s):
+        return s.attention_flops_per_token / s.peak_flops
+    return s.kv_bytes_per_token / s.bandwidth_bytes_per_s
+
+
+def _eff(inverse: float) -> float:
+    return min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, 1.0 / inverse)) if inverse > 0 else MAX_EFFICIENCY
+
+
+def fit_entry(samples: list[Sample]) -> tuple[CalibrationEntry, float, dict]:
+    """Fit one device x backend x quant; returns the entry, the KV efficiency and residuals (percent)."""
     s0 = samples[0]
-    rows = [[s.bytes_read_per_token / s.bandwidth_bytes_per_s, float(s.num_layers), 1.0] for s in samples]
+    rows = [[s.bytes_read_per_token / s.bandwidth_bytes_per_s, _attention_roofline(s), float(s.num_layers), 1.0]
+            for s in samples]
     y = [s.decode_s_per_token for s in samples]
     # relative errors matter, not absolute seconds: weight each run by 1/t^2
-    inv_eff, per_layer, per_token = nnls(rows, y, [1.0 / (t * t) for t in y])
-    eff_bw = min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, 1.0 / inv_eff)) if inv_eff > 0 else MAX_EFFICIENCY
+    inv_eff, inv_kv, per_layer, per_token = nnls(rows, y, [1.0 / (t * t) for t in y])
+    eff_bw, eff_kv = _eff(inv_eff), _eff(inv_kv)
     effs = []
     for s in samples:
         fixed = s.prefill_chunks * (s.num_layers * per_layer + per_token)
@@ -101,9 +134,11 @@ def fit_entry(samples: list[Sample]) -> tuple[CalibrationEntry, dict]:
                              per_token_overhead_s=round(per_token, 9))
     errs = []
     for s in samples:
-        pred = s.bytes_read_per_token / (s.bandwidth_bytes_per_s * eff_bw) + s.num_layers * per_layer + per_token
+        pred = (s.bytes_read_per_token / (s.bandwidth_bytes_per_s * eff_bw) + _attention_roofline(s) / eff_kv
+                + s.num_layers * per_layer + per_token)
         errs.append(100.0 * abs(pred - s.decode_s_per_token) / s.decode_s_per_token)
-    return entry, {"decode_abs_pct_median": statistics.median(errs), "decode_abs_pct_max": max(errs), "runs": len(samples)}
+    return entry, eff_kv, {"decode_abs_pct_median": statistics.median(errs), "decode_abs_pct_max": max(errs),
+                           "runs": len(samples)}
 
 
 def fit(samples: list[Sample], *, measured_at: str, versions: dict[str, str]) -> Calibration:
@@ -111,10 +146,27 @@ def fit(samples: list[Sample], *, measured_at: str, versions: dict[str, str]) ->
     for s in samples:
         groups.setdefault((s.device, s.backend, s.quant), []).append(s)
     entries, residuals = [], {}
+    kv_effs: dict[tuple[str, str], list[float]] = {}
+    bound: dict[tuple[str, str], list[bool]] = {}
+    bw_effs: dict[str, list[float]] = {}
     for key, group in sorted(groups.items()):
-        entry, res = fit_entry(group)
+        entry, eff_kv, res = fit_entry(group)
         entries.append(entry)
+        bw_effs.setdefault(key[0], []).append(entry.bandwidth_efficiency)
+        for impl in {s.attention_impl for s in group}:
+            kv_effs.setdefault((key[0], impl), []).append(eff_kv)
+            bound.setdefault((key[0], impl), []).extend(_compute_bound(s) for s in group)
         tag = "/".join(key)
         residuals[f"{tag}: decode_abs_pct_median"] = round(res["decode_abs_pct_median"], 3)
         residuals[f"{tag}: decode_abs_pct_max"] = round(res["decode_abs_pct_max"], 3)
+    for (device, impl), effs in sorted(kv_effs.items()):
+        # the KV cache is read in the compute dtype whatever the weights are: one figure per kernel.
+        # The fitted efficiency is the compute one where FLOPs bound the runs, else the bandwidth one;
+        # the other side keeps the documented default (weights' bandwidth efficiency / 3).
+        eff = round(statistics.median(effs), 5)
+        compute_bound = sum(bound[(device, impl)]) * 2 > len(bound[(device, impl)])
+        default_bw = round(statistics.median(bw_effs[device]) / KV_PASSES_DEFAULT, 5)
+        entries.append(CalibrationEntry(device=device, backend=f"attn-{impl}", quant="bf16",
+                                        bandwidth_efficiency=default_bw if compute_bound else eff,
+                                        compute_efficiency=eff if compute_bound else MAX_EFFICIENCY))
     return Calibration(measured_at=measured_at, versions=versions, entries=tuple(entries), residuals=residuals)

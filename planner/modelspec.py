@@ -287,6 +287,13 @@ class ModelSpec:
         return sum(self.attention[i].cached_tokens(context) * self.attention[i].kv_elements_per_token for i in idx)
 
     @property
+    def attention_impl(self) -> str:
+        """The attention kernel transformers 5 runs: gemma2's logit softcapping forces eager, else SDPA."""
+        if self.model_type == "gemma2" and self.config.get("attn_logit_softcapping", 50.0) is not None:
+            return "eager"
+        return "sdpa"
+
+    @property
     def sliding_window_layers(self) -> int:
         return sum(1 for a in self.attention if a.window is not None)
 

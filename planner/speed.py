@@ -62,6 +62,35 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     ("cpu", "quanto-int8"): (0.30, 0.25, 200e-6, 500e-6),
     ("cpu", "quanto-int4"): (0.20, 0.15, 200e-6, 500e-6),
 }
+# Attention at decode, per layer: max(KV bytes / (bandwidth x kv_bw_eff), attention FLOPs /
+# (compute x attn_compute_eff)). On a GPU reading the cache dominates; transformers' DynamicCache
+# appends with torch.cat (a read and a write of the layer's cache per token) before the kernel reads
+# it again, so by default the KV path runs at a third of the weights' bandwidth efficiency. On a CPU
+# the single-query attention kernel is compute-bound (measured: time per cached token follows
+# heads x head_dim x layers, not KV bytes). Calibration fits both per device x attention
+# implementation (entries with backend "attn-sdpa" / "attn-eager"); uncalibrated, the compute side
+# defaults to the weights' compute efficiency.
+KV_PASSES_DEFAULT = 3.0
+
+
+def kv_efficiency(hw: HardwareProfile, device: str, spec: ModelSpec, kv: KVScheme,
+                  weights_eff: Efficiency) -> tuple[float, float, str]:
+    """(KV-read bandwidth efficiency, attention compute efficiency, where they come from)."""
+    if hw.calibration is not None:
+        for impl in (spec.attention_impl, "sdpa"):  # an uncalibrated kernel borrows the calibrated SDPA figure
+            e = hw.calibration.lookup(device, f"attn-{impl}", "bf16")
+            if e is not None:
+                return e.bandwidth_efficiency, e.compute_efficiency, f"calibrated {hw.calibration.measured_at} (attn-{impl})"
+    return (weights_eff.bandwidth / KV_PASSES_DEFAULT, weights_eff.compute,
+            f"default (KV reads at the weights' efficiency / {KV_PASSES_DEFAULT:g})")
+
+
+def decode_attention_flops_per_layer(spec: ModelSpec, context: int, batch: int) -> list[float]:
+    """FLOPs of one query token's attention per layer: QK^T and AV over the cached tokens (GQA saves none)."""
+    per = {a: 4.0 * a.num_heads * a.head_dim * a.cached_tokens(context) * batch for a, _ in spec.attention_groups}
+    return [per[a] for a in spec.attention]
+
+
 # Streamed layers: what fraction of the measured pinned host->device bandwidth the copy engine
 # sustains for a layer's tensors (many medium-sized copies).
 DEFAULT_LINK_EFFICIENCY = 0.85
@@ -119,10 +148,11 @@ def _attention_flops(spec: ModelSpec, prompt: int) -> float:
 
 
 def decode_bytes_per_token(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,
-                           costs: LayerCosts) -> float:
-    """Bytes one decode step reads with every layer resident: active weights, the KV cache, lm_head."""
+                           costs: LayerCosts) -> tuple[float, float, float]:
+    """One decode step with every layer resident: (active weight + lm_head bytes, KV bytes, attention FLOPs)."""
     read = _read_bytes_per_layer(spec, scheme, batch)
-    return sum(read) + sum(kv_bytes_per_layer(spec, kv, context, batch)) + costs.head_bytes
+    return (sum(read) + costs.head_bytes, float(sum(kv_bytes_per_layer(spec, kv, context, batch))),
+            sum(decode_attention_flops_per_layer(spec, context, batch)))
 
 
 def prefill_flops(spec: ModelSpec, prompt: int, batch: int = 1) -> float:
@@ -149,6 +179,10 @@ def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightS
     dev = "gpu" if on_gpu else "cpu"
     eff = efficiency(hw, dev, scheme)
     eff_cpu = efficiency(hw, "cpu", scheme) if (on_gpu and p.offload == "cpu") else eff
+    kv_eff, attn_eff, kv_eff_source = kv_efficiency(hw, dev, spec, kv, eff)
+    kv_eff_cpu, attn_eff_cpu, _ = (kv_efficiency(hw, "cpu", spec, kv, eff_cpu) if (on_gpu and p.offload == "cpu")
+                                   else (kv_eff, attn_eff, kv_eff_source))
+    main_flops = hw.gpu.bf16_flops if on_gpu else hw.host.cpu_bf16_flops
     hbm = hw.gpu.memory_bandwidth_bytes_per_s if hw.gpu else 0.0
     ram = hw.host.ram_bandwidth_bytes_per_s
     link = (hw.link.h2d_pinned_bytes_per_s * DEFAULT_LINK_EFFICIENCY) if hw.link else 0.0
@@ -157,19 +191,30 @@ def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightS
     def decode_time(ctx: int, ideal: bool) -> tuple[float, dict]:
         e_main = 1.0 if ideal else eff.bandwidth
         e_cpu = 1.0 if ideal else eff_cpu.bandwidth
+        k_main = 1.0 if ideal else kv_eff
+        k_cpu = 1.0 if ideal else kv_eff_cpu
         fixed_layer = 0.0 if ideal else eff.per_layer_s
         kvl = kv_bytes_per_layer(spec, kv, ctx, B)
+        afl = decode_attention_flops_per_layer(spec, ctx, B)
         resident = L if (not on_gpu or p.offload == "none") else n
-        t_gpu = (sum(read[:resident]) + sum(kvl[:resident])) / (main_bw * e_main) + resident * fixed_layer
+
+        def attn(i: int, bw: float, k_eff: float, flops: float, a_eff: float) -> float:
+            if ideal:  # the ceiling is a pure bandwidth roofline
+                return kvl[i] / bw
+            return max(kvl[i] / (bw * k_eff), afl[i] / (flops * a_eff))
+
+        t_gpu = (sum(read[:resident]) / (main_bw * e_main) + resident * fixed_layer
+                 + sum(attn(i, main_bw, k_main, main_flops, attn_eff) for i in range(resident)))
         t_link = t_cpu = 0.0
         if p.offload == "stream":
             # prefetch overlaps the copy of layer i+1 with the compute of layer i: a max, not a sum;
             # the whole layer (every expert) crosses the link
-            t_link = sum(max(costs.weights[i] / link, (read[i] + kvl[i]) / (main_bw * e_main) + fixed_layer)
+            t_link = sum(max(costs.weights[i] / link,
+                             read[i] / (main_bw * e_main) + attn(i, main_bw, k_main, main_flops, attn_eff) + fixed_layer)
                          for i in range(resident, L))
         elif p.offload == "cpu":
-            t_cpu = ((sum(read[resident:]) + sum(kvl[resident:])) / (ram * e_cpu)
-                     + (L - resident) * (0.0 if ideal else eff_cpu.per_layer_s))
+            t_cpu = (sum(read[resident:]) / (ram * e_cpu) + (L - resident) * (0.0 if ideal else eff_cpu.per_layer_s)
+                     + sum(attn(i, ram, k_cpu, hw.host.cpu_bf16_flops, attn_eff_cpu) for i in range(resident, L)))
         head = costs.head_bytes / (main_bw * e_main)
         fixed = 0.0 if ideal else eff.per_token_s
         if on_gpu and p.offload == "cpu" and n < L and not ideal:
@@ -203,7 +248,7 @@ def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightS
         ttft_s=t_prefill,
         prefill_tokens_per_s=prompt * B / t_prefill,
         ceiling_decode_tokens_per_s=B / t_ceiling,
-        terms={**terms, "efficiency_source": eff.source, "bandwidth_efficiency": eff.bandwidth,
+        terms={**terms, "efficiency_source": eff.source, "kv_efficiency": kv_eff, "attention_compute_efficiency": attn_eff, "kv_efficiency_source": kv_eff_source, "bandwidth_efficiency": eff.bandwidth,
                "compute_efficiency": eff.compute, "per_layer_s": eff.per_layer_s, "per_token_s": eff.per_token_s,
                "link_efficiency": DEFAULT_LINK_EFFICIENCY if p.offload == "stream" else None},
     )
