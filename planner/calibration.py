@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from .hardware import Calibration, CalibrationEntry
 from .speed import KV_PASSES_DEFAULT
 
+# Distinct layer counts the runs need before a per-token constant is fitted beside the per-layer cost.
+MIN_DEPTHS_FOR_PER_TOKEN = 3
 # Bounds that keep a noisy fit physical.
 MIN_EFFICIENCY = 0.005
 MAX_EFFICIENCY = 1.5
@@ -73,7 +75,7 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
 
 
 def nnls(rows: list[list[float]], y: list[float], weights: list[float]) -> list[float]:
-    """Weighted least squares with every coefficient >= 0: the best over all active sets (k <= 3)."""
+    """Weighted least squares with every coefficient >= 0: the best over all active sets (k <= 4)."""
     k = len(rows[0])
     best, best_err = [0.0] * k, float("inf")
     for size in range(1, k + 1):
@@ -116,11 +118,17 @@ def _eff(inverse: float) -> float:
 def fit_entry(samples: list[Sample]) -> tuple[CalibrationEntry, float, dict]:
     """Fit one device x backend x quant; returns the entry, the KV efficiency and residuals (percent)."""
     s0 = samples[0]
-    rows = [[s.bytes_read_per_token / s.bandwidth_bytes_per_s, _attention_roofline(s), float(s.num_layers), 1.0]
-            for s in samples]
+    # A per-token constant is told apart from the per-layer cost only by runs of several depths; with
+    # fewer the two are collinear and the fit swings between them, so the fixed cost stays per layer
+    # (eager dispatch: what it physically is).
+    fit_per_token = len({s.num_layers for s in samples}) >= MIN_DEPTHS_FOR_PER_TOKEN
+    rows = [[s.bytes_read_per_token / s.bandwidth_bytes_per_s, _attention_roofline(s), float(s.num_layers)]
+            + ([1.0] if fit_per_token else []) for s in samples]
     y = [s.decode_s_per_token for s in samples]
     # relative errors matter, not absolute seconds: weight each run by 1/t^2
-    inv_eff, inv_kv, per_layer, per_token = nnls(rows, y, [1.0 / (t * t) for t in y])
+    coef = nnls(rows, y, [1.0 / (t * t) for t in y])
+    inv_eff, inv_kv, per_layer = coef[:3]
+    per_token = coef[3] if fit_per_token else 0.0
     eff_bw, eff_kv = _eff(inv_eff), _eff(inv_kv)
     effs = []
     for s in samples:

@@ -17,7 +17,7 @@ from typing import Callable
 
 from planner.calibration import Sample, fit
 from planner.hardware import HardwareProfile
-from planner.memory import layer_costs, workspace_bytes
+from planner.memory import layer_costs
 from planner.quant import KV_SCHEMES, SCHEMES
 from planner.request import Request
 from planner.sources import model_spec, resolve_model
@@ -53,7 +53,6 @@ class RunRecord:
     decode_tokens_per_s: float
     ttft_s: float
     peak_rss_bytes: int
-    planned_ram_bytes: int  # weights + KV + workspace the plan counts on the host (no runtime base)
     sample: Sample
 
 
@@ -112,11 +111,6 @@ def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str],
             peak = sampler.result.peak_rss_bytes
             del loaded
             kv = KV_SCHEMES["bf16"]
-            # one sampler covers every prompt of this model x scheme: compare its peak with the largest plan
-            longest = Request(context=max(matrix.prompts) + matrix.new_tokens, prefill_chunk=matrix.prefill_chunk)
-            big = layer_costs(spec, scheme, kv, longest)
-            planned = (sum(big.weights) + big.embed_bytes + big.head_bytes + sum(big.kv)
-                       + sum(workspace_bytes(spec, scheme, kv, longest).values()))
             for prompt, r in results:
                 ctx = prompt + matrix.new_tokens
                 req = Request(context=ctx, prompt_tokens=prompt, prefill_chunk=matrix.prefill_chunk)
@@ -134,8 +128,44 @@ def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str],
                     prefill_s=r.ttft_s, label=f"{spec.name} {quant} prompt {prompt}")
                 records.append(RunRecord(model=spec.name, quant=quant, prompt=prompt, new_tokens=len(r.tokens),
                                          decode_tokens_per_s=r.decode_tokens_per_s_median, ttft_s=r.ttft_s,
-                                         peak_rss_bytes=peak, planned_ram_bytes=planned, sample=sample))
+                                         peak_rss_bytes=peak, sample=sample))
     return records
+
+
+def measure_runtime_ram(hw: HardwareProfile, matrix: Matrix, *, progress=None) -> int:
+    """Host RSS of a fresh `vramplan run` process beyond what its plan counts (weights, KV, workspace).
+
+    Measured the way users run: one process per model (its largest prompt, bf16), since inside one
+    long process the allocator's reuse of earlier runs' memory hides part of each footprint.
+    """
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from planner.hardware import save_profile
+
+    extras = []
+    with tempfile.TemporaryDirectory() as tmp:
+        prof = Path(tmp) / "profile.yaml"
+        save_profile(replace(hw, calibration=None), prof)
+        for name in matrix.models:
+            prompt = max(matrix.prompts)
+            cmd = [sys.executable, str(Path(__file__).resolve().parents[1] / "cli.py"), "run", "--model", name,
+                   "--dummy-weights", "--context", str(prompt + matrix.new_tokens), "--prompt-tokens", str(prompt),
+                   "--max-new-tokens", str(matrix.new_tokens), "--quant", "bf16", "--kv-dtype", "bf16",
+                   "--prefill-chunk", str(matrix.prefill_chunk), "--hardware", str(prof), "--json"]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                continue
+            d = json.loads(r.stdout)
+            base = d["plan"]["constants"]["runtime_base_ram_bytes"]["value"]
+            extra = d["measured"]["peak_ram_bytes"] - (d["predicted"]["peak_ram_bytes"] - base)
+            extras.append(extra)
+            if progress:
+                progress(f"  fresh `vramplan run` of {name}: {extra / 2**20:.0f} MiB beyond the plan's bytes")
+    return max(0, int(statistics.median(extras))) if extras else 0
 
 
 def calibrate(hw: HardwareProfile, matrix: Matrix | None = None, *,
@@ -147,10 +177,7 @@ def calibrate(hw: HardwareProfile, matrix: Matrix | None = None, *,
     records = run_matrix(hw, m, progress=progress)
     cal = fit([r.sample for r in records], measured_at=dt.date.today().isoformat(), versions=versions())
     on_gpu = hw.has_gpu and torch.cuda.is_available()
-    if not on_gpu:
-        # host RSS beyond what the plan counts; on a GPU the host also holds CUDA's libraries, measured there
-        extra = [r.peak_rss_bytes - r.planned_ram_bytes for r in records]
-        cal = replace(cal, runtime_ram_bytes=max(0, int(statistics.median(extra))))
+    cal = replace(cal, runtime_ram_bytes=measure_runtime_ram(hw, m, progress=progress))
     note = (f"calibrated by vramplan calibrate on {cal.measured_at}: {len(records)} runs of "
             f"{', '.join(m.models)} x {', '.join(m.quants)} x prompts {', '.join(map(str, m.prompts))}")
     return replace(hw, calibration=cal, notes=tuple(n for n in hw.notes if not n.startswith("calibrated by")) + (note,)), records
