@@ -100,6 +100,11 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
             ax.set_ylim(lo, hi)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(ScalarFormatter())
+            axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"predicted {label}")
         ax.set_ylabel(f"measured {label}")
         ax.grid(True, which="both", alpha=0.3)
@@ -142,6 +147,12 @@ def markdown(out: dict) -> str:
     return "\n".join(lines)
 
 
+def replot(machine: str) -> None:
+    """Redraw the PNG from a saved JSON (no runs)."""
+    out = json.loads((RESULTS / f"accuracy-{machine}.json").read_text())
+    plot(out["rows"], RESULTS / f"accuracy-{machine}.png", f"vramplan predicted vs measured - {machine}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hardware", required=True, help="the (calibrated) profile to plan with")
@@ -154,7 +165,11 @@ def main() -> None:
     ap.add_argument("--vram-budget", default=None, help="also run offloaded rows under this GPU budget")
     ap.add_argument("--repeats", type=int, default=2,
                     help="runs per row; the fastest is kept (on a shared machine interference only slows a run)")
+    ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the saved JSON")
     args = ap.parse_args()
+    if args.replot:
+        replot(args.machine)
+        return
 
     rows = []
     splits = [[]] + ([["--vram-budget", args.vram_budget]] if args.vram_budget else [])
