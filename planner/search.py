@@ -37,8 +37,9 @@ def _device_ok(scheme: WeightScheme, hw: HardwareProfile) -> str | None:
 
 
 def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme,
-              read: list[float], quick: bool = False) -> Candidate:
-    """One scheme x KV dtype: the best placement that fits (quick: only whether one fits)."""
+              read: list[float] | None = None, quick: bool = False) -> Candidate:
+    """One scheme x KV dtype: the best placement that fits (quick: only whether one fits).
+    `read` (weight bytes a decode step reads per layer) is shared across KV dtypes; computed when absent."""
     base = dict(weight_quant=scheme.name, kv_dtype=kv.name, total_layers=spec.num_layers,
                 quality_cost_pct=scheme.quality.ppl_increase_pct + kv.quality.ppl_increase_pct)
     why_not = _device_ok(scheme, hw)
@@ -66,7 +67,10 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
     fitting: list[tuple[int, str]] = []
     failure: tuple[int, str] | None = None
     if not has_gpu:
-        (fitting if over(0, "none") is None else [failure := (0, "none")]).append((0, "none"))
+        if over(0, "none") is None:
+            fitting.append((0, "none"))
+        else:
+            failure = (0, "none")
     else:
         modes = [req.offload] if req.offload else ["stream", "cpu"]
         if req.gpu_layers is not None:
@@ -92,6 +96,8 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
                     break  # fewer GPU layers only put more in RAM
     if quick:
         return Candidate(**base, runnable=bool(fitting))
+    if read is None:
+        read = _read_bytes_per_layer(spec, scheme, req.batch)
     weights_total = fit.pw[L] + costs.embed_bytes + costs.head_bytes
     max_ctx = (_max_context_on_gpu if has_gpu else _max_context_on_cpu)(spec, hw, req, scheme, kv, weights_total)
     if not fitting:
@@ -218,7 +224,7 @@ def _choose(cands: list[Candidate], req: Request) -> tuple[Candidate, list[str]]
     return choice, reasons
 
 
-def _alternatives(spec, hw, req, read) -> list[dict]:
+def _alternatives(spec, hw, req) -> list[dict]:
     """When nothing fits: the longest context each scheme could hold (smallest KV dtype), best first."""
     out = []
     for scheme in SCHEMES.values():
@@ -229,7 +235,7 @@ def _alternatives(spec, hw, req, read) -> list[dict]:
             if kv.full_attention_only and spec.sliding_window_layers:
                 continue
             def runs(ctx: int) -> bool:
-                return _evaluate(spec, hw, replace(req, context=ctx, prompt_tokens=None), scheme, kv, read,
+                return _evaluate(spec, hw, replace(req, context=ctx, prompt_tokens=None), scheme, kv,
                                  quick=True).runnable
 
             if not runs(1):
@@ -305,11 +311,13 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     runnable = [c for c in cands if c.runnable]
     if not runnable:
         forced = req.gpu_layers is not None or req.quant or req.kv_dtype or req.offload
-        alts = [] if forced else _alternatives(spec, hw, req, reads.get("bnb-nf4-dq") or _read_bytes_per_layer(spec, SCHEMES["bnb-nf4-dq"], req.batch))
-        best = min(cands, key=lambda c: (c.vram_bytes or 0) + (c.ram_bytes or 0) if c.ram_bytes else float("inf"))
-        reasons = [f"nothing fits: {c.weight_quant} + {c.kv_dtype} KV: {c.reason}" for c in cands[:1]]
-        if best is not cands[0] and best.reason:
-            reasons.append(f"smallest option, {best.weight_quant} + {best.kv_dtype} KV: {best.reason}")
+        alts = [] if forced else _alternatives(spec, hw, req)
+        first = cands[0]  # the best-quality option asked for
+        reasons = [f"nothing fits: {first.weight_quant} + {first.kv_dtype} KV: {first.reason}"]
+        sized = [c for c in cands if c.ram_bytes is not None]  # those that got as far as a memory breakdown
+        smallest = min(sized, key=lambda c: (c.vram_bytes or 0) + c.ram_bytes, default=None)
+        if smallest is not None and smallest is not first:
+            reasons.append(f"smallest option, {smallest.weight_quant} + {smallest.kv_dtype} KV: {smallest.reason}")
         if alts:
             a = alts[0]
             reasons.append(f"what would fit instead: {a['weight_quant']} weights + {a['kv_dtype']} KV up to "

@@ -91,6 +91,11 @@ def decode_attention_flops_per_layer(spec: ModelSpec, context: int, batch: int) 
     return [per[a] for a in spec.attention]
 
 
+# cpu offload mode: hidden states cross the host link twice per forward (to the CPU layers and back);
+# each crossing synchronises the GPU stream, costed as this many kernel launches (a default estimate).
+CPU_MODE_LINK_CROSSINGS = 2
+CPU_MODE_SYNC_LAUNCHES = 10
+
 # Streamed layers: what fraction of the measured pinned host->device bandwidth the copy engine
 # sustains for a layer's tensors (many medium-sized copies).
 DEFAULT_LINK_EFFICIENCY = 0.85
@@ -218,8 +223,8 @@ def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightS
         head = costs.head_bytes / (main_bw * e_main)
         fixed = 0.0 if ideal else eff.per_token_s
         if on_gpu and p.offload == "cpu" and n < L and not ideal:
-            # hidden states cross the link twice per forward (tiny), plus a synchronisation
-            fixed += 2 * hw.overheads.kernel_launch_s * 10
+            # hidden states cross the link twice per forward (tiny), each with a synchronisation
+            fixed += CPU_MODE_LINK_CROSSINGS * CPU_MODE_SYNC_LAUNCHES * hw.overheads.kernel_launch_s
         total = t_gpu + t_link + t_cpu + head + fixed
         return total, {"resident_s": t_gpu, "offloaded_s": t_link + t_cpu, "lm_head_s": head, "fixed_s": fixed}
 

@@ -176,7 +176,6 @@ def calibrate(hw: HardwareProfile, matrix: Matrix | None = None, *,
     m = matrix or (GPU_MATRIX if hw.has_gpu and torch.cuda.is_available() else CPU_MATRIX)
     records = run_matrix(hw, m, progress=progress)
     cal = fit([r.sample for r in records], measured_at=dt.date.today().isoformat(), versions=versions())
-    on_gpu = hw.has_gpu and torch.cuda.is_available()
     cal = replace(cal, runtime_ram_bytes=measure_runtime_ram(hw, m, progress=progress))
     note = (f"calibrated by vramplan calibrate on {cal.measured_at}: {len(records)} runs of "
             f"{', '.join(m.models)} x {', '.join(m.quants)} x prompts {', '.join(map(str, m.prompts))}")

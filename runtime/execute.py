@@ -97,7 +97,7 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
     """Run the plan once (plus bounded OOM retries) and report predicted versus measured."""
     import torch
 
-    from .generate import generate, synthetic_prompt
+    from .generate import generate
     from .load import load_model
     from .measure import PeakMemorySampler
 
@@ -142,7 +142,7 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
                 report.measured["load_s"] = time.perf_counter() - t0
                 report.notes.extend(loaded.notes)
                 if base_ids is None:
-                    base_ids = _prompt_ids(loaded, prompt_text, prompt_tokens, seed, synthetic_prompt)
+                    base_ids = _prompt_ids(loaded, prompt_text, prompt_tokens, seed)
                     report.prompt_tokens = int(base_ids.shape[-1])
                 # after an OOM the retry continues from the prompt plus the tokens kept so far
                 ids = torch.cat([base_ids, torch.tensor([all_tokens], dtype=base_ids.dtype)], dim=-1) if all_tokens else base_ids
@@ -191,7 +191,7 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
     return report
 
 
-def _replan_after_oom(current: Plan, spec, hw, peaks, error: str, report: RunReport) -> Plan | None:  # pragma: no cover
+def _replan_after_oom(current: Plan, spec, hw, peaks, error: str, report: RunReport) -> Plan | None:
     """Lower the GPU budget by what the OOM showed and plan again."""
     gpu = current.to_dict()["memory"]["gpu"]
     planned = gpu["total_bytes"] - gpu["headroom_bytes"]
@@ -211,7 +211,9 @@ def _replan_after_oom(current: Plan, spec, hw, peaks, error: str, report: RunRep
     return new if new.fits else None
 
 
-def _prompt_ids(loaded, prompt_text, prompt_tokens, seed, synthetic_prompt):
+def _prompt_ids(loaded, prompt_text, prompt_tokens, seed):
+    from .generate import synthetic_prompt
+
     vocab = loaded.config.vocab_size
     if prompt_text is not None:
         if loaded.tokenizer is None:

@@ -403,7 +403,7 @@ def _module_leaves(module: nn.Module, *, recurse: bool = True) -> list[_Leaf]:
     first forward moved them into the module's ``state``), optimum-quanto inner tensors."""
     leaves: list[_Leaf] = []
     for owner in (module.modules() if recurse else (module,)):
-        for name, param in owner._parameters.items():
+        for param in owner._parameters.values():
             if param is not None:
                 leaves.extend(_param_leaves(owner, param))
         for name, buffer in owner._buffers.items():

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
 from planner.architectures import spec_from_config
-from planner.errors import PlanError, VramplanError
+from planner.errors import PlanError
 from planner.hardware import profile_from_dict
 from planner.memory import FitTotals, layer_costs, memory_breakdown, place, workspace_bytes
 from planner.plan import Plan

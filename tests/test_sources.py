@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from planner.architectures import spec_from_config
-from planner.errors import CheckpointError, ConfigError, ModelNotFoundError, VramplanError
+from planner.errors import CheckpointError, ModelNotFoundError, VramplanError
 from planner.sources import (
-    apply_checkpoint, catalog, find_in_catalog, model_spec, read_safetensors_header, resolve_model,
+    catalog, find_in_catalog, model_spec, read_safetensors_header, resolve_model,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
