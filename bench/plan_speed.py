@@ -48,7 +48,7 @@ def main() -> None:
             p = plan(spec, hw, req)
             times.append((time.perf_counter() - t) * 1000)
         rows.append({"model": model, "context": ctx, "hardware": hw_name, "fits": p.fits,
-                     "choice": p.choice.choice_dict() if p.choice else None, "candidates": len(p.candidates),
+                     "choice": p.choice.to_dict() if p.choice else None, "candidates": len(p.candidates),
                      "spec_build_ms": round(spec_ms, 2), "search_ms_median": round(statistics.median(times), 2),
                      "search_ms_max": round(max(times), 2), "under_target": statistics.median(times) < TARGET_MS})
     out = {"benchmark": "planner full search", "target_ms": TARGET_MS, "repeats": REPEATS,

@@ -333,6 +333,13 @@ class HardwareProfile:
         return bool(self.gpus)
 
     @property
+    def accelerator(self) -> str | None:
+        """The GPU's programming interface: "mps" for Apple silicon, "cuda" for NVIDIA, None without a GPU."""
+        if not self.gpus:
+            return None
+        return "mps" if self.unified_memory and self.gpus[0].name.lower().startswith("apple") else "cuda"
+
+    @property
     def gpu_count(self) -> int:
         return sum(g.count for g in self.gpus)
 

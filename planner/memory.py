@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from .hardware import HardwareProfile
 from .modelspec import Kind, ModelSpec, Role, dtype_bytes
+from .choice import Choice, OffloadMode
 from .quant import KVScheme, WeightScheme, kv_bytes_per_layer
 from .request import Request
 
@@ -32,26 +33,20 @@ LOGITS_BYTES_PER_ELEMENT = 2 + 4
 
 
 @dataclass(frozen=True)
-class LayerCosts:
-    """Per-layer bytes for one scheme x KV dtype at one context and batch; precomputed for the search."""
+class WeightCosts:
+    """Stored bytes of one weight scheme, per decoder layer and outside the layers (context-free)."""
 
-    weights: tuple[int, ...]  # stored bytes of each decoder layer
-    kv: tuple[int, ...]  # KV-cache bytes of each layer at the request's context x batch
+    layers: tuple[int, ...]  # stored bytes of each decoder layer
     embed_bytes: int  # input embedding (0 when tied: counted in head_bytes)
     head_bytes: int  # lm_head (or the tied embedding) + final norm
-    tied: bool
 
-    def prefix(self, values: tuple[int, ...]) -> list[int]:
-        out = [0]
-        for v in values:
-            out.append(out[-1] + v)
-        return out
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.layers) + self.embed_bytes + self.head_bytes
 
 
-def layer_costs(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Request) -> LayerCosts:
+def weight_costs(spec: ModelSpec, scheme: WeightScheme) -> WeightCosts:
     load = scheme.compute_dtype
-    weights = tuple(spec.per_layer(lambda ts: scheme.bytes_of(ts, load)))
-    kvs = tuple(kv_bytes_per_layer(spec, kv, req.context, req.batch))
     embed = head = 0
     for t in spec.non_layer_tensors():
         b = scheme.tensor_bytes(t, load)
@@ -59,7 +54,32 @@ def layer_costs(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Reques
             embed += b
         else:
             head += b  # lm_head, final norm, tied embedding
-    return LayerCosts(weights=weights, kv=kvs, embed_bytes=embed, head_bytes=head, tied=spec.tie_word_embeddings)
+    return WeightCosts(layers=tuple(spec.per_layer(lambda ts: scheme.bytes_of(ts, load))), embed_bytes=embed,
+                       head_bytes=head)
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """Per-layer bytes for one scheme x KV dtype at one context and batch."""
+
+    weights: tuple[int, ...]  # stored bytes of each decoder layer
+    kv: tuple[int, ...]  # KV-cache bytes of each layer at the request's context x batch
+    embed_bytes: int  # input embedding (0 when tied: counted in head_bytes)
+    head_bytes: int  # lm_head (or the tied embedding) + final norm
+
+
+def layer_costs(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Request,
+                weights: WeightCosts | None = None) -> LayerCosts:
+    w = weights if weights is not None else weight_costs(spec, scheme)
+    return LayerCosts(weights=w.layers, kv=tuple(kv_bytes_per_layer(spec, kv, req.context, req.batch)),
+                      embed_bytes=w.embed_bytes, head_bytes=w.head_bytes)
+
+
+def _prefix(values: tuple[int, ...]) -> list[int]:
+    out = [0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
 
 
 def workspace_bytes(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Request, context: int | None = None) -> dict:
@@ -96,20 +116,95 @@ def _mlp_width(spec: ModelSpec) -> int:
     return inter
 
 
+@dataclass(frozen=True)
+class GPUMemory:
+    """Bytes a placement puts on the GPU, by named term, and the capacity it must fit in."""
+
+    weights_bytes: int
+    kv_cache_bytes: int
+    stream_buffers_bytes: int
+    workspace_bytes: int
+    cuda_context_bytes: int
+    allocator_reserve_bytes: int
+    headroom_bytes: int
+    capacity_bytes: int
+
+    TERMS = ("weights_bytes", "kv_cache_bytes", "stream_buffers_bytes", "workspace_bytes", "cuda_context_bytes",
+             "allocator_reserve_bytes", "headroom_bytes")
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(getattr(self, t) for t in self.TERMS)
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity_bytes - self.total_bytes
+
+    def to_dict(self) -> dict:
+        return _device_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GPUMemory":
+        return cls(**{k: d[k] for k in (*cls.TERMS, "capacity_bytes")})
+
+
+@dataclass(frozen=True)
+class CPUMemory:
+    """Bytes a placement puts in host RAM, by named term, and the capacity it must fit in."""
+
+    weights_bytes: int
+    kv_cache_bytes: int
+    workspace_bytes: int
+    runtime_base_bytes: int
+    capacity_bytes: int
+
+    TERMS = ("weights_bytes", "kv_cache_bytes", "workspace_bytes", "runtime_base_bytes")
+
+    total_bytes = GPUMemory.total_bytes
+    free_bytes = GPUMemory.free_bytes
+
+    def to_dict(self) -> dict:
+        return _device_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CPUMemory":
+        return cls(**{k: d[k] for k in (*cls.TERMS, "capacity_bytes")})
+
+
+def _device_dict(m) -> dict:
+    return {**{t: getattr(m, t) for t in m.TERMS}, "total_bytes": m.total_bytes, "capacity_bytes": m.capacity_bytes,
+            "free_bytes": m.free_bytes}
+
+
 @dataclass(frozen=True, kw_only=True)
-class Placement:
-    gpu_layers: int
-    offload: str  # "none", "stream" or "cpu"
-    compute_device: str  # "cuda" or "cpu" (a machine without a GPU)
-    embeddings_on_gpu: bool
+class MemoryBreakdown:
+    """Every byte of one placement, per device; `gpu` is None on a machine without a GPU."""
 
+    gpu: GPUMemory | None
+    cpu: CPUMemory
+    workspace_terms: dict  # the workspace's own terms (the same on whichever device computes)
 
-def place(spec: ModelSpec, n_gpu: int, mode: str, has_gpu: bool) -> Placement:
-    if not has_gpu:
-        return Placement(gpu_layers=0, offload="none", compute_device="cpu", embeddings_on_gpu=False)
-    full = n_gpu >= spec.num_layers
-    return Placement(gpu_layers=min(n_gpu, spec.num_layers), offload="none" if full else mode, compute_device="cuda",
-                     embeddings_on_gpu=full or spec.tie_word_embeddings)
+    @property
+    def over(self) -> str | None:
+        """The first device whose total exceeds its capacity ("gpu", then "cpu"), or None when both fit."""
+        if self.gpu is not None and self.gpu.free_bytes < 0:
+            return "gpu"
+        if self.cpu.free_bytes < 0:
+            return "cpu"
+        return None
+
+    @property
+    def fits(self) -> bool:
+        return self.over is None
+
+    def to_dict(self) -> dict:
+        return {"gpu": self.gpu.to_dict() if self.gpu is not None else None, "cpu": self.cpu.to_dict(),
+                "workspace_terms": dict(self.workspace_terms)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MemoryBreakdown":
+        return cls(gpu=GPUMemory.from_dict(d["gpu"]) if d.get("gpu") else None, cpu=CPUMemory.from_dict(d["cpu"]),
+                   workspace_terms=dict(d.get("workspace_terms") or {}))
 
 
 def gpu_capacity(hw: HardwareProfile, req: Request) -> int:
@@ -125,83 +220,73 @@ def ram_capacity(hw: HardwareProfile, req: Request, gpu_total: int = 0) -> int:
     return hw.host.ram_bytes - (gpu_total if hw.unified_memory else 0)
 
 
-def memory_breakdown(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme,
-                     p: Placement, costs: LayerCosts, ws: dict) -> dict:
-    """Bytes per device by named term, with totals and capacities."""
-    L = spec.num_layers
-    n = p.gpu_layers
-    ws_total = sum(ws.values())
-    off = range(n, L)
-    off_weights = sum(costs.weights[i] for i in off)
-    if p.compute_device == "cpu":
-        gpu = None
-        cpu_terms = {
-            "weights_bytes": sum(costs.weights) + costs.embed_bytes + costs.head_bytes,
-            "kv_cache_bytes": sum(costs.kv),
-            "workspace_bytes": ws_total,
-            "runtime_base_bytes": req.runtime_base_ram_bytes,
-        }
-    else:
-        gpu_kv_layers = range(L) if p.offload in ("none", "stream") else range(n)
-        gpu_terms = {
-            "weights_bytes": sum(costs.weights[:n]) + costs.head_bytes + (costs.embed_bytes if p.embeddings_on_gpu else 0),
-            "kv_cache_bytes": sum(costs.kv[i] for i in gpu_kv_layers),
-            "stream_buffers_bytes": 2 * max((costs.weights[i] for i in off), default=0) if p.offload == "stream" else 0,
-            "workspace_bytes": ws_total,
-            "cuda_context_bytes": hw.overheads.cuda_context_bytes,
-            "allocator_reserve_bytes": hw.overheads.allocator_reserve_bytes,
-            "headroom_bytes": req.headroom_bytes,
-        }
-        gpu_total = sum(gpu_terms.values())
-        gpu = {**gpu_terms, "total_bytes": gpu_total, "capacity_bytes": gpu_capacity(hw, req)}
-        gpu["free_bytes"] = gpu["capacity_bytes"] - gpu_total
-        cpu_terms = {
-            "weights_bytes": off_weights + (0 if p.embeddings_on_gpu else costs.embed_bytes),
-            "kv_cache_bytes": sum(costs.kv[i] for i in off) if p.offload == "cpu" else 0,
-            "workspace_bytes": ws_total if p.offload == "cpu" and n < L else 0,
-            "runtime_base_bytes": req.runtime_base_ram_bytes,
-        }
-    cpu_total = sum(cpu_terms.values())
-    cpu = {**cpu_terms, "total_bytes": cpu_total,
-           "capacity_bytes": ram_capacity(hw, req, gpu["total_bytes"] if gpu else 0)}
-    cpu["free_bytes"] = cpu["capacity_bytes"] - cpu_total
-    return {"gpu": gpu, "cpu": cpu, "workspace_terms": ws}
+def embeddings_on_gpu(gpu_layers: int, num_layers: int, tied: bool) -> bool:
+    """The input embedding stays on the GPU when every layer does, or when it is lm_head's (tied) tensor."""
+    return gpu_layers >= num_layers or tied
 
 
-class FitTotals:
-    """GPU and RAM totals of every placement in O(1) each, from prefix sums (the search scans them all).
+class Footprint:
+    """The bytes of every placement of one scheme x KV dtype x request, per device, in O(1) each.
 
-    Must agree with memory_breakdown term for term; tests/test_planner.py checks both on every n.
+    The one memory formula: the search checks placements with it and the plan prints its
+    breakdown, so a verdict and the numbers shown beside it cannot disagree. A placement is
+    (gpu_layers, offload mode) on a machine with a GPU, (0, NONE) without one.
     """
 
-    def __init__(self, spec: ModelSpec, hw: HardwareProfile, req: Request, costs: LayerCosts, ws_total: int):
+    def __init__(self, spec: ModelSpec, hw: HardwareProfile, req: Request, costs: LayerCosts, workspace: dict):
         self.L = spec.num_layers
+        self.hw = hw
+        self.req = req
         self.costs = costs
-        self.pw = costs.prefix(costs.weights)
-        self.pkv = costs.prefix(costs.kv)
+        self.tied = spec.tie_word_embeddings
+        self.on_gpu = hw.has_gpu
+        self.workspace = dict(workspace)
+        self.ws = sum(workspace.values())
+        self.pw = _prefix(costs.weights)
+        self.pkv = _prefix(costs.kv)
         suffix = [0] * (self.L + 1)
         for i in range(self.L - 1, -1, -1):
             suffix[i] = max(suffix[i + 1], costs.weights[i])
-        self.suffix_max_w = suffix
-        self.ws = ws_total
+        self.suffix_max_w = suffix  # the largest layer from i on: what a stream slot must hold
         o = hw.overheads
-        self.gpu_fixed = o.cuda_context_bytes + o.allocator_reserve_bytes + req.headroom_bytes + ws_total + costs.head_bytes
-        self.base_ram = req.runtime_base_ram_bytes
-        self.tied = spec.tie_word_embeddings
+        self.gpu_fixed = (o.cuda_context_bytes, o.allocator_reserve_bytes, req.headroom_bytes)
+        self.gpu_capacity = gpu_capacity(hw, req)
 
-    def gpu_total(self, n: int, mode: str) -> int:
-        c = self.costs
-        full = n >= self.L
-        emb_on_gpu = full or self.tied
-        kv = self.pkv[self.L] if (full or mode == "stream") else self.pkv[n]
-        slots = 2 * self.suffix_max_w[n] if (mode == "stream" and not full) else 0
-        return self.pw[n] + (c.embed_bytes if emb_on_gpu else 0) + kv + slots + self.gpu_fixed
+    def embeddings_on_gpu(self, n: int) -> bool:
+        return self.on_gpu and embeddings_on_gpu(n, self.L, self.tied)
 
-    def cpu_total(self, n: int, mode: str) -> int:
-        c = self.costs
-        full = n >= self.L
-        emb_on_gpu = full or self.tied
-        off_w = self.pw[self.L] - self.pw[n]
-        kv = (self.pkv[self.L] - self.pkv[n]) if (mode == "cpu" and not full) else 0
-        ws = self.ws if (mode == "cpu" and not full) else 0
-        return off_w + (0 if emb_on_gpu else c.embed_bytes) + kv + ws + self.base_ram
+    def _gpu_terms(self, n: int, mode: OffloadMode) -> tuple[int, ...]:
+        """GPUMemory.TERMS, in order, for n layers on the GPU."""
+        costs = self.costs
+        stream = mode is OffloadMode.STREAM and n < self.L
+        kv_layers = n if (mode is OffloadMode.CPU and n < self.L) else self.L  # streamed layers keep KV on the GPU
+        weights = self.pw[n] + costs.head_bytes + (costs.embed_bytes if self.embeddings_on_gpu(n) else 0)
+        return (weights, self.pkv[kv_layers], 2 * self.suffix_max_w[n] if stream else 0, self.ws, *self.gpu_fixed)
+
+    def _cpu_terms(self, n: int, mode: OffloadMode) -> tuple[int, ...]:
+        """CPUMemory.TERMS, in order: what the layers from n on (all of them without a GPU) leave in RAM."""
+        costs, L = self.costs, self.L
+        computes_here = not self.on_gpu or (mode is OffloadMode.CPU and n < L)  # these keep KV and activations here
+        weights = (self.pw[L] - self.pw[n] + (0 if self.embeddings_on_gpu(n) else costs.embed_bytes)
+                   + (0 if self.on_gpu else costs.head_bytes))
+        return (weights, self.pkv[L] - self.pkv[n] if computes_here else 0, self.ws if computes_here else 0,
+                self.req.runtime_base_ram_bytes)
+
+    def over(self, n: int, mode: OffloadMode) -> str | None:
+        """The first device over capacity ("gpu", then "cpu") with n layers on the GPU, or None when it fits."""
+        gpu_total = sum(self._gpu_terms(n, mode)) if self.on_gpu else 0
+        if gpu_total > self.gpu_capacity:
+            return "gpu"
+        if sum(self._cpu_terms(n, mode)) > ram_capacity(self.hw, self.req, gpu_total):
+            return "cpu"
+        return None
+
+    def breakdown(self, c: Choice) -> MemoryBreakdown:
+        n, mode = (c.gpu_layers, c.offload) if c.on_gpu else (0, OffloadMode.NONE)
+        gpu = GPUMemory(*self._gpu_terms(n, mode), capacity_bytes=self.gpu_capacity) if self.on_gpu else None
+        cpu = CPUMemory(*self._cpu_terms(n, mode),
+                        capacity_bytes=ram_capacity(self.hw, self.req, gpu.total_bytes if gpu is not None else 0))
+        return MemoryBreakdown(gpu=gpu, cpu=cpu, workspace_terms=self.workspace)
+
+    def fits(self, c: Choice) -> bool:
+        return self.breakdown(c).fits

@@ -6,9 +6,13 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from .choice import Choice, OffloadMode
+from .errors import PlanError
 from .hardware import HardwareProfile
+from .memory import MemoryBreakdown
 from .modelspec import ModelSpec
 from .request import Request
+from .speed import SpeedEstimate
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -39,131 +43,147 @@ def hardware_ref(hw: HardwareProfile) -> dict:
 
 @dataclass(frozen=True, kw_only=True)
 class Candidate:
+    """One weight scheme x KV dtype: whether it runs, the best placement found, its bytes and speed.
+
+    `choice`, `memory` and `speed` are None when the scheme was ruled out before any placement
+    was sized (a device it cannot run on, a cache the model refuses); a candidate that does not
+    fit keeps the placement that came closest and its breakdown, so the reason has numbers."""
+
     weight_quant: str
     kv_dtype: str
-    total_layers: int
-    runnable: bool  # fits in VRAM + RAM with some placement
     quality_cost_pct: float
+    fits: bool  # runs with some placement within every device's capacity
     reason: str = ""
-    fits_on_gpu: bool = False
-    gpu_layers: int = 0
-    offload: str = "none"
-    compute_device: str = "cuda"
-    embeddings_on_gpu: bool = False
-    vram_bytes: int | None = None
-    ram_bytes: int | None = None
-    ceiling_decode_tokens_per_s: float | None = None
-    predicted_decode_tokens_per_s: float | None = None
-    predicted_decode_tokens_per_s_full_context: float | None = None
-    predicted_ttft_s: float | None = None
-    predicted_prefill_tokens_per_s: float | None = None
-    max_context_on_gpu: int = 0
-    memory: dict | None = field(default=None, compare=False)
-    speed_terms: dict | None = field(default=None, compare=False)
+    choice: Choice | None = None
+    memory: MemoryBreakdown | None = None
+    speed: SpeedEstimate | None = None  # only when it fits
+    max_context_tokens: int = 0  # the largest context with every layer on the GPU (in RAM without a GPU)
 
-    def choice_dict(self) -> dict:
-        return {"weight_quant": self.weight_quant, "kv_dtype": self.kv_dtype, "gpu_layers": self.gpu_layers,
-                "total_layers": self.total_layers, "offload": self.offload, "compute_device": self.compute_device,
-                "embeddings_device": ("cuda" if self.embeddings_on_gpu else "cpu")}
+    @property
+    def fits_on_gpu(self) -> bool:
+        c = self.choice
+        return self.fits and c is not None and c.on_gpu and c.offload is OffloadMode.NONE
 
-    def predicted_dict(self) -> dict:
-        return {"decode_tokens_per_s": self.predicted_decode_tokens_per_s,
-                "decode_tokens_per_s_full_context": self.predicted_decode_tokens_per_s_full_context,
-                "ttft_s": self.predicted_ttft_s, "prefill_tokens_per_s": self.predicted_prefill_tokens_per_s}
+    @property
+    def vram_bytes(self) -> int | None:
+        return self.memory.gpu.total_bytes if self.memory is not None and self.memory.gpu is not None else None
+
+    @property
+    def ram_bytes(self) -> int | None:
+        return self.memory.cpu.total_bytes if self.memory is not None else None
 
     def to_dict(self) -> dict:
-        mem = None
-        if self.memory is not None:
-            mem = {"gpu": self.memory["gpu"], "cpu": self.memory["cpu"]}
-        return {"fits": self.runnable, "fits_on_gpu": self.fits_on_gpu, **self.choice_dict(),
+        placement = self.choice.to_dict() if self.choice is not None else {
+            "weight_quant": self.weight_quant, "kv_dtype": self.kv_dtype, "gpu_layers": 0, "total_layers": None,
+            "offload": OffloadMode.NONE.value, "compute_device": None, "embeddings_device": None}
+        mem = self.memory.to_dict() if self.memory is not None else {"gpu": None, "cpu": None}
+        return {"fits": self.fits, "fits_on_gpu": self.fits_on_gpu, **placement,
                 "quality_cost_pct": self.quality_cost_pct,
-                "memory": mem if mem else {"gpu": {"total_bytes": self.vram_bytes}, "cpu": {"total_bytes": self.ram_bytes}},
+                "memory": {"gpu": mem["gpu"], "cpu": mem["cpu"]},
                 "vram_bytes": self.vram_bytes, "ram_bytes": self.ram_bytes,
-                "ceiling": {"decode_tokens_per_s": self.ceiling_decode_tokens_per_s},
-                "predicted": self.predicted_dict(), "max_context_tokens": self.max_context_on_gpu,
-                "reason": self.reason}
+                "ceiling": _ceiling_dict(self.speed), "predicted": _predicted_dict(self.speed),
+                "max_context_tokens": self.max_context_tokens, "reason": self.reason}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Candidate":
+        mem = d.get("memory") or {}
         pred = d.get("predicted") or {}
-        return cls(
-            weight_quant=d["weight_quant"], kv_dtype=d["kv_dtype"], total_layers=d["total_layers"], runnable=d["fits"],
-            quality_cost_pct=d.get("quality_cost_pct", 0.0), reason=d.get("reason", ""),
-            fits_on_gpu=d.get("fits_on_gpu", False), gpu_layers=d.get("gpu_layers", 0), offload=d.get("offload", "none"),
-            compute_device=d.get("compute_device", "cuda"), embeddings_on_gpu=d.get("embeddings_device") == "cuda",
-            vram_bytes=d.get("vram_bytes"), ram_bytes=d.get("ram_bytes"),
-            ceiling_decode_tokens_per_s=(d.get("ceiling") or {}).get("decode_tokens_per_s"),
-            predicted_decode_tokens_per_s=pred.get("decode_tokens_per_s"),
-            predicted_decode_tokens_per_s_full_context=pred.get("decode_tokens_per_s_full_context"),
-            predicted_ttft_s=pred.get("ttft_s"), predicted_prefill_tokens_per_s=pred.get("prefill_tokens_per_s"),
-            max_context_on_gpu=d.get("max_context_tokens", 0), memory=d.get("memory"),
-            speed_terms=d.get("speed_terms"),
-        )
+        return cls(weight_quant=d["weight_quant"], kv_dtype=d["kv_dtype"], quality_cost_pct=float(d["quality_cost_pct"]),
+                   fits=bool(d["fits"]), reason=str(d.get("reason") or ""),
+                   choice=Choice.from_dict(d) if d.get("compute_device") is not None else None,
+                   memory=MemoryBreakdown.from_dict(mem) if mem.get("cpu") else None,
+                   speed=(SpeedEstimate.from_dict(pred, d.get("ceiling") or {}, {})
+                          if pred.get("decode_tokens_per_s") is not None else None),
+                   max_context_tokens=int(d.get("max_context_tokens") or 0))
+
+
+def _ceiling_dict(s: SpeedEstimate | None) -> dict:
+    return {"decode_tokens_per_s": s.ceiling_decode_tokens_per_s if s is not None else None}
+
+
+def _predicted_dict(s: SpeedEstimate | None) -> dict:
+    keys = ("decode_tokens_per_s", "decode_tokens_per_s_full_context", "ttft_s", "prefill_tokens_per_s")
+    return {k: (getattr(s, k) if s is not None else None) for k in keys}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
+    """What `plan` decided: the chosen candidate (None when nothing fits), why, and every other candidate."""
+
     model: dict
     hardware: dict
     request: Request
-    fits: bool
-    choice: Candidate | None
+    chosen: Candidate | None
     reasons: list[str]
     candidates: list[Candidate]
     warnings: list[str] = field(default_factory=list)
     alternatives: list[dict] = field(default_factory=list)
     constants: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        c = self.chosen
+        if c is not None and not (c.fits and c.choice is not None and c.memory is not None and c.speed is not None):
+            raise PlanError("a plan's chosen candidate must fit, with a placement, a memory breakdown and a prediction")
+
+    @property
+    def fits(self) -> bool:
+        return self.chosen is not None
+
+    @property
+    def choice(self) -> Choice | None:
+        return self.chosen.choice if self.chosen is not None else None
+
+    @property
+    def memory(self) -> MemoryBreakdown | None:
+        return self.chosen.memory if self.chosen is not None else None
+
+    @property
+    def predicted(self) -> SpeedEstimate | None:
+        return self.chosen.speed if self.chosen is not None else None
+
     def to_dict(self) -> dict:
-        c = self.choice
-        d = {
+        c = self.chosen
+        return {
             "schema_version": PLAN_SCHEMA_VERSION,
             "fits": self.fits,
             "model": self.model,
             "hardware": self.hardware,
             "request": self.request.to_dict(),
-            "choice": c.choice_dict() if c else None,
+            "choice": self.choice.to_dict() if c else None,
             "reasons": list(self.reasons),
-            "memory": ({"gpu": c.memory["gpu"], "cpu": c.memory["cpu"], "workspace_terms": c.memory["workspace_terms"]}
-                       if c and c.memory else None),
-            "ceiling": {"decode_tokens_per_s": c.ceiling_decode_tokens_per_s if c else None},
-            "predicted": c.predicted_dict() if c else None,
-            "speed_terms": c.speed_terms if c else None,
-            "max_context_tokens": c.max_context_on_gpu if c else 0,
+            "memory": self.memory.to_dict() if c else None,
+            "ceiling": _ceiling_dict(self.predicted),
+            "predicted": _predicted_dict(self.predicted) if c else None,
+            "speed_terms": dict(self.predicted.terms) if c else None,
+            "max_context_tokens": c.max_context_tokens if c else 0,
             "quality_cost_pct": c.quality_cost_pct if c else None,
+            "reason": c.reason if c else None,
             "constants": self.constants,
             "warnings": list(self.warnings),
             "alternatives": list(self.alternatives),
             "candidates": [x.to_dict() for x in self.candidates],
         }
-        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
-        from .errors import PlanError
-
+        """A saved plan back; anything malformed (a hand edit, another tool's file) is a PlanError."""
         if not isinstance(d, dict) or d.get("schema_version") != PLAN_SCHEMA_VERSION:
             raise PlanError(f"not a vramplan plan (schema_version {PLAN_SCHEMA_VERSION} expected)")
         try:
-            choice = None
-            if d.get("choice"):
-                cd = dict(d["choice"])
-                chosen = next((x for x in d.get("candidates", []) if x["weight_quant"] == cd["weight_quant"]
-                               and x["kv_dtype"] == cd["kv_dtype"]), {})
-                merged = {**chosen, **cd, "fits": True, "predicted": d.get("predicted") or chosen.get("predicted"),
-                          "ceiling": d.get("ceiling"), "max_context_tokens": d.get("max_context_tokens", 0),
-                          "memory": d.get("memory"), "speed_terms": d.get("speed_terms"),
-                          "quality_cost_pct": d.get("quality_cost_pct", 0.0)}
-                gpu = (d.get("memory") or {}).get("gpu") or {}
-                cpu = (d.get("memory") or {}).get("cpu") or {}
-                merged.setdefault("vram_bytes", gpu.get("total_bytes"))
-                merged.setdefault("ram_bytes", cpu.get("total_bytes"))
-                choice = Candidate.from_dict(merged)
-            return cls(model=d["model"], hardware=d["hardware"], request=Request.from_dict(d["request"]),
-                       fits=bool(d["fits"]), choice=choice, reasons=list(d.get("reasons", [])),
-                       candidates=[Candidate.from_dict(x) for x in d.get("candidates", [])],
-                       warnings=list(d.get("warnings", [])), alternatives=list(d.get("alternatives", [])),
-                       constants=dict(d.get("constants", {})))
-        except (KeyError, TypeError, ValueError) as e:
+            chosen = None
+            if d.get("fits"):
+                choice = Choice.from_dict(d["choice"])
+                chosen = Candidate(weight_quant=choice.weight_quant, kv_dtype=choice.kv_dtype,
+                                   quality_cost_pct=float(d.get("quality_cost_pct") or 0.0), fits=True,
+                                   reason=str(d.get("reason") or ""), choice=choice,
+                                   memory=MemoryBreakdown.from_dict(d["memory"]),
+                                   speed=SpeedEstimate.from_dict(d["predicted"], d["ceiling"], d["speed_terms"]),
+                                   max_context_tokens=int(d.get("max_context_tokens") or 0))
+            return cls(model=dict(d["model"]), hardware=dict(d["hardware"]), request=Request.from_dict(d["request"]),
+                       chosen=chosen, reasons=[str(r) for r in d.get("reasons", [])],
+                       candidates=[Candidate.from_dict(x) for x in d.get("candidates", [])], warnings=[str(w) for w in d.get("warnings", [])],
+                       alternatives=list(d.get("alternatives", [])), constants=dict(d.get("constants", {})))
+        except PlanError as e:
+            raise PlanError(f"plan file: {e}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanError(f"plan file is incomplete or malformed ({type(e).__name__}: {e})") from None
-

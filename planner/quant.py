@@ -148,12 +148,25 @@ class KVScheme:
     residual_tokens: int = 0  # tokens kept in the compute dtype before quantizing (QuantizedCache residual_length)
     dequantizes_whole_layer: bool = False  # attention reads a full-precision copy of the layer's cache each step
     full_attention_only: bool = False  # transformers' QuantizedCache refuses sliding-window layers
+    # Bytes moved per cached element per decode step by the cache's update beyond what the bf16
+    # DynamicCache's torch.cat moves (read 2 + write 2): the speed model's KV update traffic.
+    update_extra_bytes_per_element: float = 0.0
     quality: QualityCost
 
     @property
     def quantized(self) -> bool:
         return self.bytes_per_element < 2
 
+
+# Per cached element and decode step, from transformers 5.23 cache_utils (bytes read + written):
+# - Fp8QuantizedLayer.update: torch.cat of the fp8 cache (1 + 1) instead of bf16's (2 + 2), then
+#   _dequantize: .float() (1 + 4), * scale (4 + 4), .to(bf16) (4 + 2): 21 - 4 = 17 extra.
+# - QuantizedLayer.update with quanto: dequantize() every step: unpack (the packed bytes + 1),
+#   .to(bf16) (1 + 2), - shift (2 + 2), * scale (2 + 2), ungrouping copy (2 + 2) = 16 + the packed
+#   bytes; then the same torch.cat as bf16. Re-quantizing once per 128-token residual adds ~0.05.
+# Calibration replaces the efficiency these bytes move at; the byte counts are the model.
+FP8_KV_UPDATE_EXTRA_BYTES = 17.0
+QUANTO_KV_UPDATE_EXTRA_BYTES = 16.0
 
 KV_SCHEMES: dict[str, KVScheme] = {k.name: k for k in [
     KVScheme(name="bf16", description="bfloat16 (DynamicCache)", bytes_per_element=2.0,
@@ -162,17 +175,17 @@ KV_SCHEMES: dict[str, KVScheme] = {k.name: k for k in [
              quality=QualityCost(ppl_increase_pct=0.0, source="reference")),
     KVScheme(name="fp8", description="float8 e4m3, per-tensor fp32 scale (QuantizedCache backend fp8)",
              bytes_per_element=1.0, per_layer_fixed_bytes=2 * 4, dequantizes_whole_layer=True,
-             full_attention_only=True,
+             full_attention_only=True, update_extra_bytes_per_element=FP8_KV_UPDATE_EXTRA_BYTES,
              quality=QualityCost(ppl_increase_pct=0.3, source="FP8 e4m3 KV with per-tensor scale: vLLM docs report "
                                  "negligible accuracy loss; typical <0.5 % perplexity")),
     KVScheme(name="quanto-int4", description="int4 per-channel, group 64, 128 residual tokens (QuantizedCache quanto)",
              bytes_per_element=0.5 + 4 / 64, residual_tokens=128, dequantizes_whole_layer=True,
-             full_attention_only=True,
+             full_attention_only=True, update_extra_bytes_per_element=QUANTO_KV_UPDATE_EXTRA_BYTES + 0.5,
              quality=QualityCost(ppl_increase_pct=1.0, source="KIVI (Liu et al. 2024, arXiv:2402.02750) and the "
                                  "transformers KV-quantization blog (2024): int4 close to fp16")),
     KVScheme(name="quanto-int2", description="int2 per-channel, group 64, 128 residual tokens (QuantizedCache quanto)",
              bytes_per_element=0.25 + 4 / 64, residual_tokens=128, dequantizes_whole_layer=True,
-             full_attention_only=True,
+             full_attention_only=True, update_extra_bytes_per_element=QUANTO_KV_UPDATE_EXTRA_BYTES + 0.25,
              quality=QualityCost(ppl_increase_pct=10.0, source="transformers KV-quantization blog (2024): int2 "
                                  "degrades perplexity noticeably; rough figure")),
 ]}

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .choice import OFFLOAD_MODES, OffloadMode, StrEnum
 from .errors import PlanError
 from .quant import KV_SCHEMES, SCHEMES
-from .units import GiB, MiB
+from .units import MAX_CONTEXT_TOKENS, GiB, MiB
 
-PREFERENCES = ("quality", "speed", "balanced")
-OFFLOAD_MODES = ("stream", "cpu")
+
+class Preference(StrEnum):
+    """How `plan` picks among the candidates that fit."""
+
+    QUALITY = "quality"  # the smallest quality cost
+    SPEED = "speed"  # the fastest predicted decode
+    BALANCED = "balanced"  # the best quality within reach of the fastest (BALANCED_SPEED_FRACTION)
+
+
+PREFERENCES = tuple(p.value for p in Preference)
 
 # Named defaults, echoed in every plan.
 DEFAULT_PREFILL_CHUNK = 2048  # tokens per prefill step; bounds activation memory
@@ -30,11 +39,11 @@ class Request:
     batch: int = 1
     prompt_tokens: int | None = None  # for the TTFT prediction; default: the whole context is prompt
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
-    prefer: str = "balanced"
+    prefer: Preference = Preference.BALANCED
     quant: tuple[str, ...] = ()  # forced weight schemes (empty: all)
     kv_dtype: tuple[str, ...] = ()  # forced KV dtypes (empty: all)
     gpu_layers: int | None = None  # forced number of decoder layers on the GPU (>= num layers: all)
-    offload: str | None = None  # forced offload mode for layers not on the GPU
+    offload: OffloadMode | None = None  # forced offload mode for layers not on the GPU
     vram_budget_bytes: int | None = None  # replaces the GPU's memory as capacity
     ram_budget_bytes: int | None = None  # replaces the host RAM as capacity
     headroom_bytes: int = DEFAULT_HEADROOM_BYTES
@@ -42,34 +51,38 @@ class Request:
     balanced_speed_fraction: float = BALANCED_SPEED_FRACTION
 
     def __post_init__(self) -> None:
-        if not isinstance(self.context, int) or self.context < 1:
-            raise PlanError(f"context must be at least 1 token, got {self.context!r}")
-        if not (1 <= self.batch <= MAX_BATCH):
-            raise PlanError(f"batch must be between 1 and {MAX_BATCH}, got {self.batch}")
-        if self.prompt_tokens is not None and not (1 <= self.prompt_tokens <= self.context):
-            raise PlanError(f"prompt tokens ({self.prompt_tokens}) must be between 1 and the context ({self.context})")
-        if self.prefill_chunk < 1:
-            raise PlanError(f"prefill chunk must be at least 1 token, got {self.prefill_chunk}")
+        _int(self, "context", 1, MAX_CONTEXT_TOKENS, "the context")
+        _int(self, "batch", 1, MAX_BATCH, "the batch")
+        _int(self, "prefill_chunk", 1, MAX_CONTEXT_TOKENS, "the prefill chunk")
+        if self.prompt_tokens is not None:
+            _int(self, "prompt_tokens", 1, self.context, f"the prompt (at most the context, {self.context} tokens)")
+        if self.gpu_layers is not None:
+            _int(self, "gpu_layers", 0, None, "the number of GPU layers")
+        for name in ("vram_budget_bytes", "ram_budget_bytes"):
+            if getattr(self, name) is not None:
+                _int(self, name, 0, None, name.replace("_", " "))
+        _int(self, "headroom_bytes", 0, None, "the GPU headroom")
+        _int(self, "runtime_base_ram_bytes", 0, None, "the runtime's base RAM")
         if self.prefer not in PREFERENCES:
-            raise PlanError(f"--prefer must be one of {', '.join(PREFERENCES)}, got {self.prefer!r}")
-        for q in self.quant:
-            if q not in SCHEMES:
-                raise PlanError(f"unknown quantization {q!r}; choose one of: {', '.join(SCHEMES)}")
-        for k in self.kv_dtype:
-            if k not in KV_SCHEMES:
-                raise PlanError(f"unknown KV-cache dtype {k!r}; choose one of: {', '.join(KV_SCHEMES)}")
-        if self.gpu_layers is not None and self.gpu_layers < 0:
-            raise PlanError(f"--gpu-layers must not be negative, got {self.gpu_layers}")
-        if self.offload is not None and self.offload not in OFFLOAD_MODES:
-            raise PlanError(f"--offload must be one of {', '.join(OFFLOAD_MODES)}, got {self.offload!r}")
-        for name in ("vram_budget_bytes", "ram_budget_bytes", "headroom_bytes"):
-            v = getattr(self, name)
-            if v is not None and v < 0:
-                raise PlanError(f"{name} must not be negative")
-        if self.vram_budget_bytes is not None and self.vram_budget_bytes == 0 and self.gpu_layers:
-            raise PlanError("--vram-budget 0 contradicts --gpu-layers > 0")
-        if not 0 < self.balanced_speed_fraction <= 1:
-            raise PlanError("balanced speed fraction must lie in (0, 1]")
+            raise PlanError(f"the preference must be one of {', '.join(PREFERENCES)}, got {self.prefer!r}")
+        object.__setattr__(self, "prefer", Preference(self.prefer))
+        for name, known, what in (("quant", SCHEMES, "weight quantization"), ("kv_dtype", KV_SCHEMES, "KV-cache dtype")):
+            values = getattr(self, name)
+            if isinstance(values, str) or not all(isinstance(v, str) for v in values):
+                raise PlanError(f"{name} must be a list of names, got {values!r}")
+            object.__setattr__(self, name, tuple(values))
+            for v in values:
+                if v not in known:
+                    raise PlanError(f"unknown {what} {v!r}; choose one of: {', '.join(known)}")
+        if self.offload is not None:
+            if self.offload not in OFFLOAD_MODES:
+                raise PlanError(f"the offload mode must be one of {', '.join(OFFLOAD_MODES)}, got {self.offload!r}")
+            object.__setattr__(self, "offload", OffloadMode(self.offload))
+        if self.vram_budget_bytes == 0 and self.gpu_layers:
+            raise PlanError("a GPU memory budget of 0 contradicts placing layers on the GPU")
+        f = self.balanced_speed_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+            raise PlanError("the balanced speed fraction must lie in (0, 1]")
 
     @property
     def prompt(self) -> int:
@@ -79,6 +92,8 @@ class Request:
         d = asdict(self)
         d["quant"] = list(self.quant)
         d["kv_dtype"] = list(self.kv_dtype)
+        d["prefer"] = self.prefer.value
+        d["offload"] = self.offload.value if self.offload is not None else None
         return d
 
     @classmethod
@@ -87,3 +102,12 @@ class Request:
         d["quant"] = tuple(d.get("quant") or ())
         d["kv_dtype"] = tuple(d.get("kv_dtype") or ())
         return cls(**d)
+
+
+def _int(req: Request, name: str, minimum: int, maximum: int | None, what: str) -> None:
+    v = getattr(req, name)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise PlanError(f"{what} must be a whole number, got {v!r}")
+    if v < minimum or (maximum is not None and v > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+        raise PlanError(f"{what} must be {bound}, got {v}")

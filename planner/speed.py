@@ -1,10 +1,15 @@
 """The speed model: time per token from bytes and FLOPs over what the hardware moves and computes.
 
-Per layer and phase: t = max(bytes / (bandwidth x eff_bw), flops / (compute x eff_compute))
-+ a fixed per-layer cost. Offloaded layers add the host-link copy (stream mode, overlapped
-with compute by prefetch: a max, not a sum) or run on the CPU (cpu mode). Decode reads
-the whole KV cache, so tokens/s falls as the context fills. The ceiling is the same
-model with every efficiency 1 and no fixed cost: a pure bandwidth roofline.
+Decode, per layer on the device that runs it:
+    weights read / (bandwidth x eff_bw)
+  + max(KV read / (bandwidth x eff_kv), attention FLOPs / (compute x eff_attn))   the attention kernel
+  + KV update traffic / (bandwidth x eff_kv_update)                                quantized caches only
+  + a fixed per-layer cost.
+Offloaded layers add the host-link copy (stream mode, overlapped with compute by prefetch: a
+max, not a sum) or run on the CPU (cpu mode). Decode reads the whole KV cache, so tokens/s
+falls as the context fills. Prefill is compute-bound and chunked. The ceiling is a pure
+bandwidth roofline: the bytes a step must read (weights and the cache as stored) over the
+bandwidth, every efficiency 1, no fixed cost.
 
 Efficiencies and fixed costs are per device x backend x quant: calibrated values from
 the hardware profile when it has them, else the documented defaults below. Pure.
@@ -15,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .hardware import HardwareProfile
-from .memory import LayerCosts, Placement
-from .modelspec import Kind, ModelSpec, Role
+from .choice import Choice, OffloadMode
+from .memory import LayerCosts
+from .modelspec import ModelSpec, Role, dtype_bytes
 from .quant import KVScheme, WeightScheme, kv_bytes_per_layer
 from .request import Request
 
@@ -63,31 +69,31 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     ("cpu", "quanto-int4"): (0.20, 0.15, 200e-6, 500e-6),
 }
 # Attention at decode, per layer: max(KV bytes / (bandwidth x kv_bw_eff), attention FLOPs /
-# (compute x attn_compute_eff)). On a GPU reading the cache dominates; transformers' DynamicCache
-# appends with torch.cat (a read and a write of the layer's cache per token) before the kernel reads
-# it again, so by default the KV path runs at a third of the weights' bandwidth efficiency. On a CPU
-# the single-query attention kernel is compute-bound (measured: time per cached token follows
-# heads x head_dim x layers, not KV bytes). Calibration fits both per device x attention
-# implementation (entries with backend "attn-sdpa" / "attn-eager"); uncalibrated, the compute side
-# defaults to the weights' compute efficiency.
+# (compute x attn_compute_eff)). The kernel reads the cache in the compute dtype: a quantized cache
+# is dequantized first (see KV update traffic below). On a GPU reading the cache dominates;
+# transformers' DynamicCache appends with torch.cat (a read and a write of the layer's cache per
+# token) before the kernel reads it again, so by default the KV path runs at a third of the weights'
+# bandwidth efficiency. On a CPU the single-query attention kernel is compute-bound (measured: time
+# per cached token follows heads x head_dim x layers, not KV bytes). Calibration fits both per
+# device x attention implementation (entries with backend "attn-sdpa" / "attn-eager");
+# uncalibrated, the compute side defaults to the weights' compute efficiency.
 KV_PASSES_DEFAULT = 3.0
-
-
-def kv_efficiency(hw: HardwareProfile, device: str, spec: ModelSpec, kv: KVScheme,
-                  weights_eff: Efficiency) -> tuple[float, float, str]:
-    """(KV-read bandwidth efficiency, attention compute efficiency, where they come from)."""
-    if hw.calibration is not None:
-        for impl in (spec.attention_impl, "sdpa"):  # an uncalibrated kernel borrows the calibrated SDPA figure
-            e = hw.calibration.lookup(device, f"attn-{impl}", "bf16")
-            if e is not None:
-                return e.bandwidth_efficiency, e.compute_efficiency, f"calibrated {hw.calibration.measured_at} (attn-{impl})"
-    return (weights_eff.bandwidth / KV_PASSES_DEFAULT, weights_eff.compute,
-            f"default (KV reads at the weights' efficiency / {KV_PASSES_DEFAULT:g})")
+# KV update traffic: what a quantized cache moves per cached element per decode step beyond the
+# bf16 DynamicCache's torch.cat, is quant.KVScheme.update_extra_bytes_per_element (derived there from
+# transformers' cache code). It runs at the calibrated "kv-update" efficiency of that KV dtype
+# (backend "kv-update", quant = the KV dtype), else at the weights' bandwidth efficiency.
+KV_UPDATE_BACKEND = "kv-update"
 
 
 def decode_attention_flops_per_layer(spec: ModelSpec, context: int, batch: int) -> list[float]:
     """FLOPs of one query token's attention per layer: QK^T and AV over the cached tokens (GQA saves none)."""
     per = {a: 4.0 * a.num_heads * a.head_dim * a.cached_tokens(context) * batch for a, _ in spec.attention_groups}
+    return [per[a] for a in spec.attention]
+
+
+def cached_elements_per_layer(spec: ModelSpec, context: int, batch: int) -> list[int]:
+    """Elements (K and V) each layer's cache holds at `context` tokens x `batch` sequences (windows capped)."""
+    per = {a: a.cached_tokens(context) * a.kv_elements_per_token * batch for a, _ in spec.attention_groups}
     return [per[a] for a in spec.attention]
 
 
@@ -102,14 +108,44 @@ DEFAULT_LINK_EFFICIENCY = 0.85
 
 
 def efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> Efficiency:
+    """The weights' efficiencies and fixed costs on `device` ("gpu" or "cpu"): calibrated, else the defaults."""
     if hw.calibration is not None:
         e = hw.calibration.lookup(device, scheme.backend, scheme.name)
-        if e is not None:
+        if e is not None and e.bandwidth_efficiency is not None and e.compute_efficiency is not None:
             return Efficiency(bandwidth=e.bandwidth_efficiency, compute=e.compute_efficiency,
                               per_layer_s=e.per_layer_overhead_s, per_token_s=e.per_token_overhead_s,
                               source=f"calibrated {hw.calibration.measured_at}")
     bw, comp, per_layer, per_token = _DEFAULTS[(device, scheme.name)]
     return Efficiency(bandwidth=bw, compute=comp, per_layer_s=per_layer, per_token_s=per_token, source="default")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVEfficiency:
+    read: float  # the attention kernel reading the cache, achieved / peak bandwidth
+    attention_compute: float  # the attention kernel's FLOPs, achieved / peak compute
+    update: float  # a quantized cache's extra update traffic, achieved / peak bandwidth
+    source: str
+
+
+def kv_efficiency(hw: HardwareProfile, device: str, spec: ModelSpec, kv: KVScheme, weights: Efficiency) -> KVEfficiency:
+    """The attention kernel's efficiencies (per device x attention implementation) and the KV dtype's update one."""
+    read, compute = weights.bandwidth / KV_PASSES_DEFAULT, weights.compute
+    source = f"default (KV reads at the weights' efficiency / {KV_PASSES_DEFAULT:g})"
+    cal = hw.calibration
+    if cal is not None:
+        for impl in (spec.attention_impl, "sdpa"):  # an uncalibrated kernel borrows the calibrated SDPA figure
+            e = cal.lookup(device, f"attn-{impl}", "bf16")
+            if e is not None:
+                read = e.bandwidth_efficiency if e.bandwidth_efficiency is not None else read
+                compute = e.compute_efficiency if e.compute_efficiency is not None else compute
+                source = f"calibrated {cal.measured_at} (attn-{impl})"
+                break
+    update = weights.bandwidth
+    e = cal.lookup(device, KV_UPDATE_BACKEND, kv.name) if cal is not None else None
+    if e is not None and e.bandwidth_efficiency is not None:
+        update = e.bandwidth_efficiency
+        source += f"; {kv.name} cache update calibrated {cal.measured_at}"
+    return KVEfficiency(read=read, attention_compute=compute, update=update, source=source)
 
 
 def _active_fraction(spec: ModelSpec, batch: int) -> float:
@@ -120,24 +156,24 @@ def _active_fraction(spec: ModelSpec, batch: int) -> float:
     return 1.0 - (1.0 - k / e) ** batch
 
 
-def _read_bytes_per_layer(spec: ModelSpec, scheme: WeightScheme, batch: int) -> list[float]:
+def read_bytes_per_layer(spec: ModelSpec, scheme: WeightScheme, batch: int) -> list[float]:
     """Weight bytes one decode step reads per layer (MoE: only the experts the batch routes to)."""
     frac = _active_fraction(spec, batch)
 
     def read(tensors) -> float:
-        return sum(scheme.tensor_bytes(t, scheme.compute_dtype) * (frac if t.kind is Kind.EXPERTS else 1.0)
+        return sum(scheme.tensor_bytes(t, scheme.compute_dtype) * (frac if t.role is Role.EXPERT else 1.0)
                    for t in tensors)
 
     return spec.per_layer(read)
 
 
-def _flops_per_token(spec: ModelSpec) -> float:
+def _matmul_flop_per_token(spec: ModelSpec) -> float:
     """Matmul FLOPs per token outside attention: 2 x active weights (embedding lookups are free)."""
     emb = sum(t.numel for t in spec.non_layer_tensors() if t.role is Role.EMBEDDING and not spec.tie_word_embeddings)
     return 2.0 * (spec.params_active - emb)
 
 
-def _attention_flops(spec: ModelSpec, prompt: int) -> float:
+def _prefill_attention_flop(spec: ModelSpec, prompt: int) -> float:
     """QK^T and AV FLOPs for a causal prefill of `prompt` tokens (windows capped)."""
     total = 0.0
     for a in spec.attention:
@@ -152,16 +188,61 @@ def _attention_flops(spec: ModelSpec, prompt: int) -> float:
     return total
 
 
-def decode_bytes_per_token(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,
-                           costs: LayerCosts) -> tuple[float, float, float]:
-    """One decode step with every layer resident: (active weight + lm_head bytes, KV bytes, attention FLOPs)."""
-    read = _read_bytes_per_layer(spec, scheme, batch)
-    return (sum(read) + costs.head_bytes, float(sum(kv_bytes_per_layer(spec, kv, context, batch))),
-            sum(decode_attention_flops_per_layer(spec, context, batch)))
+def prefill_flop(spec: ModelSpec, prompt: int, batch: int = 1) -> float:
+    """FLOPs of a prefill of `prompt` tokens x `batch` sequences."""
+    return (_matmul_flop_per_token(spec) * prompt + _prefill_attention_flop(spec, prompt)) * batch
 
 
-def prefill_flops(spec: ModelSpec, prompt: int, batch: int = 1) -> float:
-    return (_flops_per_token(spec) * prompt + _attention_flops(spec, prompt)) * batch
+@dataclass(frozen=True, kw_only=True)
+class DecodeWork:
+    """What one decode step at one context moves and computes, per layer."""
+
+    weights_bytes: list[float]  # read per layer (MoE: the routed experts only)
+    kv_read_bytes: list[float]  # the attention kernel's read of the cache, in the compute dtype
+    kv_stored_bytes: list[float]  # the cache as stored (what a bandwidth roofline must read)
+    kv_update_bytes: list[float]  # a quantized cache's extra update traffic
+    attention_flop: list[float]
+    head_bytes: float  # lm_head (or the tied embedding) and the final norm
+
+
+def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,
+                costs: LayerCosts, read: list[float] | None = None) -> DecodeWork:
+    elements = cached_elements_per_layer(spec, context, batch)
+    compute_bytes = dtype_bytes(scheme.compute_dtype)
+    stored = kv_bytes_per_layer(spec, kv, context, batch)
+    return DecodeWork(
+        weights_bytes=read if read is not None else read_bytes_per_layer(spec, scheme, batch),
+        kv_read_bytes=[e * compute_bytes for e in elements] if kv.dequantizes_whole_layer else [float(b) for b in stored],
+        kv_stored_bytes=[float(b) for b in stored],
+        kv_update_bytes=[e * kv.update_extra_bytes_per_element for e in elements],
+        attention_flop=decode_attention_flops_per_layer(spec, context, batch),
+        head_bytes=float(costs.head_bytes),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceRates:
+    """One device as the speed model sees it: peaks and the efficiencies that apply there."""
+
+    bandwidth_bytes_per_s: float
+    flop_per_s: float
+    weights: Efficiency
+    kv: KVEfficiency
+
+    def layer_decode_s(self, w: DecodeWork, i: int) -> float:
+        bw = self.bandwidth_bytes_per_s
+        attention = max(w.kv_read_bytes[i] / (bw * self.kv.read),
+                        w.attention_flop[i] / (self.flop_per_s * self.kv.attention_compute))
+        return (w.weights_bytes[i] / (bw * self.weights.bandwidth) + attention
+                + w.kv_update_bytes[i] / (bw * self.kv.update) + self.weights.per_layer_s)
+
+
+def _rates(hw: HardwareProfile, device: str, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme) -> DeviceRates:
+    eff = efficiency(hw, device, scheme)
+    gpu = device == "gpu"
+    return DeviceRates(bandwidth_bytes_per_s=hw.gpu.memory_bandwidth_bytes_per_s if gpu else hw.host.ram_bandwidth_bytes_per_s,
+                       flop_per_s=hw.gpu.bf16_flops if gpu else hw.host.cpu_bf16_flops,
+                       weights=eff, kv=kv_efficiency(hw, device, spec, kv, eff))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,87 +254,106 @@ class SpeedEstimate:
     ceiling_decode_tokens_per_s: float  # pure bandwidth roofline at the start
     terms: dict  # seconds per token by where they are spent, and the efficiencies used
 
+    @classmethod
+    def from_dict(cls, predicted: dict, ceiling: dict, terms: dict) -> "SpeedEstimate":
+        return cls(decode_tokens_per_s=float(predicted["decode_tokens_per_s"]),
+                   decode_tokens_per_s_full_context=float(predicted["decode_tokens_per_s_full_context"]),
+                   ttft_s=float(predicted["ttft_s"]), prefill_tokens_per_s=float(predicted["prefill_tokens_per_s"]),
+                   ceiling_decode_tokens_per_s=float(ceiling["decode_tokens_per_s"]), terms=dict(terms or {}))
 
-def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme,
-             p: Placement, costs: LayerCosts, read_bytes: list[float] | None = None) -> SpeedEstimate:
-    L = spec.num_layers
-    n = p.gpu_layers
-    B = req.batch
-    read = read_bytes if read_bytes is not None else _read_bytes_per_layer(spec, scheme, B)
-    on_gpu = p.compute_device == "cuda"
-    dev = "gpu" if on_gpu else "cpu"
-    eff = efficiency(hw, dev, scheme)
-    eff_cpu = efficiency(hw, "cpu", scheme) if (on_gpu and p.offload == "cpu") else eff
-    kv_eff, attn_eff, kv_eff_source = kv_efficiency(hw, dev, spec, kv, eff)
-    kv_eff_cpu, attn_eff_cpu, _ = (kv_efficiency(hw, "cpu", spec, kv, eff_cpu) if (on_gpu and p.offload == "cpu")
-                                   else (kv_eff, attn_eff, kv_eff_source))
-    main_flops = hw.gpu.bf16_flops if on_gpu else hw.host.cpu_bf16_flops
-    hbm = hw.gpu.memory_bandwidth_bytes_per_s if hw.gpu else 0.0
-    ram = hw.host.ram_bandwidth_bytes_per_s
-    link = (hw.link.h2d_pinned_bytes_per_s * DEFAULT_LINK_EFFICIENCY) if hw.link else 0.0
-    main_bw = hbm if on_gpu else ram
 
-    def decode_time(ctx: int, ideal: bool) -> tuple[float, dict]:
-        e_main = 1.0 if ideal else eff.bandwidth
-        e_cpu = 1.0 if ideal else eff_cpu.bandwidth
-        k_main = 1.0 if ideal else kv_eff
-        k_cpu = 1.0 if ideal else kv_eff_cpu
-        fixed_layer = 0.0 if ideal else eff.per_layer_s
-        kvl = kv_bytes_per_layer(spec, kv, ctx, B)
-        afl = decode_attention_flops_per_layer(spec, ctx, B)
-        resident = L if (not on_gpu or p.offload == "none") else n
+class _Model:
+    """One scheme x KV dtype x placement on one machine: decode and prefill times."""
 
-        def attn(i: int, bw: float, k_eff: float, flops: float, a_eff: float) -> float:
-            if ideal:  # the ceiling is a pure bandwidth roofline
-                return kvl[i] / bw
-            return max(kvl[i] / (bw * k_eff), afl[i] / (flops * a_eff))
+    def __init__(self, spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme,
+                 c: Choice, costs: LayerCosts, read: list[float]):
+        self.spec, self.hw, self.req, self.scheme, self.kv, self.c, self.costs, self.read = (
+            spec, hw, req, scheme, kv, c, costs, read)
+        self.main = _rates(hw, "gpu" if c.on_gpu else "cpu", spec, scheme, kv)
+        self.cpu = _rates(hw, "cpu", spec, scheme, kv) if c.offload is OffloadMode.CPU else None
+        self.link_bytes_per_s = (hw.link.h2d_pinned_bytes_per_s * DEFAULT_LINK_EFFICIENCY) if hw.link else None
+        L = spec.num_layers
+        self.resident = range(c.gpu_layers if c.offload is not OffloadMode.NONE else L)
+        self.offloaded = range(len(self.resident), L)
 
-        t_gpu = (sum(read[:resident]) / (main_bw * e_main) + resident * fixed_layer
-                 + sum(attn(i, main_bw, k_main, main_flops, attn_eff) for i in range(resident)))
-        t_link = t_cpu = 0.0
-        if p.offload == "stream":
+    def decode_s(self, context: int) -> tuple[float, dict]:
+        w = decode_work(self.spec, self.scheme, self.kv, self.req.batch, context, self.costs, self.read)
+        main, c = self.main, self.c
+        resident_s = sum(main.layer_decode_s(w, i) for i in self.resident)
+        offloaded_s = 0.0
+        if c.offload is OffloadMode.STREAM:
             # prefetch overlaps the copy of layer i+1 with the compute of layer i: a max, not a sum;
             # the whole layer (every expert) crosses the link
-            t_link = sum(max(costs.weights[i] / link,
-                             read[i] / (main_bw * e_main) + attn(i, main_bw, k_main, main_flops, attn_eff) + fixed_layer)
-                         for i in range(resident, L))
-        elif p.offload == "cpu":
-            t_cpu = (sum(read[resident:]) / (ram * e_cpu) + (L - resident) * (0.0 if ideal else eff_cpu.per_layer_s)
-                     + sum(attn(i, ram, k_cpu, hw.host.cpu_bf16_flops, attn_eff_cpu) for i in range(resident, L)))
-        head = costs.head_bytes / (main_bw * e_main)
-        fixed = 0.0 if ideal else eff.per_token_s
-        if on_gpu and p.offload == "cpu" and n < L and not ideal:
+            offloaded_s = sum(max(self.costs.weights[i] / self.link_bytes_per_s, main.layer_decode_s(w, i))
+                              for i in self.offloaded)
+        elif c.offload is OffloadMode.CPU:
+            offloaded_s = sum(self.cpu.layer_decode_s(w, i) for i in self.offloaded)
+        head_s = w.head_bytes / (main.bandwidth_bytes_per_s * main.weights.bandwidth)
+        fixed_s = main.weights.per_token_s
+        if c.offload is OffloadMode.CPU:
             # hidden states cross the link twice per forward (tiny), each with a synchronisation
-            fixed += CPU_MODE_LINK_CROSSINGS * CPU_MODE_SYNC_LAUNCHES * hw.overheads.kernel_launch_s
-        total = t_gpu + t_link + t_cpu + head + fixed
-        return total, {"resident_s": t_gpu, "offloaded_s": t_link + t_cpu, "lm_head_s": head, "fixed_s": fixed}
+            fixed_s += CPU_MODE_LINK_CROSSINGS * CPU_MODE_SYNC_LAUNCHES * self.hw.overheads.kernel_launch_s
+        terms = {"resident_s": resident_s, "offloaded_s": offloaded_s, "lm_head_s": head_s, "fixed_s": fixed_s,
+                 "kv_update_s": sum(w.kv_update_bytes[i] / (self._rates_of(i).bandwidth_bytes_per_s
+                                                            * self._rates_of(i).kv.update)
+                                    for i in range(self.spec.num_layers))}
+        return resident_s + offloaded_s + head_s + fixed_s, terms
 
-    start_ctx = min(req.prompt, req.context)
-    t_start, terms = decode_time(start_ctx, ideal=False)
-    t_full, _ = decode_time(req.context, ideal=False)
-    t_ceiling, _ = decode_time(start_ctx, ideal=True)
+    def _rates_of(self, layer: int) -> DeviceRates:
+        return self.cpu if (self.cpu is not None and layer in self.offloaded) else self.main
 
-    # Prefill: compute-bound, in chunks; each chunk also reads (or streams) every weight once.
-    prompt = req.prompt
-    flops = prefill_flops(spec, prompt, B)
-    peak = (hw.gpu.bf16_flops if on_gpu else hw.host.cpu_bf16_flops) * eff.compute
-    chunks = -(-prompt // req.prefill_chunk)
-    if on_gpu and p.offload == "cpu" and n < L:
-        frac_cpu = (L - n) / L
-        t_compute = flops * (1 - frac_cpu) / peak + flops * frac_cpu / (hw.host.cpu_bf16_flops * eff_cpu.compute)
-    else:
-        t_compute = flops / peak
-    weight_pass = (sum(read[:n]) if on_gpu else sum(read)) / (main_bw * eff.bandwidth)
-    stream_pass = (sum(costs.weights[n:]) / link) if (on_gpu and p.offload == "stream" and n < L) else 0.0
-    per_chunk_fixed = L * eff.per_layer_s + eff.per_token_s
-    t_prefill = max(t_compute, chunks * (weight_pass + stream_pass)) + chunks * per_chunk_fixed
+    def ceiling_s(self, context: int) -> float:
+        """The bytes a step must read over the bandwidth where they live; streamed layers over the link."""
+        w = decode_work(self.spec, self.scheme, self.kv, self.req.batch, context, self.costs, self.read)
+        t = w.head_bytes / self.main.bandwidth_bytes_per_s
+        for i in range(self.spec.num_layers):
+            rates = self._rates_of(i)
+            t_layer = (w.weights_bytes[i] + w.kv_stored_bytes[i]) / rates.bandwidth_bytes_per_s
+            if self.c.offload is OffloadMode.STREAM and i in self.offloaded:
+                t_layer = max(t_layer, self.costs.weights[i] / self.link_bytes_per_s)
+            t += t_layer
+        return t
+
+    def prefill_s(self) -> float:
+        """Compute-bound, in chunks; each chunk also reads (or streams) every resident weight once."""
+        c, main, req = self.c, self.main, self.req
+        prompt = req.prompt
+        flop = prefill_flop(self.spec, prompt, req.batch)
+        chunks = -(-prompt // req.prefill_chunk)
+        L = self.spec.num_layers
+        if self.cpu is not None:
+            on_cpu = len(self.offloaded) / L
+            compute_s = (flop * (1 - on_cpu) / (main.flop_per_s * main.weights.compute)
+                         + flop * on_cpu / (self.cpu.flop_per_s * self.cpu.weights.compute))
+        else:
+            compute_s = flop / (main.flop_per_s * main.weights.compute)
+        weight_pass_s = (sum(self.read[i] for i in self.resident)
+                         / (main.bandwidth_bytes_per_s * main.weights.bandwidth))
+        stream_pass_s = (sum(self.costs.weights[i] for i in self.offloaded) / self.link_bytes_per_s
+                         if c.offload is OffloadMode.STREAM else 0.0)
+        per_chunk_fixed_s = L * main.weights.per_layer_s + main.weights.per_token_s
+        return max(compute_s, chunks * (weight_pass_s + stream_pass_s)) + chunks * per_chunk_fixed_s
+
+
+def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme,
+             c: Choice, costs: LayerCosts, read: list[float] | None = None) -> SpeedEstimate:
+    """Decode tokens/s at the start and at the full context, TTFT and the ceiling of one placement."""
+    m = _Model(spec, hw, req, scheme, kv, c, costs, read if read is not None else read_bytes_per_layer(spec, scheme, req.batch))
+    start = min(req.prompt, req.context)
+    t_start, terms = m.decode_s(start)
+    t_full, _ = m.decode_s(req.context)
+    ttft = m.prefill_s()
+    main = m.main
     return SpeedEstimate(
-        decode_tokens_per_s=B / t_start,
-        decode_tokens_per_s_full_context=B / t_full,
-        ttft_s=t_prefill,
-        prefill_tokens_per_s=prompt * B / t_prefill,
-        ceiling_decode_tokens_per_s=B / t_ceiling,
-        terms={**terms, "efficiency_source": eff.source, "kv_efficiency": kv_eff, "attention_compute_efficiency": attn_eff, "kv_efficiency_source": kv_eff_source, "bandwidth_efficiency": eff.bandwidth,
-               "compute_efficiency": eff.compute, "per_layer_s": eff.per_layer_s, "per_token_s": eff.per_token_s,
-               "link_efficiency": DEFAULT_LINK_EFFICIENCY if p.offload == "stream" else None},
+        decode_tokens_per_s=req.batch / t_start,
+        decode_tokens_per_s_full_context=req.batch / t_full,
+        ttft_s=ttft,
+        prefill_tokens_per_s=req.prompt * req.batch / ttft,
+        ceiling_decode_tokens_per_s=req.batch / m.ceiling_s(start),
+        terms={**terms, "efficiency_source": main.weights.source, "kv_efficiency": main.kv.read,
+               "attention_compute_efficiency": main.kv.attention_compute, "kv_update_efficiency": main.kv.update,
+               "kv_efficiency_source": main.kv.source, "bandwidth_efficiency": main.weights.bandwidth,
+               "compute_efficiency": main.weights.compute, "per_layer_s": main.weights.per_layer_s,
+               "per_token_s": main.weights.per_token_s,
+               "link_efficiency": DEFAULT_LINK_EFFICIENCY if c.offload is OffloadMode.STREAM else None},
     )

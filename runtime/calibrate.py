@@ -21,7 +21,7 @@ from planner.memory import layer_costs
 from planner.quant import KV_SCHEMES, SCHEMES
 from planner.request import Request
 from planner.sources import model_spec, resolve_model
-from planner.speed import decode_bytes_per_token, prefill_flops
+from planner.speed import decode_work, prefill_flop
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +116,9 @@ def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str],
                 req = Request(context=ctx, prompt_tokens=prompt, prefill_chunk=matrix.prefill_chunk)
                 costs = layer_costs(spec, scheme, kv, req)
                 mid_ctx = prompt + matrix.new_tokens // 2
-                weights_read, kv_read, attn_flops = decode_bytes_per_token(spec, scheme, kv, 1, mid_ctx, costs)
+                work = decode_work(spec, scheme, kv, 1, mid_ctx, costs)
+                weights_read = sum(work.weights_bytes) + work.head_bytes
+                kv_read, attn_flops = sum(work.kv_read_bytes), sum(work.attention_flop)
                 sample = Sample(
                     device="gpu" if on_gpu else "cpu", backend=scheme.backend, quant=quant,
                     bandwidth_bytes_per_s=hw.gpu.memory_bandwidth_bytes_per_s if on_gpu else hw.host.ram_bandwidth_bytes_per_s,
@@ -124,7 +126,7 @@ def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str],
                     bytes_read_per_token=weights_read, kv_bytes_per_token=kv_read,
                     attention_flops_per_token=attn_flops, attention_impl=spec.attention_impl,
                     num_layers=spec.num_layers, decode_s_per_token=1.0 / r.decode_tokens_per_s_median,
-                    prefill_flops=prefill_flops(spec, prompt), prefill_chunks=-(-prompt // matrix.prefill_chunk),
+                    prefill_flops=prefill_flop(spec, prompt), prefill_chunks=-(-prompt // matrix.prefill_chunk),
                     prefill_s=r.ttft_s, label=f"{spec.name} {quant} prompt {prompt}")
                 records.append(RunRecord(model=spec.name, quant=quant, prompt=prompt, new_tokens=len(r.tokens),
                                          decode_tokens_per_s=r.decode_tokens_per_s_median, ttft_s=r.ttft_s,

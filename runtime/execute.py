@@ -15,6 +15,7 @@ from typing import Callable
 from planner.errors import PlanError, VramplanError
 from planner.hardware import HardwareProfile
 from planner.modelspec import ModelSpec
+from planner.choice import OffloadMode
 from planner.plan import Plan, hardware_fingerprint, model_ref
 from planner.search import plan as make_plan
 from planner.sources import ModelSource
@@ -74,18 +75,17 @@ def predicted_for_run(p: Plan, spec: ModelSpec, hw: HardwareProfile, prompt_toke
     c = p.choice
     context = max(1, min(total_tokens, p.request.context))
     req = replace(p.request, context=context, prompt_tokens=min(prompt_tokens, context), quant=(c.weight_quant,),
-                  kv_dtype=(c.kv_dtype,), gpu_layers=c.gpu_layers if c.compute_device == "cuda" else None,
-                  offload=c.offload if c.offload != "none" else None)
+                  kv_dtype=(c.kv_dtype,), gpu_layers=c.gpu_layers if c.on_gpu else None,
+                  offload=c.offload if c.offload is not OffloadMode.NONE else None)
     again = make_plan(spec, hw, req)
-    src = again.choice if again.fits and again.choice is not None else c
-    mem = (again.to_dict()["memory"] if again.fits else None) or p.to_dict()["memory"] or {}
-    gpu = mem.get("gpu")
+    src = again.chosen if again.fits else p.chosen
+    gpu = src.memory.gpu
     return {
-        "decode_tokens_per_s": src.predicted_decode_tokens_per_s,
-        "ttft_s": src.predicted_ttft_s,
+        "decode_tokens_per_s": src.speed.decode_tokens_per_s,
+        "ttft_s": src.speed.ttft_s,
         # what the process will hold at its peak: everything planned except the free headroom
-        "peak_vram_bytes": (gpu["total_bytes"] - gpu["headroom_bytes"]) if gpu else None,
-        "peak_ram_bytes": mem.get("cpu", {}).get("total_bytes"),
+        "peak_vram_bytes": (gpu.total_bytes - gpu.headroom_bytes) if gpu else None,
+        "peak_ram_bytes": src.memory.cpu.total_bytes,
     }
 
 
@@ -111,7 +111,9 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
     base_ids = None
     for attempt in range(MAX_OOM_RETRIES + 1):
         c = current.choice
-        on_gpu = c.compute_device == "cuda"
+        if c.compute_device == "mps":
+            raise VramplanError("the plan runs on an Apple GPU (mps): vramplan's runtime executes on CUDA or the CPU")
+        on_gpu = c.on_gpu
         if on_gpu and not torch.cuda.is_available():
             raise VramplanError("the plan runs on a GPU but torch sees no CUDA device here")
         device = "cuda" if on_gpu else "cpu"
@@ -123,7 +125,7 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
             t0 = time.perf_counter()
             try:
                 say(f"loading {spec.name} ({c.weight_quant}{', dummy weights' if dummy_weights else ''}) on {device}")
-                offloaded = on_gpu and c.offload != "none"
+                offloaded = on_gpu and c.offload is not OffloadMode.NONE
                 # offloaded plans load on the CPU, then the offload engine places them (stream or cpu mode)
                 loaded = load_model(weight_src, weight_quant=c.weight_quant,
                                     compute_dtype="fp16" if c.weight_quant == "fp16" else "bf16",
@@ -132,7 +134,7 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
                 if offloaded:
                     from .offload import apply_offload
 
-                    engine = apply_offload(loaded.model, gpu_layers=c.gpu_layers, mode=c.offload, device=device)
+                    engine = apply_offload(loaded.model, gpu_layers=c.gpu_layers, mode=c.offload.value, device=device)
                     report.notes.append(f"offload engine ({c.offload}): {engine.summary()}")
             except torch.cuda.OutOfMemoryError as e:  # pragma: no cover - needs a GPU
                 result = None
@@ -193,11 +195,11 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
 
 def _replan_after_oom(current: Plan, spec, hw, peaks, error: str, report: RunReport) -> Plan | None:
     """Lower the GPU budget by what the OOM showed and plan again."""
-    gpu = current.to_dict()["memory"]["gpu"]
-    planned = gpu["total_bytes"] - gpu["headroom_bytes"]
+    gpu = current.memory.gpu
+    planned = gpu.total_bytes - gpu.headroom_bytes
     seen = peaks.peak_vram_bytes or planned
-    shortfall = max(seen - planned, int(OOM_MIN_BUDGET_CUT * gpu["capacity_bytes"]))
-    budget = max(0, gpu["capacity_bytes"] - shortfall)
+    shortfall = max(seen - planned, int(OOM_MIN_BUDGET_CUT * gpu.capacity_bytes))
+    budget = max(0, gpu.capacity_bytes - shortfall)
     wrong_by = (seen - planned) / planned * 100 if planned else None
     msg = (f"CUDA out of memory: the plan predicted {planned / 2**30:.2f} GiB on the GPU, the process reached "
            f"{seen / 2**30:.2f} GiB" + (f" (prediction wrong by {wrong_by:+.1f} %)" if wrong_by is not None else "")
@@ -207,7 +209,7 @@ def _replan_after_oom(current: Plan, spec, hw, peaks, error: str, report: RunRep
     req = replace(current.request, vram_budget_bytes=budget, gpu_layers=None)
     new = make_plan(spec, hw, req)
     report.replans.append({"reason": msg, "vram_budget_bytes": budget,
-                           "choice": new.choice.choice_dict() if new.choice else None})
+                           "choice": new.choice.to_dict() if new.choice else None})
     return new if new.fits else None
 
 

@@ -51,9 +51,9 @@ def test_plans_use_the_calibration_and_say_so():
     runs = [synth(w, a, L) for w, L in ((1e9, 24), (2.5e9, 16)) for a in (1e7, 2e8, 5e8)]
     cal = dataclasses.replace(fit(runs, measured_at="2026-11-21", versions={}), runtime_ram_bytes=300 * 2**20)
     after = plan(spec, dataclasses.replace(hw, calibration=cal), req)
-    assert before.choice.speed_terms["efficiency_source"] == "default"
-    assert after.choice.speed_terms["efficiency_source"] == "calibrated 2026-11-21"
-    assert after.choice.predicted_decode_tokens_per_s != before.choice.predicted_decode_tokens_per_s
+    assert before.predicted.terms["efficiency_source"] == "default"
+    assert after.predicted.terms["efficiency_source"] == "calibrated 2026-11-21"
+    assert after.predicted.decode_tokens_per_s != before.predicted.decode_tokens_per_s
     d = after.to_dict()
     assert d["memory"]["cpu"]["runtime_base_bytes"] == 300 * 2**20
     assert "calibration.runtime_ram" in d["constants"]["runtime_base_ram_bytes"]["from"]

@@ -13,7 +13,7 @@ import yaml
 from planner.architectures import spec_from_config
 from planner.errors import PlanError
 from planner.hardware import profile_from_dict
-from planner.memory import FitTotals, layer_costs, memory_breakdown, place, workspace_bytes
+from planner.memory import layer_costs, workspace_bytes
 from planner.plan import Plan
 from planner.profiles import resolve_profile
 from planner.quant import KV_SCHEMES, SCHEMES
@@ -116,26 +116,9 @@ def test_toy_ram_too_small_says_what_would_fit(toy):
     assert any("what would fit instead" in r for r in p.reasons)
 
 
-def test_fit_totals_agree_with_the_breakdown_for_every_placement():
-    spec = model_spec("gemma-2-9b")  # sliding windows, tied embeddings
-    hw = resolve_profile("rtx-3090")[0]
-    req = Request(context=16384, batch=2)
-    for scheme in (SCHEMES["bf16"], SCHEMES["bnb-nf4-dq"]):
-        kv = KV_SCHEMES["bf16"]
-        costs = layer_costs(spec, scheme, kv, req)
-        ws = workspace_bytes(spec, scheme, kv, req)
-        fit = FitTotals(spec, hw, req, costs, sum(ws.values()))
-        for mode in ("stream", "cpu"):
-            for n in range(spec.num_layers + 1):
-                mem = memory_breakdown(spec, hw, req, scheme, kv, place(spec, n, mode, True), costs, ws)
-                m = "none" if n == spec.num_layers else mode
-                assert fit.gpu_total(n, m) == mem["gpu"]["total_bytes"], (n, mode)
-                assert fit.cpu_total(n, m) == mem["cpu"]["total_bytes"], (n, mode)
-
-
 def test_llama_8b_32k_fits_entirely_in_bf16_on_24gib():
     p = plan(model_spec("llama-3.1-8b"), resolve_profile("rtx-4090")[0], Request(context=32768, quant=("bf16",)))
-    assert p.fits and p.choice.fits_on_gpu and p.choice.weight_quant == "bf16"
+    assert p.fits and p.chosen.fits_on_gpu and p.choice.weight_quant == "bf16"
     gpu = p.to_dict()["memory"]["gpu"]
     assert gpu["weights_bytes"] == 8_030_261_248 * 2
     assert gpu["kv_cache_bytes"] == 32768 * 131072
@@ -173,19 +156,19 @@ def test_ceiling_reproduces_the_bandwidth_rule():
     hw = toy_hw(80 * GiB)
     p = plan(spec, hw, Request(context=16, quant=("bf16",), kv_dtype=("bf16",)))
     weights = SCHEMES["bf16"].bytes_of(spec.tensors) - spec.tensor("model.embed_tokens.weight").bytes("bf16")
-    assert p.choice.ceiling_decode_tokens_per_s == pytest.approx(1000e9 / weights, rel=0.01)
-    assert 30 < p.choice.ceiling_decode_tokens_per_s < 36
+    assert p.predicted.ceiling_decode_tokens_per_s == pytest.approx(1000e9 / weights, rel=0.01)
+    assert 30 < p.predicted.ceiling_decode_tokens_per_s < 36
 
 
 def test_prefer_orders_choices():
     spec = model_spec("llama-3.1-8b")
     hw = resolve_profile("rtx-4090")[0]
-    q = plan(spec, hw, Request(context=8192, prefer="quality")).choice
-    s = plan(spec, hw, Request(context=8192, prefer="speed")).choice
+    q = plan(spec, hw, Request(context=8192, prefer="quality")).chosen
+    s = plan(spec, hw, Request(context=8192, prefer="speed")).chosen
     assert q.quality_cost_pct == 0.0
-    assert s.predicted_decode_tokens_per_s >= q.predicted_decode_tokens_per_s
-    all_speeds = [c.predicted_decode_tokens_per_s for c in plan(spec, hw, Request(context=8192)).candidates if c.runnable]
-    assert s.predicted_decode_tokens_per_s == max(all_speeds)
+    assert s.speed.decode_tokens_per_s >= q.speed.decode_tokens_per_s
+    all_speeds = [c.speed.decode_tokens_per_s for c in plan(spec, hw, Request(context=8192)).candidates if c.fits]
+    assert s.speed.decode_tokens_per_s == max(all_speeds)
 
 
 def test_cpu_only_machine_plans_on_the_cpu():
@@ -204,7 +187,7 @@ def test_plan_round_trips_through_yaml():
     d = p.to_dict()
     back = Plan.from_dict(yaml.safe_load(yaml.safe_dump(d)))
     assert back.to_dict()["choice"] == d["choice"]
-    assert back.choice.predicted_decode_tokens_per_s == pytest.approx(p.choice.predicted_decode_tokens_per_s)
+    assert back.predicted.decode_tokens_per_s == pytest.approx(p.predicted.decode_tokens_per_s)
     assert back.request == p.request
 
 

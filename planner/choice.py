@@ -1,0 +1,104 @@
+"""What a plan chooses: a weight scheme, a KV dtype and a placement of the decoder layers.
+
+`Choice` is plain data (the `choice` object of a plan's JSON); the enums name the few
+values its fields take. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from .errors import PlanError
+from .quant import KV_SCHEMES, SCHEMES
+
+
+class StrEnum(str, Enum):
+    """An enum whose members are their string values everywhere: comparisons, f-strings, JSON."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+class OffloadMode(StrEnum):
+    """Where the decoder layers that are not resident on the GPU run."""
+
+    NONE = "none"  # every layer resident where it computes (all on the GPU, or a machine without one)
+    STREAM = "stream"  # weights stay in pinned RAM and are copied into GPU slots each forward
+    CPU = "cpu"  # the CPU computes them, with their KV cache in RAM
+
+
+class ComputeDevice(StrEnum):
+    """The device that runs the resident layers."""
+
+    CUDA = "cuda"
+    MPS = "mps"  # Apple silicon's GPU (planned; vramplan's runtime does not execute on it)
+    CPU = "cpu"  # a machine without a GPU
+
+
+OFFLOAD_MODES = tuple(m.value for m in OffloadMode if m is not OffloadMode.NONE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice:
+    """One way to run a model: schemes and where each decoder layer lives."""
+
+    weight_quant: str
+    kv_dtype: str
+    gpu_layers: int  # decoder layers resident on the GPU (0 on a machine without one)
+    total_layers: int
+    offload: OffloadMode  # how the other total_layers - gpu_layers run
+    compute_device: ComputeDevice
+    embeddings_on_gpu: bool  # the input embedding (lm_head and the final norm always live with the resident layers)
+
+    def __post_init__(self) -> None:
+        if self.weight_quant not in SCHEMES:
+            raise PlanError(f"choice.weight_quant: unknown scheme {self.weight_quant!r}; one of {', '.join(SCHEMES)}")
+        if self.kv_dtype not in KV_SCHEMES:
+            raise PlanError(f"choice.kv_dtype: unknown KV dtype {self.kv_dtype!r}; one of {', '.join(KV_SCHEMES)}")
+        object.__setattr__(self, "offload", _enum(OffloadMode, self.offload, "offload"))
+        object.__setattr__(self, "compute_device", _enum(ComputeDevice, self.compute_device, "compute_device"))
+        for name in ("gpu_layers", "total_layers"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise PlanError(f"choice.{name} must be a non-negative integer, got {v!r}")
+        if self.gpu_layers > self.total_layers:
+            raise PlanError(f"choice.gpu_layers {self.gpu_layers} exceeds total_layers {self.total_layers}")
+        full = self.gpu_layers == self.total_layers
+        if self.compute_device is ComputeDevice.CPU and (self.gpu_layers or self.offload is not OffloadMode.NONE):
+            raise PlanError("choice: a CPU-only placement has no GPU layers and no offload")
+        if self.on_gpu and full != (self.offload is OffloadMode.NONE):
+            raise PlanError(f"choice: offload {self.offload.value!r} with {self.gpu_layers} of {self.total_layers} "
+                            "layers on the GPU (offload is 'none' exactly when every layer is on the GPU)")
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.compute_device is not ComputeDevice.CPU
+
+    @property
+    def offloaded_layers(self) -> int:
+        return self.total_layers - self.gpu_layers if self.on_gpu else 0
+
+    @property
+    def embeddings_device(self) -> str:
+        return self.compute_device.value if self.embeddings_on_gpu else ComputeDevice.CPU.value
+
+    def to_dict(self) -> dict:
+        return {"weight_quant": self.weight_quant, "kv_dtype": self.kv_dtype, "gpu_layers": self.gpu_layers,
+                "total_layers": self.total_layers, "offload": self.offload.value,
+                "compute_device": self.compute_device.value, "embeddings_device": self.embeddings_device}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Choice":
+        return cls(weight_quant=d["weight_quant"], kv_dtype=d["kv_dtype"], gpu_layers=d["gpu_layers"],
+                   total_layers=d["total_layers"], offload=d["offload"], compute_device=d["compute_device"],
+                   embeddings_on_gpu=d.get("embeddings_device") not in (None, ComputeDevice.CPU.value))
+
+
+def _enum(cls, value, what: str):
+    try:
+        return cls(value)
+    except ValueError:
+        raise PlanError(f"choice.{what} must be one of {', '.join(m.value for m in cls)}, got {value!r}") from None
