@@ -1,23 +1,29 @@
 """Fitting the speed model's efficiencies and fixed costs to measured runs. Pure.
 
 The decode model is linear in its unknowns once the attention term's bound is known. For one
-device x backend x quant:
+device x backend x quant, on runs with a bf16 KV cache:
 
     t_token = weight_bytes / bandwidth / eff_bw + attention / eff_attn + layers * per_layer_s + per_token_s
 
 where `attention` is the attention's roofline time, max(KV bytes / bandwidth, attention FLOPs /
 peak compute), taken per run from whichever bound is the larger on that device. A
 non-negative least-squares fit over runs of different sizes (models, contexts) gives eff_bw,
-eff_attn, per_layer_s and per_token_s. eff_attn belongs to the attention kernel, not to the
+eff_attn, per_layer_s and per_token_s, with every efficiency bounded by physics (at most 1):
+a fit that wants more says the profile's peak is too low, and is refitted with that
+efficiency held at 1 and a warning. eff_attn belongs to the attention kernel, not to the
 weight quantization: it is stored once per device x attention implementation (the median over
 the quantizations' fits) as an entry with backend "attn-sdpa" or "attn-eager", as its
 bandwidth efficiency when reading the cache bounds it (GPUs) or its compute efficiency when
-FLOPs do (CPUs). Prefill then gives the compute efficiency:
+FLOPs do (CPUs); the other side is left unmeasured (null). Prefill then gives the compute
+efficiency:
 
     eff_compute = flops / (peak_flops * (t_prefill - chunks * (layers * per_layer_s + per_token_s)))
 
-(median over runs). Residuals are reported as percentage errors of the fitted model on the
-runs it was fitted to; the accuracy benchmark measures it on runs it has not seen.
+(median over runs). Runs with a quantized KV cache measure its update traffic: what they take
+beyond the fitted model of the same weights is that traffic over bandwidth x eff_update, stored
+per device x KV dtype (backend "kv-update"). Residuals are percentage errors of the fitted
+model on the runs it was fitted to; a large one is a warning. The accuracy benchmark measures
+the model on runs it has not seen.
 """
 
 from __future__ import annotations
@@ -26,14 +32,16 @@ import itertools
 import statistics
 from dataclasses import dataclass
 
-from .hardware import Calibration, CalibrationEntry
-from .speed import KV_PASSES_DEFAULT
+from .hardware import MAX_EFFICIENCY, Calibration, CalibrationEntry
+from .speed import KV_UPDATE_BACKEND
 
 # Distinct layer counts the runs need before a per-token constant is fitted beside the per-layer cost.
 MIN_DEPTHS_FOR_PER_TOKEN = 3
-# Bounds that keep a noisy fit physical.
+# Below this an efficiency is noise, not a measurement.
 MIN_EFFICIENCY = 0.005
-MAX_EFFICIENCY = 1.5
+# A fit whose median decode error on its own runs exceeds this is reported as a warning: the model
+# does not describe those runs (a busy machine, a kernel the model does not know).
+RESIDUAL_WARN_PCT = 10.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +54,7 @@ class Sample:
     bandwidth_bytes_per_s: float  # peak bandwidth of where the layers ran
     peak_flops: float
     bytes_read_per_token: float  # weights + lm_head one decode step reads
-    kv_bytes_per_token: float  # KV cache one decode step reads (at the measured context)
+    kv_bytes_per_token: float  # KV cache one decode step reads (at the measured context, compute dtype)
     attention_flops_per_token: float  # QK^T + AV FLOPs of one decode step
     attention_impl: str  # "sdpa" or "eager"
     num_layers: int
@@ -54,7 +62,15 @@ class Sample:
     prefill_flops: float
     prefill_chunks: int
     prefill_s: float  # measured (TTFT)
+    kv_dtype: str = "bf16"
+    kv_update_bytes_per_token: float = 0.0  # a quantized cache's extra update traffic per decode step
     label: str = ""
+
+
+@dataclass(frozen=True)
+class FitResult:
+    calibration: Calibration
+    warnings: tuple[str, ...]
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -94,6 +110,24 @@ def nnls(rows: list[list[float]], y: list[float], weights: list[float]) -> list[
     return best
 
 
+def bounded_nnls(rows: list[list[float]], y: list[float], weights: list[float],
+                 min_inverse: dict[int, float]) -> tuple[list[float], list[int]]:
+    """NNLS with coefficients i in `min_inverse` at least that value (an inverse efficiency >= 1/MAX_EFFICIENCY):
+    a coefficient that falls below is held at its bound and the rest refitted. Returns (coefficients, held)."""
+    held: dict[int, float] = {}
+    while True:
+        free = [i for i in range(len(rows[0])) if i not in held]
+        y_free = [v - sum(r[i] * c for i, c in held.items()) for r, v in zip(rows, y)]
+        sol = nnls([[r[i] for i in free] for r in rows], y_free, weights) if free else []
+        coef = dict(held)
+        coef.update(zip(free, sol))
+        low = [i for i in free if i in min_inverse and coef[i] < min_inverse[i]]
+        if not low:
+            return [coef[i] for i in range(len(rows[0]))], sorted(held)
+        i = min(low, key=lambda j: coef[j] / min_inverse[j])
+        held[i] = min_inverse[i]
+
+
 # What bounds single-query attention at decode, per device. Measured on the CPU dev machine
 # (bench/results/accuracy-cpu-dev.md): the time per cached token followed heads x head_dim x layers
 # (Llama-3.2-1B 30.6 us vs Qwen3-0.6B 53 us per token: ratio 1.74, FLOP ratio 1.75, KV-byte ratio
@@ -115,9 +149,24 @@ def _eff(inverse: float) -> float:
     return min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, 1.0 / inverse)) if inverse > 0 else MAX_EFFICIENCY
 
 
-def fit_entry(samples: list[Sample]) -> tuple[CalibrationEntry, float, dict]:
-    """Fit one device x backend x quant; returns the entry, the KV efficiency and residuals (percent)."""
+@dataclass(frozen=True)
+class _Fitted:
+    entry: CalibrationEntry
+    eff_kv: float
+    residuals: dict
+    warnings: tuple[str, ...]
+
+    def decode_s(self, s: Sample) -> float:
+        """The fitted model's time per token for a run with a bf16 cache."""
+        e = self.entry
+        return (s.bytes_read_per_token / (s.bandwidth_bytes_per_s * e.bandwidth_efficiency)
+                + _attention_roofline(s) / self.eff_kv + s.num_layers * e.per_layer_overhead_s + e.per_token_overhead_s)
+
+
+def fit_entry(samples: list[Sample]) -> _Fitted:
+    """Fit one device x backend x quant (bf16-KV runs): the entry, the attention efficiency, residuals, warnings."""
     s0 = samples[0]
+    tag = f"{s0.device}/{s0.backend}/{s0.quant}"
     # A per-token constant is told apart from the per-layer cost only by runs of several depths; with
     # fewer the two are collinear and the fit swings between them, so the fixed cost stays per layer
     # (eager dispatch: what it physically is).
@@ -125,56 +174,112 @@ def fit_entry(samples: list[Sample]) -> tuple[CalibrationEntry, float, dict]:
     rows = [[s.bytes_read_per_token / s.bandwidth_bytes_per_s, _attention_roofline(s), float(s.num_layers)]
             + ([1.0] if fit_per_token else []) for s in samples]
     y = [s.decode_s_per_token for s in samples]
-    # relative errors matter, not absolute seconds: weight each run by 1/t^2
-    coef = nnls(rows, y, [1.0 / (t * t) for t in y])
+    # relative errors matter, not absolute seconds: weight each run by 1/t^2; efficiencies at most 1
+    coef, held = bounded_nnls(rows, y, [1.0 / (t * t) for t in y], {0: 1 / MAX_EFFICIENCY, 1: 1 / MAX_EFFICIENCY})
+    warnings = []
+    peak = "bandwidth" if 0 in held else None
+    if 0 in held:
+        warnings.append(f"{tag}: the runs read weights faster than the profile's peak bandwidth allows "
+                        f"({s0.bandwidth_bytes_per_s / 1e9:.1f} GB/s): held the efficiency at {MAX_EFFICIENCY:g}; the "
+                        "profile's bandwidth is too low (measured under load?): probe again on an idle machine")
+    if 1 in held:
+        what = "compute" if _compute_bound(s0) else "bandwidth"
+        warnings.append(f"{tag}: decode attention ran faster than the profile's peak {what} allows: held its "
+                        f"efficiency at {MAX_EFFICIENCY:g}; check the profile's peak {what}")
     inv_eff, inv_kv, per_layer = coef[:3]
     per_token = coef[3] if fit_per_token else 0.0
     eff_bw, eff_kv = _eff(inv_eff), _eff(inv_kv)
     effs = []
     for s in samples:
-        fixed = s.prefill_chunks * (s.num_layers * per_layer + per_token)
-        compute_s = s.prefill_s - fixed
+        compute_s = s.prefill_s - s.prefill_chunks * (s.num_layers * per_layer + per_token)
         if compute_s > 0 and s.prefill_flops > 0:
             effs.append(s.prefill_flops / (s.peak_flops * compute_s))
-    eff_c = min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, statistics.median(effs))) if effs else MIN_EFFICIENCY
+    eff_c = statistics.median(effs) if effs else None
+    if eff_c is not None and eff_c > MAX_EFFICIENCY:
+        warnings.append(f"{tag}: prefill ran at {eff_c:.2f} x the profile's peak compute "
+                        f"({s0.peak_flops / 1e12:.2f} TFLOPS): held at {MAX_EFFICIENCY:g}; the profile's compute "
+                        "figure is too low")
+    eff_c = min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, eff_c)) if eff_c is not None else None
     entry = CalibrationEntry(device=s0.device, backend=s0.backend, quant=s0.quant, bandwidth_efficiency=round(eff_bw, 5),
-                             compute_efficiency=round(eff_c, 5), per_layer_overhead_s=round(per_layer, 9),
-                             per_token_overhead_s=round(per_token, 9))
-    errs = []
+                             compute_efficiency=round(eff_c, 5) if eff_c is not None else None,
+                             per_layer_overhead_s=round(per_layer, 9), per_token_overhead_s=round(per_token, 9))
+    fitted = _Fitted(entry, eff_kv, {}, ())
+    errs = [100.0 * abs(fitted.decode_s(s) - s.decode_s_per_token) / s.decode_s_per_token for s in samples]
+    residuals = {"decode_abs_pct_median": statistics.median(errs), "decode_abs_pct_max": max(errs), "runs": len(samples)}
+    if residuals["decode_abs_pct_median"] > RESIDUAL_WARN_PCT:
+        warnings.append(f"{tag}: the fit misses its own runs by {residuals['decode_abs_pct_median']:.1f} % (median; "
+                        f"more than {RESIDUAL_WARN_PCT:g} %): the speed model does not describe them"
+                        + (" (and the bandwidth bound was hit)" if peak else ""))
+    return _Fitted(entry, eff_kv, residuals, tuple(warnings))
+
+
+def _fit_kv_update(samples: list[Sample], fitted: _Fitted) -> tuple[CalibrationEntry | None, list[str]]:
+    """One device x KV dtype: the extra time of its runs over the fitted bf16-cache model is its update traffic."""
+    s0 = samples[0]
+    effs = []
     for s in samples:
-        pred = (s.bytes_read_per_token / (s.bandwidth_bytes_per_s * eff_bw) + _attention_roofline(s) / eff_kv
-                + s.num_layers * per_layer + per_token)
-        errs.append(100.0 * abs(pred - s.decode_s_per_token) / s.decode_s_per_token)
-    return entry, eff_kv, {"decode_abs_pct_median": statistics.median(errs), "decode_abs_pct_max": max(errs),
-                           "runs": len(samples)}
+        extra_s = s.decode_s_per_token - fitted.decode_s(s)
+        if s.kv_update_bytes_per_token > 0 and extra_s > 0:
+            effs.append(s.kv_update_bytes_per_token / (s.bandwidth_bytes_per_s * extra_s))
+    if not effs:
+        return None, [f"{s0.device}/{KV_UPDATE_BACKEND}/{s0.kv_dtype}: the {s0.kv_dtype} runs were no slower than "
+                      "the bf16-cache model predicts: its update cost is not measurable at these contexts"]
+    eff = statistics.median(effs)
+    warnings = []
+    if eff > MAX_EFFICIENCY:
+        warnings.append(f"{s0.device}/{KV_UPDATE_BACKEND}/{s0.kv_dtype}: the cache update moved its bytes faster than "
+                        f"the profile's peak bandwidth: held at {MAX_EFFICIENCY:g}")
+    eff = min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, eff))
+    return CalibrationEntry(device=s0.device, backend=KV_UPDATE_BACKEND, quant=s0.kv_dtype,
+                            bandwidth_efficiency=round(eff, 5), compute_efficiency=None), warnings
 
 
-def fit(samples: list[Sample], *, measured_at: str, versions: dict[str, str]) -> Calibration:
+def fit(samples: list[Sample], *, measured_at: str, versions: dict[str, str]) -> FitResult:
+    if not samples:
+        raise ValueError("no runs to fit: every calibration run failed")
     groups: dict[tuple[str, str, str], list[Sample]] = {}
+    kv_groups: dict[tuple[str, str, str, str], list[Sample]] = {}
     for s in samples:
-        groups.setdefault((s.device, s.backend, s.quant), []).append(s)
-    entries, residuals = [], {}
+        if s.kv_dtype in ("bf16", "fp16"):
+            groups.setdefault((s.device, s.backend, s.quant), []).append(s)
+        else:
+            kv_groups.setdefault((s.device, s.backend, s.quant, s.kv_dtype), []).append(s)
+    entries, residuals, warnings = [], {}, []
+    fitted: dict[tuple[str, str, str], _Fitted] = {}
     kv_effs: dict[tuple[str, str], list[float]] = {}
     bound: dict[tuple[str, str], list[bool]] = {}
-    bw_effs: dict[str, list[float]] = {}
     for key, group in sorted(groups.items()):
-        entry, eff_kv, res = fit_entry(group)
-        entries.append(entry)
-        bw_effs.setdefault(key[0], []).append(entry.bandwidth_efficiency)
+        f = fitted[key] = fit_entry(group)
+        entries.append(f.entry)
+        warnings.extend(f.warnings)
         for impl in {s.attention_impl for s in group}:
-            kv_effs.setdefault((key[0], impl), []).append(eff_kv)
+            kv_effs.setdefault((key[0], impl), []).append(f.eff_kv)
             bound.setdefault((key[0], impl), []).extend(_compute_bound(s) for s in group)
         tag = "/".join(key)
-        residuals[f"{tag}: decode_abs_pct_median"] = round(res["decode_abs_pct_median"], 3)
-        residuals[f"{tag}: decode_abs_pct_max"] = round(res["decode_abs_pct_max"], 3)
+        residuals[f"{tag}: decode_abs_pct_median"] = round(f.residuals["decode_abs_pct_median"], 3)
+        residuals[f"{tag}: decode_abs_pct_max"] = round(f.residuals["decode_abs_pct_max"], 3)
     for (device, impl), effs in sorted(kv_effs.items()):
-        # the KV cache is read in the compute dtype whatever the weights are: one figure per kernel.
-        # The fitted efficiency is the compute one where FLOPs bound the runs, else the bandwidth one;
-        # the other side keeps the documented default (weights' bandwidth efficiency / 3).
+        # the KV cache is read in the compute dtype whatever the weights are: one figure per kernel, on the
+        # side (compute or bandwidth) that bounded the runs; the other side was not measured
         eff = round(statistics.median(effs), 5)
         compute_bound = sum(bound[(device, impl)]) * 2 > len(bound[(device, impl)])
-        default_bw = round(statistics.median(bw_effs[device]) / KV_PASSES_DEFAULT, 5)
         entries.append(CalibrationEntry(device=device, backend=f"attn-{impl}", quant="bf16",
-                                        bandwidth_efficiency=default_bw if compute_bound else eff,
-                                        compute_efficiency=eff if compute_bound else MAX_EFFICIENCY))
-    return Calibration(measured_at=measured_at, versions=versions, entries=tuple(entries), residuals=residuals)
+                                        bandwidth_efficiency=None if compute_bound else eff,
+                                        compute_efficiency=eff if compute_bound else None))
+    kv_entries: dict[tuple[str, str], list[float]] = {}
+    for (device, backend, quant, kv_dtype), group in sorted(kv_groups.items()):
+        base = fitted.get((device, backend, quant))
+        if base is None:
+            warnings.append(f"{kv_dtype} KV runs of {backend}/{quant} on the {device} have no bf16-cache runs "
+                            "to compare with: not fitted")
+            continue
+        entry, w = _fit_kv_update(group, base)
+        warnings.extend(w)
+        if entry is not None:
+            kv_entries.setdefault((device, kv_dtype), []).append(entry.bandwidth_efficiency)
+    for (device, kv_dtype), effs in sorted(kv_entries.items()):
+        entries.append(CalibrationEntry(device=device, backend=KV_UPDATE_BACKEND, quant=kv_dtype,
+                                        bandwidth_efficiency=round(statistics.median(effs), 5),
+                                        compute_efficiency=None))
+    cal = Calibration(measured_at=measured_at, versions=versions, entries=tuple(entries), residuals=residuals)
+    return FitResult(calibration=cal, warnings=tuple(warnings))

@@ -29,12 +29,14 @@ import yaml
 
 from .errors import ProfileError, UnitError
 from .units import GiB, KiB, MiB, TiB, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
+from .yaml_strict import safe_load_strict
 
 SCHEMA_VERSION = 1
 
-# Efficiencies are achieved / peak. Above 1 is allowed a little (a datasheet peak
-# can be beaten by boost clocks), beyond 1.5 it is a unit mistake.
-MAX_EFFICIENCY = 1.5
+# Efficiencies are achieved / peak: physically at most 1. A fit that wants more says that the
+# profile's peak is wrong (measured under load, or a datasheet figure below what boost clocks give);
+# `vramplan calibrate` then stores 1 and warns instead of writing an impossible number.
+MAX_EFFICIENCY = 1.0
 
 DEVICES = ("gpu", "cpu")
 
@@ -178,8 +180,8 @@ class CalibrationEntry:
     device: str  # "gpu" or "cpu"
     backend: str  # "torch", "bnb", "quanto"
     quant: str  # "bf16", "bnb-nf4", "quanto-int8"
-    bandwidth_efficiency: float  # achieved / peak, in (0, 1.5]
-    compute_efficiency: float  # achieved / peak, in (0, 1.5]
+    bandwidth_efficiency: float | None  # achieved / peak, in (0, 1]; None when the runs did not measure it
+    compute_efficiency: float | None  # achieved / peak, in (0, 1]; None when the runs did not measure it
     per_layer_overhead_s: float = 0.0
     per_token_overhead_s: float = 0.0
 
@@ -188,8 +190,11 @@ class CalibrationEntry:
             raise _FieldError("device", f'expected "gpu" or "cpu", got {self.device!r}')
         _check_str(self, "backend")
         _check_str(self, "quant")
-        _check_float(self, "bandwidth_efficiency", maximum=MAX_EFFICIENCY)
-        _check_float(self, "compute_efficiency", maximum=MAX_EFFICIENCY)
+        if self.bandwidth_efficiency is None and self.compute_efficiency is None:
+            raise _FieldError("bandwidth_efficiency", "an entry needs a bandwidth or a compute efficiency (or both)")
+        for name in ("bandwidth_efficiency", "compute_efficiency"):
+            if getattr(self, name) is not None:
+                _check_float(self, name, maximum=MAX_EFFICIENCY)
         _check_float(self, "per_layer_overhead_s", positive=False, maximum=1.0)
         _check_float(self, "per_token_overhead_s", positive=False, maximum=60.0)
 
@@ -319,6 +324,11 @@ class HardwareProfile:
             raise _FieldError("link", "must be null when unified_memory is true (GPU and CPU share RAM)")
         if not gpus and self.link is not None:
             raise _FieldError("link", "must be null on a machine without GPUs")
+        reserved = self.overheads.cuda_context_bytes + self.overheads.allocator_reserve_bytes
+        for i, g in enumerate(gpus):
+            if reserved >= g.memory_bytes:
+                raise _FieldError("overheads", f"the CUDA context and allocator reserve ({reserved:,} B) leave nothing of "
+                                  f"gpus[{i}]'s {g.memory_bytes:,} B")
         if gpus and not self.unified_memory and self.link is None:
             raise _FieldError("link", "a machine with a discrete GPU needs its host link (e.g. PCIe 4.0 x16)")
 
@@ -392,9 +402,14 @@ class _Bad(Exception):
     """A value that does not fit its kind (turned into a ProfileError with the key path)."""
 
 
+# How much of a bad value an error message quotes: enough to recognise it, never a whole file.
+SHOW_MAX_CHARS = 60
+
+
 def _show(v: Any) -> str:
     if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
+        text = json.dumps(v, ensure_ascii=False)
+        return text if len(text) <= SHOW_MAX_CHARS else f"a string of {len(v)} characters ({text[:SHOW_MAX_CHARS]}...)"
     if isinstance(v, Mapping):
         return "a mapping"
     if isinstance(v, list):
@@ -517,6 +532,7 @@ STR = _Kind("a string", _parse_str, _ident)
 BOOL = _Kind("true or false", _parse_bool, _ident)
 OPT_SIZE = _Kind('a size like "700 MiB" (or null)', lambda v: None if v is None else SIZE.parse(v),
                  lambda v: None if v is None else SIZE.format(v))
+OPT_NUMBER = _Kind("a number (or null)", lambda v: None if v is None else _parse_number(v), _ident)
 CC = _Kind('a quoted compute capability like "8.9" (or null)', _parse_opt_str, _ident)
 
 # yaml key -> (field, kind, default) ; default _REQUIRED means the key must be present.
@@ -552,8 +568,8 @@ _ENTRY_KEYS = {
     "device": ("device", STR, _REQUIRED),
     "backend": ("backend", STR, _REQUIRED),
     "quant": ("quant", STR, _REQUIRED),
-    "bandwidth_efficiency": ("bandwidth_efficiency", NUMBER, _REQUIRED),
-    "compute_efficiency": ("compute_efficiency", NUMBER, _REQUIRED),
+    "bandwidth_efficiency": ("bandwidth_efficiency", OPT_NUMBER, None),
+    "compute_efficiency": ("compute_efficiency", OPT_NUMBER, None),
     "per_layer_overhead": ("per_layer_overhead_s", TIME, 0.0),
     "per_token_overhead": ("per_token_overhead_s", TIME, 0.0),
 }
@@ -755,7 +771,9 @@ def profile_to_dict(p: HardwareProfile) -> dict[str, Any]:
 def loads_profile(text: str, origin: str = "<string>") -> HardwareProfile:
     """Parse YAML text (strictly) into a HardwareProfile."""
     try:
-        doc = yaml.safe_load(text)
+        doc = safe_load_strict(text)
+    except RecursionError:
+        raise ProfileError(f"{origin}: nested too deeply to be a hardware profile") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -786,13 +804,3 @@ def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
     except (OSError, UnicodeDecodeError) as e:
         raise ProfileError(f"{path}: cannot read: {e}") from None
     return loads_profile(text, str(path))
-
-
-def save_profile(p: HardwareProfile, path: str | os.PathLike[str]) -> Path:
-    """Write the profile as YAML (atomically); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(dumps_profile(p), encoding="utf-8")
-    os.replace(tmp, path)
-    return path

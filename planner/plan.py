@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 
 from .choice import Choice, OffloadMode
@@ -187,3 +188,29 @@ class Plan:
             raise PlanError(f"plan file: {e}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanError(f"plan file is incomplete or malformed ({type(e).__name__}: {e})") from None
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """A plan saved by `vramplan plan --save` (YAML or JSON); anything unreadable or malformed is a PlanError."""
+    import yaml
+
+    from .yaml_strict import safe_load_strict
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise PlanError(f"{path}: cannot read the plan ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        doc = safe_load_strict(text)
+    except yaml.YAMLError:
+        raise PlanError(f"{path}: not valid YAML or JSON") from None
+    except RecursionError:
+        raise PlanError(f"{path}: nested too deeply to be a plan") from None
+    try:
+        p = Plan.from_dict(doc)
+    except PlanError as e:
+        raise PlanError(f"{path}: {e}") from None
+    if not p.fits:
+        raise PlanError(f"{path}: this plan says nothing fits: there is nothing to run")
+    return p

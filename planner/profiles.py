@@ -6,22 +6,19 @@ Search order for a name (first hit wins, case-insensitive NAME.yaml / NAME.yml):
      else $XDG_CONFIG_HOME/vramplan/profiles, else ~/.config/vramplan/profiles
   3. the shipped profiles/ package directory
 
-File I/O only; no torch. `this_machine_profile` imports runtime.probe lazily, whose
-quick path reads NVML and psutil and never imports torch.
+File reads only: no torch, nothing written. This machine's own profile (a cached quick
+probe) is the runtime's: runtime/this_machine.py.
 """
 
 from __future__ import annotations
 
 import difflib
-import hashlib
-import json
 import os
-import socket
 from pathlib import Path
 from typing import NamedTuple
 
 from .errors import ProfileError
-from .hardware import HardwareProfile, load_profile, save_profile
+from .hardware import HardwareProfile, load_profile
 
 PROFILE_SUFFIXES = (".yaml", ".yml")
 
@@ -30,7 +27,8 @@ class ProfileEntry(NamedTuple):
     name: str
     path: Path
     origin: str  # "$VRAMPLAN_PROFILES", "user", "shipped"
-    profile: HardwareProfile | ProfileError  # the loaded profile, or why it does not load
+    profile: HardwareProfile | None  # the loaded profile, or None when it does not load
+    error: str | None  # why it does not load
 
 
 def shipped_profiles_dir() -> Path:
@@ -51,7 +49,10 @@ def search_dirs() -> list[tuple[Path, str]]:
     dirs: list[tuple[Path, str]] = []
     for part in os.environ.get("VRAMPLAN_PROFILES", "").split(os.pathsep):
         if part.strip():
-            dirs.append((Path(part.strip()).expanduser(), "$VRAMPLAN_PROFILES"))
+            d = Path(part.strip()).expanduser()
+            if not d.is_dir():
+                raise ProfileError(f"$VRAMPLAN_PROFILES lists {d}, which is not a directory")
+            dirs.append((d, "$VRAMPLAN_PROFILES"))
     dirs.append((user_profiles_dir(), "user"))
     dirs.append((shipped_profiles_dir(), "shipped"))
     return dirs
@@ -71,6 +72,8 @@ def _looks_like_path(text: str) -> bool:
 def resolve_profile(name_or_path: str | os.PathLike[str]) -> tuple[HardwareProfile, Path]:
     """A profile from an existing path, else by name from the search directories."""
     text = os.fspath(name_or_path)
+    if not text.strip():
+        raise ProfileError("the hardware profile name is empty")
     candidate = Path(text).expanduser()
     if candidate.is_file():
         return load_profile(candidate), candidate
@@ -105,51 +108,7 @@ def list_profiles() -> list[ProfileEntry]:
             if key in seen:
                 continue
             try:
-                prof: HardwareProfile | ProfileError = load_profile(f)
+                seen[key] = ProfileEntry(f.stem, f, origin, load_profile(f), None)
             except ProfileError as e:
-                prof = e
-            seen[key] = ProfileEntry(f.stem, f, origin, prof)
+                seen[key] = ProfileEntry(f.stem, f, origin, None, str(e))
     return sorted(seen.values(), key=lambda e: e.name.lower())
-
-
-# ---------------------------------------------------------------- this machine (cached quick probe)
-
-
-def cache_dir() -> Path:
-    if os.environ.get("VRAMPLAN_CACHE_DIR"):
-        return Path(os.environ["VRAMPLAN_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "vramplan"
-
-
-def this_machine_cache_path() -> Path:
-    """Where this machine's quick-probe profile is cached: hostname + hash of the hardware identity."""
-    from runtime.probe import machine_fingerprint  # lazy; no torch on this path
-
-    fingerprint = machine_fingerprint()
-    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
-    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname()) or "host"
-    return cache_dir() / f"this-machine-{host}-{digest}.yaml"
-
-
-def this_machine_profile(refresh: bool = False) -> HardwareProfile:
-    """This machine's profile from the quick probe, cached per machine so `plan` stays fast.
-
-    The cache key is the hostname plus a hash of what identifies the hardware (GPU names,
-    UUIDs and memory, CUDA_VISIBLE_DEVICES, RAM total, cgroup limit, CPU count): a changed
-    machine gets a fresh probe. `refresh=True` re-probes and rewrites the cache.
-    """
-    path = this_machine_cache_path()
-    if not refresh and path.is_file():
-        try:
-            return load_profile(path)
-        except ProfileError:
-            pass  # stale or from another vramplan version: probe again
-    from runtime.probe import probe
-
-    profile = probe(quick=True).profile
-    try:
-        save_profile(profile, path)
-    except OSError:
-        pass  # a read-only home is no reason to fail a plan
-    return profile

@@ -60,6 +60,17 @@ def catalog_config(entry_id: str) -> dict:
     return json.loads(resources.files("planner.catalog").joinpath(entry.file).read_text())
 
 
+def catalog_rows() -> list[dict]:
+    """What `vramplan models` lists: each catalog model's id, aliases and headline facts."""
+    rows = []
+    for e in catalog():
+        s = spec_from_config(catalog_config(e.id), name=e.id, source="built-in catalog")
+        rows.append({"id": e.id, "aliases": list(e.aliases), "model_type": s.model_type, "params_total": s.params_total,
+                     "params_active": s.params_active, "num_layers": s.num_layers, "max_context": s.max_context,
+                     "checkpoint_dtype": s.dtype})
+    return rows
+
+
 def find_in_catalog(name: str) -> CatalogEntry:
     """Exact id or alias (case-insensitive), else a unique substring; ambiguous or unknown names raise."""
     q = name.strip().lower()

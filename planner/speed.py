@@ -108,15 +108,16 @@ DEFAULT_LINK_EFFICIENCY = 0.85
 
 
 def efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> Efficiency:
-    """The weights' efficiencies and fixed costs on `device` ("gpu" or "cpu"): calibrated, else the defaults."""
-    if hw.calibration is not None:
-        e = hw.calibration.lookup(device, scheme.backend, scheme.name)
-        if e is not None and e.bandwidth_efficiency is not None and e.compute_efficiency is not None:
-            return Efficiency(bandwidth=e.bandwidth_efficiency, compute=e.compute_efficiency,
-                              per_layer_s=e.per_layer_overhead_s, per_token_s=e.per_token_overhead_s,
-                              source=f"calibrated {hw.calibration.measured_at}")
+    """The weights' efficiencies and fixed costs on `device` ("gpu" or "cpu"): calibrated, else the defaults
+    (field by field: a calibration that did not measure prefill keeps the default compute efficiency)."""
     bw, comp, per_layer, per_token = _DEFAULTS[(device, scheme.name)]
-    return Efficiency(bandwidth=bw, compute=comp, per_layer_s=per_layer, per_token_s=per_token, source="default")
+    e = hw.calibration.lookup(device, scheme.backend, scheme.name) if hw.calibration is not None else None
+    if e is None or e.bandwidth_efficiency is None:
+        return Efficiency(bandwidth=bw, compute=comp, per_layer_s=per_layer, per_token_s=per_token, source="default")
+    return Efficiency(bandwidth=e.bandwidth_efficiency,
+                      compute=e.compute_efficiency if e.compute_efficiency is not None else comp,
+                      per_layer_s=e.per_layer_overhead_s, per_token_s=e.per_token_overhead_s,
+                      source=f"calibrated {hw.calibration.measured_at}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,10 +1,12 @@
 """`vramplan calibrate`: a small matrix of real runs, fitted into the profile's calibration.
 
 Each (model, scheme) is loaded once with dummy weights (speed and memory do not depend on
-weight values) and run at a few prompt lengths; each run is reduced to the speed model's
-features (bytes read per decode step, layers, prefill FLOPs and chunks) and planner.
-calibration fits the efficiencies and fixed costs. The process RSS beyond what the plan
-counts (weights, KV cache, workspace) is measured too and stored as `runtime_ram`.
+weight values) and run at a few prompt lengths; the first model also runs its longest prompt
+with each quantized KV cache this transformers offers. Each run is reduced to the speed model's
+features (bytes read per decode step, layers, prefill FLOPs and chunks, KV update traffic) and
+planner.calibration fits the efficiencies and fixed costs. The process RSS beyond what the plan
+counts (weights, KV cache, workspace) is measured in fresh processes and stored as
+`runtime_ram`. A run that fails is reported, never stored as a zero.
 """
 
 from __future__ import annotations
@@ -12,16 +14,19 @@ from __future__ import annotations
 import datetime as dt
 import platform
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from planner.calibration import Sample, fit
+from planner.errors import VramplanError
 from planner.hardware import HardwareProfile
 from planner.memory import layer_costs
 from planner.quant import KV_SCHEMES, SCHEMES
 from planner.request import Request
-from planner.sources import model_spec, resolve_model
+from planner.sources import load_spec, resolve_model
 from planner.speed import decode_work, prefill_flop
+
+MIN_NEW_TOKENS = 2  # decode needs at least two tokens to time one step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,28 +37,63 @@ class Matrix:
     new_tokens: int
     prefill_chunk: int = 2048
     repeats: int = 2
+    kv_dtypes: tuple[str, ...] = ()  # quantized caches, run on the first model at the longest prompt
 
 
 # Sizes that finish in a few minutes on a 2-core CPU machine, larger on a GPU.
 # The accuracy benchmark validates on other models (qwen3-0.6b, gemma-2-2b). Prompts reach 1536
 # tokens so that the KV term is measured, not just the weights.
 CPU_MATRIX = Matrix(models=("qwen2.5-0.5b", "llama-3.2-1b"), quants=("bf16", "quanto-int8", "quanto-int4"),
-                    prompts=(64, 640, 1536), new_tokens=8)
+                    prompts=(64, 640, 1536), new_tokens=8, kv_dtypes=("fp8", "quanto-int4", "quanto-int2"))
 GPU_MATRIX = Matrix(models=("qwen2.5-0.5b", "llama-3.2-3b", "llama-3.1-8b"),
                     quants=("bf16", "bnb-int8", "bnb-nf4", "quanto-int8", "quanto-int4"),
-                    prompts=(512, 4096), new_tokens=32)
+                    prompts=(512, 4096), new_tokens=32, kv_dtypes=("fp8", "quanto-int4"))
+
+
+def matrix_for(hw: HardwareProfile, *, models: tuple[str, ...] = (), quants: tuple[str, ...] = (),
+               prompts: tuple[int, ...] = (), new_tokens: int | None = None, on_gpu: bool | None = None) -> Matrix:
+    """The default matrix for this machine, with what the user chose instead; bad choices are refused."""
+    from planner.sources import find_in_catalog
+
+    if on_gpu is None:
+        import torch
+
+        on_gpu = hw.has_gpu and torch.cuda.is_available()
+    m = GPU_MATRIX if on_gpu else CPU_MATRIX
+    for q in quants:
+        if q not in SCHEMES:
+            raise VramplanError(f"unknown quantization {q!r}; choose from {', '.join(SCHEMES)}")
+    for name in models:
+        find_in_catalog(name)  # an unknown name fails here, with close matches
+    if new_tokens is not None and new_tokens < MIN_NEW_TOKENS:
+        raise VramplanError(f"calibration needs at least {MIN_NEW_TOKENS} new tokens per run, got {new_tokens}")
+    return replace(m, models=models or m.models, quants=quants or m.quants, prompts=prompts or m.prompts,
+                   new_tokens=new_tokens if new_tokens is not None else m.new_tokens)
 
 
 @dataclass(kw_only=True)
 class RunRecord:
     model: str
     quant: str
+    kv_dtype: str
     prompt: int
     new_tokens: int
     decode_tokens_per_s: float
     ttft_s: float
     peak_rss_bytes: int
     sample: Sample
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "quant": self.quant, "kv_dtype": self.kv_dtype, "prompt": self.prompt,
+                "new_tokens": self.new_tokens, "ttft_s": self.ttft_s, "decode_tokens_per_s": self.decode_tokens_per_s,
+                "peak_rss_bytes": self.peak_rss_bytes}
+
+
+@dataclass(kw_only=True)
+class CalibrationResult:
+    profile: HardwareProfile  # the input profile with its calibration section filled
+    records: list[RunRecord]
+    warnings: list[str] = field(default_factory=list)
 
 
 def versions() -> dict[str, str]:
@@ -76,109 +116,125 @@ def best_of(n: int, run):
     return best
 
 
+def _sample(hw: HardwareProfile, spec, quant: str, kv_dtype: str, prompt: int, matrix: Matrix, on_gpu: bool,
+            result) -> Sample:
+    scheme, kv = SCHEMES[quant], KV_SCHEMES[kv_dtype]
+    req = Request(context=prompt + matrix.new_tokens, prompt_tokens=prompt, prefill_chunk=matrix.prefill_chunk)
+    work = decode_work(spec, scheme, kv, 1, prompt + matrix.new_tokens // 2, layer_costs(spec, scheme, kv, req))
+    return Sample(
+        device="gpu" if on_gpu else "cpu", backend=scheme.backend, quant=quant,
+        bandwidth_bytes_per_s=hw.gpu.memory_bandwidth_bytes_per_s if on_gpu else hw.host.ram_bandwidth_bytes_per_s,
+        peak_flops=hw.gpu.bf16_flops if on_gpu else hw.host.cpu_bf16_flops,
+        bytes_read_per_token=sum(work.weights_bytes) + work.head_bytes, kv_bytes_per_token=sum(work.kv_read_bytes),
+        attention_flops_per_token=sum(work.attention_flop), attention_impl=spec.attention_impl,
+        num_layers=spec.num_layers, decode_s_per_token=1.0 / result.decode_tokens_per_s_median,
+        prefill_flops=prefill_flop(spec, prompt), prefill_chunks=-(-prompt // matrix.prefill_chunk),
+        prefill_s=result.ttft_s, kv_dtype=kv_dtype, kv_update_bytes_per_token=sum(work.kv_update_bytes),
+        label=f"{spec.name} {quant} {kv_dtype} KV prompt {prompt}")
+
+
 def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str], None] | None = None,
-               seed: int = 0) -> list[RunRecord]:
+               seed: int = 0) -> tuple[list[RunRecord], list[str]]:
+    """Every run of the matrix that works, and one warning per (model, scheme) that did not."""
     import torch
 
-    from .generate import generate, synthetic_prompt
-    from .load import load_model
-    from .measure import PeakMemorySampler
+    from .kvcache import available_kv_dtypes
+    from .measure import free_memory
 
     say = progress or (lambda s: None)
     on_gpu = hw.has_gpu and torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
-    records = []
-    for name in matrix.models:
-        spec = model_spec(name)
+    kv_runs = [k for k in matrix.kv_dtypes if k in available_kv_dtypes()]
+    records, warnings = [], []
+    for mi, name in enumerate(matrix.models):
         source = resolve_model(name)
+        spec = load_spec(source)
         for quant in matrix.quants:
-            scheme = SCHEMES[quant]
-            if ("cuda" if on_gpu else "cpu") not in scheme.devices:
+            if device not in SCHEMES[quant].devices:
                 continue
+            runs = [(p, "bf16") for p in matrix.prompts]
+            if mi == 0 and quant == matrix.quants[0] and not spec.sliding_window_layers:
+                runs += [(max(matrix.prompts), k) for k in kv_runs]
             say(f"{spec.name} {quant}: loading (dummy weights) on {device}")
-            with PeakMemorySampler(device=device) as sampler:
-                loaded = load_model(source.config, weight_quant=quant, dummy_weights=True, device=device, seed=seed,
-                                    compute_dtype="fp16" if quant == "fp16" else "bf16")
-                results = []
-                generate(loaded.model, synthetic_prompt(8, spec.vocab_size, seed), max_new_tokens=2,
-                         prefill_chunk=matrix.prefill_chunk)  # warm-up: first-call allocations and dispatch
-                for prompt in matrix.prompts:
-                    ids = synthetic_prompt(prompt, spec.vocab_size, seed)
-                    r = best_of(matrix.repeats, lambda: generate(loaded.model, ids, max_new_tokens=matrix.new_tokens,
-                                                                 prefill_chunk=matrix.prefill_chunk))
-                    results.append((prompt, r))
-                    say(f"  prompt {prompt}: TTFT {r.ttft_s:.3f} s, decode {r.decode_tokens_per_s_median:.2f} tok/s")
-            peak = sampler.result.peak_rss_bytes
-            del loaded
-            kv = KV_SCHEMES["bf16"]
-            for prompt, r in results:
-                ctx = prompt + matrix.new_tokens
-                req = Request(context=ctx, prompt_tokens=prompt, prefill_chunk=matrix.prefill_chunk)
-                costs = layer_costs(spec, scheme, kv, req)
-                mid_ctx = prompt + matrix.new_tokens // 2
-                work = decode_work(spec, scheme, kv, 1, mid_ctx, costs)
-                weights_read = sum(work.weights_bytes) + work.head_bytes
-                kv_read, attn_flops = sum(work.kv_read_bytes), sum(work.attention_flop)
-                sample = Sample(
-                    device="gpu" if on_gpu else "cpu", backend=scheme.backend, quant=quant,
-                    bandwidth_bytes_per_s=hw.gpu.memory_bandwidth_bytes_per_s if on_gpu else hw.host.ram_bandwidth_bytes_per_s,
-                    peak_flops=hw.gpu.bf16_flops if on_gpu else hw.host.cpu_bf16_flops,
-                    bytes_read_per_token=weights_read, kv_bytes_per_token=kv_read,
-                    attention_flops_per_token=attn_flops, attention_impl=spec.attention_impl,
-                    num_layers=spec.num_layers, decode_s_per_token=1.0 / r.decode_tokens_per_s_median,
-                    prefill_flops=prefill_flop(spec, prompt), prefill_chunks=-(-prompt // matrix.prefill_chunk),
-                    prefill_s=r.ttft_s, label=f"{spec.name} {quant} prompt {prompt}")
-                records.append(RunRecord(model=spec.name, quant=quant, prompt=prompt, new_tokens=len(r.tokens),
-                                         decode_tokens_per_s=r.decode_tokens_per_s_median, ttft_s=r.ttft_s,
-                                         peak_rss_bytes=peak, sample=sample))
-    return records
-
-
-def measure_runtime_ram(hw: HardwareProfile, matrix: Matrix, *, progress=None) -> int:
-    """Host RSS of a fresh `vramplan run` process beyond what its plan counts (weights, KV, workspace).
-
-    Measured the way users run: one process per model (its largest prompt, bf16), since inside one
-    long process the allocator's reuse of earlier runs' memory hides part of each footprint.
-    """
-    import json
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
-
-    from planner.hardware import save_profile
-
-    extras = []
-    with tempfile.TemporaryDirectory() as tmp:
-        prof = Path(tmp) / "profile.yaml"
-        save_profile(replace(hw, calibration=None), prof)
-        for name in matrix.models:
-            prompt = max(matrix.prompts)
-            cmd = [sys.executable, str(Path(__file__).resolve().parents[1] / "cli.py"), "run", "--model", name,
-                   "--dummy-weights", "--context", str(prompt + matrix.new_tokens), "--prompt-tokens", str(prompt),
-                   "--max-new-tokens", str(matrix.new_tokens), "--quant", "bf16", "--kv-dtype", "bf16",
-                   "--prefill-chunk", str(matrix.prefill_chunk), "--hardware", str(prof), "--json"]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
+            try:
+                results, peak_rss = _run_model(source.config, spec, quant, runs, matrix, device, seed, say)
+            except (VramplanError, RuntimeError, ValueError) as e:
+                warnings.append(f"{spec.name} {quant}: not calibrated ({type(e).__name__}: "
+                                f"{' '.join(str(e).split())[:200]})")
                 continue
-            d = json.loads(r.stdout)
-            base = d["plan"]["constants"]["runtime_base_ram_bytes"]["value"]
-            extra = d["measured"]["peak_ram_bytes"] - (d["predicted"]["peak_ram_bytes"] - base)
-            extras.append(extra)
-            if progress:
-                progress(f"  fresh `vramplan run` of {name}: {extra / 2**20:.0f} MiB beyond the plan's bytes")
-    return max(0, int(statistics.median(extras))) if extras else 0
+            finally:
+                free_memory()  # the model is gone with _run_model's frame; collect its cycles
+            for prompt, kv_dtype, r in results:
+                records.append(RunRecord(model=spec.name, quant=quant, kv_dtype=kv_dtype, prompt=prompt,
+                                         new_tokens=len(r.tokens), decode_tokens_per_s=r.decode_tokens_per_s_median,
+                                         ttft_s=r.ttft_s, peak_rss_bytes=peak_rss,
+                                         sample=_sample(hw, spec, quant, kv_dtype, prompt, matrix, on_gpu, r)))
+    return records, warnings
 
 
-def calibrate(hw: HardwareProfile, matrix: Matrix | None = None, *,
-              progress: Callable[[str], None] | None = None) -> tuple[HardwareProfile, list[RunRecord]]:
-    """Measure, fit, and return the profile with its calibration section filled."""
-    import torch
+def _run_model(config: dict, spec, quant: str, runs: list[tuple[int, str]], matrix: Matrix, device: str, seed: int,
+               say: Callable[[str], None]) -> tuple[list, int]:
+    """Load one model in one scheme and time its runs; ([(prompt, kv dtype, result)], peak RSS)."""
+    from .generate import generate, synthetic_prompt
+    from .load import load_model
+    from .measure import PeakMemorySampler
 
-    m = matrix or (GPU_MATRIX if hw.has_gpu and torch.cuda.is_available() else CPU_MATRIX)
-    records = run_matrix(hw, m, progress=progress)
-    cal = fit([r.sample for r in records], measured_at=dt.date.today().isoformat(), versions=versions())
-    cal = replace(cal, runtime_ram_bytes=measure_runtime_ram(hw, m, progress=progress))
+    results = []
+    with PeakMemorySampler(device=device) as sampler:
+        model = load_model(config, weight_quant=quant, dummy_weights=True, device=device, seed=seed,
+                           compute_dtype="fp16" if quant == "fp16" else "bf16").model
+        generate(model, synthetic_prompt(8, spec.vocab_size, seed), max_new_tokens=2,
+                 prefill_chunk=matrix.prefill_chunk)  # warm-up: first-call allocations and dispatch
+        for prompt, kv_dtype in runs:
+            ids = synthetic_prompt(prompt, spec.vocab_size, seed)
+            r = best_of(matrix.repeats, lambda: generate(model, ids, max_new_tokens=matrix.new_tokens,
+                                                         prefill_chunk=matrix.prefill_chunk, kv_dtype=kv_dtype))
+            if r.decode_tokens_per_s_median is None or r.ttft_s is None:
+                raise VramplanError(f"the run stopped early ({r.stopped_reason}: {r.error or '-'})")
+            results.append((prompt, kv_dtype, r))
+            say(f"  prompt {prompt}, {kv_dtype} KV: TTFT {r.ttft_s:.3f} s, decode {r.decode_tokens_per_s_median:.2f} tok/s")
+    return results, sampler.result.peak_rss_bytes
+
+
+def measure_runtime_ram(hw: HardwareProfile, matrix: Matrix, *,
+                        progress: Callable[[str], None] | None = None) -> tuple[int | None, list[str]]:
+    """Host RSS of a fresh run process beyond what its plan counts (weights, KV, workspace): the median over the
+    matrix's models (bf16, longest prompt), or None (with the reasons) when no such run worked."""
+    from .worker import RunFailed, RunJob, run_fresh
+
+    bare = replace(hw, calibration=None)  # plan with the default base RAM, which the difference then replaces
+    extras, warnings = [], []
+    for name in matrix.models:
+        prompt = max(matrix.prompts)
+        req = Request(context=prompt + matrix.new_tokens, prompt_tokens=prompt, quant=("bf16",), kv_dtype=("bf16",),
+                      prefill_chunk=matrix.prefill_chunk)
+        try:
+            report = run_fresh(RunJob.of(name, bare, req, prompt_tokens=prompt, max_new_tokens=matrix.new_tokens))
+        except RunFailed as e:
+            warnings.append(f"runtime RAM not measured with {name}: {e}")
+            continue
+        base = report.plan.constants["runtime_base_ram_bytes"]["value"]
+        extra = report.measured.peak_ram_bytes - (report.predicted.peak_ram_bytes - base)
+        extras.append(extra)
+        if progress:
+            progress(f"  fresh run of {name}: {extra / 2**20:.0f} MiB beyond the plan's bytes")
+    return (max(0, int(statistics.median(extras))) if extras else None), warnings
+
+
+def calibrate(hw: HardwareProfile, matrix: Matrix, *,
+              progress: Callable[[str], None] | None = None) -> CalibrationResult:
+    """Measure, fit, and return the profile with its calibration section filled, with every warning."""
+    records, warnings = run_matrix(hw, matrix, progress=progress)
+    if not records:
+        raise VramplanError("every calibration run failed, nothing to fit: " + "; ".join(warnings))
+    fitted = fit([r.sample for r in records], measured_at=dt.date.today().isoformat(), versions=versions())
+    warnings.extend(fitted.warnings)
+    runtime_ram, ram_warnings = measure_runtime_ram(hw, matrix, progress=progress)
+    warnings.extend(ram_warnings)
+    cal = replace(fitted.calibration, runtime_ram_bytes=runtime_ram)
     note = (f"calibrated by vramplan calibrate on {cal.measured_at}: {len(records)} runs of "
-            f"{', '.join(m.models)} x {', '.join(m.quants)} x prompts {', '.join(map(str, m.prompts))}")
-    return replace(hw, calibration=cal, notes=tuple(n for n in hw.notes if not n.startswith("calibrated by")) + (note,)), records
+            f"{', '.join(matrix.models)} x {', '.join(matrix.quants)} x prompts {', '.join(map(str, matrix.prompts))}"
+            + (f"; KV caches {', '.join(sorted({r.kv_dtype for r in records} - {'bf16'}))}"
+               if any(r.kv_dtype != "bf16" for r in records) else ""))
+    notes = tuple(n for n in hw.notes if not n.startswith("calibrated by")) + (note,)
+    return CalibrationResult(profile=replace(hw, calibration=cal, notes=notes), records=records, warnings=warnings)

@@ -3,19 +3,22 @@
 `execute(...) -> RunReport`. The runtime does not re-plan, except after a CUDA
 out-of-memory: then it asks the planner again with the GPU budget lowered by what the
 OOM showed, says the prediction was wrong and by how much, and retries (bounded),
-keeping the text generated so far.
+keeping the text generated so far. An interrupted run (Ctrl-C, SIGTERM) still returns a
+report of what it measured, marked interrupted.
 """
 
 from __future__ import annotations
 
+import os
+import resource
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
+from planner.choice import ComputeDevice, OffloadMode
 from planner.errors import PlanError, VramplanError
 from planner.hardware import HardwareProfile
 from planner.modelspec import ModelSpec
-from planner.choice import OffloadMode
 from planner.plan import Plan, hardware_fingerprint, model_ref
 from planner.search import plan as make_plan
 from planner.sources import ModelSource
@@ -25,29 +28,79 @@ MAX_OOM_RETRIES = 2
 # the OOM revealed, and at least this fraction lower, so each retry makes real progress.
 OOM_MIN_BUDGET_CUT = 0.10
 DEFAULT_PROMPT_TOKENS = 128  # synthetic prompt length when no prompt is given
-METRICS = ("decode_tokens_per_s", "ttft_s", "peak_vram_bytes", "peak_ram_bytes")
+
+
+@dataclass(kw_only=True)
+class Metrics:
+    """The four numbers a run is judged by: predicted (from the plan) or measured."""
+
+    decode_tokens_per_s: float | None = None
+    ttft_s: float | None = None
+    peak_vram_bytes: int | None = None
+    peak_ram_bytes: int | None = None
+
+    COMPARED = ("decode_tokens_per_s", "ttft_s", "peak_vram_bytes", "peak_ram_bytes")
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Metrics":
+        return cls(**{f.name: d.get(f.name) for f in fields(cls)})
+
+
+@dataclass(kw_only=True)
+class Measured(Metrics):
+    """What a run measured: the four compared numbers and what explains them."""
+
+    load_s: float | None = None
+    prefill_tokens_per_s: float | None = None
+    decode_tokens_per_s_start: float | None = None
+    decode_tokens_per_s_end: float | None = None
+    generated_tokens: int | None = None
+    load_average_1m: float | None = None  # the highest 1-minute load average seen around the run
+    process_cpu_cores: float | None = None  # this process' CPU time / wall time: how many cores it kept busy
 
 
 @dataclass(kw_only=True)
 class RunReport:
-    plan: dict
-    predicted: dict
-    measured: dict
-    error_pct: dict
+    plan: Plan  # the plan the last attempt ran (a re-planned one after an OOM)
+    predicted: Metrics = field(default_factory=Metrics)
+    measured: Measured = field(default_factory=Measured)
     text: str = ""
     tokens: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
     device: str = "cpu"
     stopped_reason: str = ""
+    interrupted: bool = False
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     replans: list[dict] = field(default_factory=list)
 
+    @property
+    def error_pct(self) -> dict:
+        return {m: _pct(getattr(self.measured, m), getattr(self.predicted, m)) for m in Metrics.COMPARED}
+
     def to_dict(self) -> dict:
-        return {"predicted": self.predicted, "measured": self.measured, "error_pct": self.error_pct,
-                "text": self.text, "tokens": self.tokens, "prompt_tokens": self.prompt_tokens, "device": self.device,
-                "stopped_reason": self.stopped_reason, "errors": self.errors, "notes": self.notes,
-                "replans": self.replans, "plan": self.plan}
+        return {"predicted": self.predicted.to_dict(), "measured": self.measured.to_dict(),
+                "error_pct": self.error_pct, "text": self.text, "tokens": list(self.tokens),
+                "prompt_tokens": self.prompt_tokens, "device": self.device, "stopped_reason": self.stopped_reason,
+                "interrupted": self.interrupted, "errors": list(self.errors), "notes": list(self.notes),
+                "replans": list(self.replans), "plan": self.plan.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunReport":
+        return cls(plan=Plan.from_dict(d["plan"]), predicted=Metrics.from_dict(d["predicted"]),
+                   measured=Measured.from_dict(d["measured"]), text=d["text"], tokens=list(d["tokens"]),
+                   prompt_tokens=d["prompt_tokens"], device=d["device"], stopped_reason=d["stopped_reason"],
+                   interrupted=d.get("interrupted", False), errors=list(d["errors"]), notes=list(d["notes"]),
+                   replans=list(d["replans"]))
+
+
+def _pct(measured, predicted):
+    if measured is None or predicted in (None, 0):
+        return None
+    return 100.0 * (measured - predicted) / predicted
 
 
 def check_plan_matches(p: Plan, spec: ModelSpec, hw: HardwareProfile) -> None:
@@ -59,17 +112,13 @@ def check_plan_matches(p: Plan, spec: ModelSpec, hw: HardwareProfile) -> None:
         raise PlanError(f"the plan was made for hardware {p.hardware.get('name')!r} "
                         f"({p.hardware.get('gpu') or 'no GPU'}), not this machine ({hw.name}: "
                         f"{hw.gpu.name if hw.gpu else 'no GPU'})")
-    if not p.fits or p.choice is None:
+    if not p.fits:
         raise PlanError("the plan says nothing fits: there is nothing to run")
+    if p.choice.compute_device is ComputeDevice.MPS:
+        raise PlanError("the plan runs on an Apple GPU (mps): vramplan's runtime executes on CUDA GPUs or the CPU")
 
 
-def _pct(measured, predicted):
-    if measured is None or predicted in (None, 0):
-        return None
-    return 100.0 * (measured - predicted) / predicted
-
-
-def predicted_for_run(p: Plan, spec: ModelSpec, hw: HardwareProfile, prompt_tokens: int, total_tokens: int) -> dict:
+def predicted_for_run(p: Plan, spec: ModelSpec, hw: HardwareProfile, prompt_tokens: int, total_tokens: int) -> Metrics:
     """The plan's prediction for exactly this run: the same choice, at the run's real prompt length and with
     the KV cache this run fills (prompt + generated tokens), which is what its peak memory holds."""
     c = p.choice
@@ -80,13 +129,44 @@ def predicted_for_run(p: Plan, spec: ModelSpec, hw: HardwareProfile, prompt_toke
     again = make_plan(spec, hw, req)
     src = again.chosen if again.fits else p.chosen
     gpu = src.memory.gpu
-    return {
-        "decode_tokens_per_s": src.speed.decode_tokens_per_s,
-        "ttft_s": src.speed.ttft_s,
-        # what the process will hold at its peak: everything planned except the free headroom
-        "peak_vram_bytes": (gpu.total_bytes - gpu.headroom_bytes) if gpu else None,
-        "peak_ram_bytes": src.memory.cpu.total_bytes,
-    }
+    return Metrics(decode_tokens_per_s=src.speed.decode_tokens_per_s, ttft_s=src.speed.ttft_s,
+                   # what the process will hold at its peak: everything planned except the free headroom
+                   peak_vram_bytes=(gpu.total_bytes - gpu.headroom_bytes) if gpu else None,
+                   peak_ram_bytes=src.memory.cpu.total_bytes)
+
+
+class _Contention:
+    """Whether other processes shared the CPUs during a run: the load average against this process' own use."""
+
+    def __init__(self) -> None:
+        self.wall0 = time.perf_counter()
+        self.cpu0 = self._cpu_s()
+        self.load = _load_average()
+
+    @staticmethod
+    def _cpu_s() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def finish(self, measured: Measured, notes: list[str]) -> None:
+        from .probe.host import busy_note
+
+        wall = time.perf_counter() - self.wall0
+        own = (self._cpu_s() - self.cpu0) / wall if wall > 0 else None
+        loads = [x for x in (self.load, _load_average()) if x is not None]
+        measured.load_average_1m = max(loads) if loads else None
+        measured.process_cpu_cores = own
+        if measured.load_average_1m is not None and own is not None:
+            note = busy_note(measured.load_average_1m - own, os.cpu_count() or 1, "the measured speeds")
+            if note:
+                notes.append(f"{note} (this process kept {own:.1f} cores busy; the rest of the load is other "
+                             "processes')")
+
+
+def _load_average() -> float | None:
+    from .probe.host import load_average
+
+    return load_average()
 
 
 def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, *, dummy_weights: bool,
@@ -95,144 +175,198 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
             on_text: Callable[[str], None] | None = None,
             progress: Callable[[str], None] | None = None) -> RunReport:
     """Run the plan once (plus bounded OOM retries) and report predicted versus measured."""
-    import torch
-
-    from .generate import generate
-    from .load import load_model
-    from .measure import PeakMemorySampler
+    from .load import load_tokenizer
 
     say = progress or (lambda s: None)
     check_plan_matches(p, spec, hw)
-    report = RunReport(plan=p.to_dict(), predicted={}, measured={m: None for m in METRICS},
-                       error_pct={m: None for m in METRICS})
-    current = p
-    all_tokens: list[int] = []
-    text_parts: list[str] = []
-    base_ids = None
-    for attempt in range(MAX_OOM_RETRIES + 1):
-        c = current.choice
-        if c.compute_device == "mps":
-            raise VramplanError("the plan runs on an Apple GPU (mps): vramplan's runtime executes on CUDA or the CPU")
-        on_gpu = c.on_gpu
-        if on_gpu and not torch.cuda.is_available():
-            raise VramplanError("the plan runs on a GPU but torch sees no CUDA device here")
-        device = "cuda" if on_gpu else "cpu"
-        report.device = device
-        weight_src = source.path if (source.path is not None and not dummy_weights) else source.config
-        ctx_bytes = hw.overheads.cuda_context_bytes if on_gpu else None
-        loaded = None
-        with PeakMemorySampler(device=device, cuda_context_bytes=ctx_bytes) as sampler:
-            t0 = time.perf_counter()
-            try:
-                say(f"loading {spec.name} ({c.weight_quant}{', dummy weights' if dummy_weights else ''}) on {device}")
-                offloaded = on_gpu and c.offload is not OffloadMode.NONE
-                # offloaded plans load on the CPU, then the offload engine places them (stream or cpu mode)
-                loaded = load_model(weight_src, weight_quant=c.weight_quant,
-                                    compute_dtype="fp16" if c.weight_quant == "fp16" else "bf16",
-                                    dummy_weights=dummy_weights, device="cpu" if offloaded else device,
-                                    allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, seed=seed)
-                if offloaded:
-                    from .offload import apply_offload
-
-                    engine = apply_offload(loaded.model, gpu_layers=c.gpu_layers, mode=c.offload.value, device=device)
-                    report.notes.append(f"offload engine ({c.offload}): {engine.summary()}")
-            except torch.cuda.OutOfMemoryError as e:  # pragma: no cover - needs a GPU
-                result = None
-                oom_error = f"CUDA out of memory while loading: {e}"
-            else:
-                oom_error = None
-                report.measured["load_s"] = time.perf_counter() - t0
-                report.notes.extend(loaded.notes)
-                if base_ids is None:
-                    base_ids = _prompt_ids(loaded, prompt_text, prompt_tokens, seed)
-                    report.prompt_tokens = int(base_ids.shape[-1])
-                # after an OOM the retry continues from the prompt plus the tokens kept so far
-                ids = torch.cat([base_ids, torch.tensor([all_tokens], dtype=base_ids.dtype)], dim=-1) if all_tokens else base_ids
-                if report.prompt_tokens + max_new_tokens > current.request.context:
-                    report.notes.append(f"prompt {report.prompt_tokens} + {max_new_tokens} new tokens exceed the "
-                                        f"planned context {current.request.context}")
-                streamer = _Streamer(loaded.tokenizer, on_text)
-                say(f"prefill {report.prompt_tokens} tokens in chunks of {current.request.prefill_chunk}, "
-                    f"then up to {max_new_tokens} new tokens")
-                result = generate(loaded.model, ids, max_new_tokens=max_new_tokens - len(all_tokens),
-                                  prefill_chunk=current.request.prefill_chunk, kv_dtype=c.kv_dtype,
-                                  temperature=temperature, eos_token_id=_eos(loaded), seed=seed,
-                                  on_token=streamer.push)
-                streamer.flush()
-                all_tokens.extend(result.tokens)
-                text_parts.append(streamer.text)
-                if result.stopped_reason == "oom":
-                    oom_error = result.error
-        peaks = sampler.result
-        report.measured["peak_ram_bytes"] = peaks.peak_rss_bytes
-        report.measured["peak_vram_bytes"] = peaks.peak_vram_bytes
-        if result is not None and result.ttft_s is not None:
-            report.measured.update(
-                ttft_s=result.ttft_s, prefill_tokens_per_s=result.prefill_tokens_per_s,
-                decode_tokens_per_s=result.decode_tokens_per_s_median,
-                decode_tokens_per_s_start=result.decode_tokens_per_s_start,
-                decode_tokens_per_s_end=result.decode_tokens_per_s_end,
-                generated_tokens=len(result.tokens))
-            report.stopped_reason = result.stopped_reason
-        if oom_error is None or attempt == MAX_OOM_RETRIES or not on_gpu:
-            if oom_error:
-                report.errors.append(oom_error)
+    use_checkpoint = source.path is not None and not dummy_weights
+    tokenizer = load_tokenizer(source.path, trust_remote_code) if use_checkpoint else None
+    base_ids = _prompt_ids(tokenizer, spec.vocab_size, prompt_text, prompt_tokens, seed)
+    n_prompt = int(base_ids.shape[-1])
+    _check_context(n_prompt, max_new_tokens, p.request.context, spec.max_context)
+    report = RunReport(plan=p, prompt_tokens=n_prompt)
+    contention = _Contention()
+    attempt = _Attempt(report=report, spec=spec, hw=hw, source=source, tokenizer=tokenizer, use_checkpoint=use_checkpoint,
+                       allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, seed=seed,
+                       temperature=temperature, on_text=on_text, say=say)
+    for retry in range(MAX_OOM_RETRIES + 1):
+        oom = attempt.run(base_ids, max_new_tokens)
+        if oom is None or report.interrupted or retry == MAX_OOM_RETRIES or not report.plan.choice.on_gpu:
+            if oom:
+                report.errors.append(oom)
             break
-        replanned = _replan_after_oom(current, spec, hw, peaks, oom_error, report)
+        replanned = _replan_after_oom(report, spec, hw, oom)
         if replanned is None:
             break
-        current = replanned
-        loaded = None  # free the failed attempt before the retry loads again
-        torch.cuda.empty_cache()
-    report.tokens = all_tokens
-    report.text = "".join(text_parts)
-    report.plan = current.to_dict()
-    prompt_len = report.prompt_tokens or p.request.prompt
-    report.predicted = predicted_for_run(current, spec, hw, prompt_len, prompt_len + max(len(all_tokens), 1))
-    report.error_pct = {m: _pct(report.measured.get(m), report.predicted.get(m)) for m in METRICS}
+        report.plan = replanned
+    contention.finish(report.measured, report.notes)
+    report.predicted = predicted_for_run(report.plan, spec, hw, n_prompt, n_prompt + max(len(report.tokens), 1))
     return report
 
 
-def _replan_after_oom(current: Plan, spec, hw, peaks, error: str, report: RunReport) -> Plan | None:
+def _check_context(n_prompt: int, max_new_tokens: int, context: int, model_max: int) -> None:
+    if n_prompt > context:
+        raise VramplanError(f"the prompt is {n_prompt} tokens, more than the plan's context of {context} tokens")
+    if n_prompt + max_new_tokens > context:
+        raise VramplanError(f"the prompt ({n_prompt} tokens) plus {max_new_tokens} new tokens exceed the plan's "
+                            f"context of {context} tokens: plan a longer context or generate fewer tokens")
+    if model_max and n_prompt + max_new_tokens > model_max:
+        raise VramplanError(f"the prompt ({n_prompt} tokens) plus {max_new_tokens} new tokens exceed the model's "
+                            f"maximum context of {model_max} tokens (max_position_embeddings)")
+
+
+@dataclass(kw_only=True)
+class _Attempt:
+    """Load the report's current plan and generate; what it measures goes into the report."""
+
+    report: RunReport
+    spec: ModelSpec
+    hw: HardwareProfile
+    source: ModelSource
+    tokenizer: object
+    use_checkpoint: bool
+    allow_pickle: bool
+    trust_remote_code: bool
+    seed: int
+    temperature: float
+    on_text: Callable[[str], None] | None
+    say: Callable[[str], None]
+
+    def run(self, base_ids, max_new_tokens: int) -> str | None:
+        """One attempt; returns the out-of-memory message when it ran out of GPU memory, else None."""
+        import torch
+
+        from .generate import STOP_INTERRUPTED
+        from .measure import PeakMemorySampler
+
+        report, c = self.report, self.report.plan.choice
+        if c.on_gpu and not torch.cuda.is_available():
+            raise VramplanError("the plan runs on a GPU but torch sees no CUDA device here")
+        device = "cuda" if c.on_gpu else "cpu"
+        report.device = device
+        holder: dict = {}
+        oom = None
+        with PeakMemorySampler(device=device,
+                               cuda_context_bytes=self.hw.overheads.cuda_context_bytes if c.on_gpu else None) as sampler:
+            try:
+                oom = self._load_and_generate(holder, device, base_ids, max_new_tokens)
+            except KeyboardInterrupt:
+                report.interrupted = True
+                report.stopped_reason = STOP_INTERRUPTED
+                report.notes.append("interrupted: the numbers are what was measured until then")
+            except torch.cuda.OutOfMemoryError as e:  # pragma: no cover - needs a GPU
+                oom = f"CUDA out of memory while loading: {' '.join(str(e).split())[:300]}"
+            finally:
+                _release(holder)
+        report.measured.peak_ram_bytes = sampler.result.peak_rss_bytes
+        report.measured.peak_vram_bytes = sampler.result.peak_vram_bytes
+        return oom
+
+    def _load_and_generate(self, holder: dict, device: str, base_ids, max_new_tokens: int) -> str | None:
+        import torch
+
+        from .generate import STOP_INTERRUPTED, STOP_OOM, generate
+        from .load import load_model
+
+        report, c, spec = self.report, self.report.plan.choice, self.spec
+        self.say(f"loading {spec.name} ({c.weight_quant}{'' if self.use_checkpoint else ', dummy weights'}) on "
+                 f"{device}")
+        t0 = time.perf_counter()
+        offloaded = c.on_gpu and c.offload is not OffloadMode.NONE
+        # offloaded plans load on the CPU, then the offload engine places them (stream or cpu mode)
+        loaded = holder["loaded"] = load_model(
+            self.source.path if self.use_checkpoint else self.source.config, weight_quant=c.weight_quant,
+            compute_dtype="fp16" if c.weight_quant == "fp16" else "bf16", dummy_weights=not self.use_checkpoint,
+            device="cpu" if offloaded else device, allow_pickle=self.allow_pickle,
+            trust_remote_code=self.trust_remote_code, seed=self.seed, tokenizer=self.tokenizer)
+        if offloaded:
+            from .offload import apply_offload
+
+            engine = holder["engine"] = apply_offload(loaded.model, gpu_layers=c.gpu_layers, mode=c.offload.value,
+                                                      device=device)
+            report.notes.append(f"offload engine ({c.offload}): {engine.summary()}")
+        report.measured.load_s = time.perf_counter() - t0
+        report.notes.extend(n for n in loaded.notes if n not in report.notes)
+        # after an OOM the retry continues from the prompt plus the tokens kept so far
+        ids = (torch.cat([base_ids, torch.tensor([report.tokens], dtype=base_ids.dtype)], dim=-1)
+               if report.tokens else base_ids)
+        streamer = _Streamer(self.tokenizer, self.on_text)
+        self.say(f"prefill {ids.shape[-1]} tokens in chunks of {report.plan.request.prefill_chunk}, then up to "
+                 f"{max_new_tokens - len(report.tokens)} new tokens")
+        result = generate(loaded.model, ids, max_new_tokens=max_new_tokens - len(report.tokens),
+                          prefill_chunk=report.plan.request.prefill_chunk, kv_dtype=c.kv_dtype,
+                          temperature=self.temperature, eos_token_id=_eos(self.tokenizer), seed=self.seed,
+                          on_token=streamer.push)
+        streamer.flush()
+        report.tokens.extend(result.tokens)
+        report.text += streamer.text
+        report.stopped_reason = result.stopped_reason
+        if result.stopped_reason == STOP_INTERRUPTED:
+            report.interrupted = True
+            report.notes.append("interrupted: the numbers are what was measured until then")
+        if result.ttft_s is not None:
+            m = report.measured
+            m.ttft_s, m.prefill_tokens_per_s = result.ttft_s, result.prefill_tokens_per_s
+            m.decode_tokens_per_s = result.decode_tokens_per_s_median
+            m.decode_tokens_per_s_start = result.decode_tokens_per_s_start
+            m.decode_tokens_per_s_end = result.decode_tokens_per_s_end
+            m.generated_tokens = len(report.tokens)
+        return result.error if result.stopped_reason == STOP_OOM else None
+
+
+def _release(holder: dict) -> None:
+    """Drop every reference to an attempt's model and hand its memory back before anything else loads.
+
+    The offload engine and its wrappers reference each other, and bitsandbytes' 4-bit weights point
+    back at their module (Params4bit.module): plain `del` frees none of it until a collection."""
+    from .measure import free_memory
+
+    engine = holder.pop("engine", None)
+    if engine is not None:
+        engine.detach()
+    holder.clear()
+    del engine
+    free_memory()
+
+
+def _replan_after_oom(report: RunReport, spec, hw, error: str) -> Plan | None:
     """Lower the GPU budget by what the OOM showed and plan again."""
+    current = report.plan
     gpu = current.memory.gpu
     planned = gpu.total_bytes - gpu.headroom_bytes
-    seen = peaks.peak_vram_bytes or planned
+    seen = report.measured.peak_vram_bytes or planned
     shortfall = max(seen - planned, int(OOM_MIN_BUDGET_CUT * gpu.capacity_bytes))
     budget = max(0, gpu.capacity_bytes - shortfall)
     wrong_by = (seen - planned) / planned * 100 if planned else None
     msg = (f"CUDA out of memory: the plan predicted {planned / 2**30:.2f} GiB on the GPU, the process reached "
            f"{seen / 2**30:.2f} GiB" + (f" (prediction wrong by {wrong_by:+.1f} %)" if wrong_by is not None else "")
-           + f"; re-planning with --vram-budget {budget / 2**30:.2f} GiB")
+           + f"; re-planning with a GPU budget of {budget / 2**30:.2f} GiB")
     report.errors.append(error)
     report.notes.append(msg)
-    req = replace(current.request, vram_budget_bytes=budget, gpu_layers=None)
-    new = make_plan(spec, hw, req)
+    new = make_plan(spec, hw, replace(current.request, vram_budget_bytes=budget, gpu_layers=None))
     report.replans.append({"reason": msg, "vram_budget_bytes": budget,
                            "choice": new.choice.to_dict() if new.choice else None})
     return new if new.fits else None
 
 
-def _prompt_ids(loaded, prompt_text, prompt_tokens, seed):
+def _prompt_ids(tokenizer, vocab_size: int, prompt_text: str | None, prompt_tokens: int | None, seed: int):
     from .generate import synthetic_prompt
 
-    vocab = loaded.config.vocab_size
     if prompt_text is not None:
-        if loaded.tokenizer is None:
+        if tokenizer is None:
             raise VramplanError("this model has no tokenizer (dummy weights or none in the directory): "
-                                "use --prompt-tokens N for a synthetic prompt")
-        ids = loaded.tokenizer(prompt_text, return_tensors="pt").input_ids
+                                "give a synthetic prompt length instead of text")
+        ids = tokenizer(prompt_text, return_tensors="pt").input_ids
         if ids.shape[-1] == 0:
             raise VramplanError("the prompt is empty after tokenization")
         return ids
-    return synthetic_prompt(prompt_tokens or DEFAULT_PROMPT_TOKENS, vocab, seed)
+    return synthetic_prompt(prompt_tokens or DEFAULT_PROMPT_TOKENS, vocab_size, seed)
 
 
-def _eos(loaded):
-    tok = loaded.tokenizer
-    if tok is not None and tok.eos_token_id is not None:
-        return tok.eos_token_id
-    return None  # synthetic runs generate exactly --max-new-tokens
+def _eos(tokenizer):
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        return tokenizer.eos_token_id
+    return None  # synthetic runs generate exactly the tokens asked for
 
 
 class _Streamer:

@@ -34,6 +34,7 @@ STOP_MAX_NEW_TOKENS = "max_new_tokens"
 STOP_EOS = "eos"
 STOP_OOM = "oom"
 STOP_STOPPED = "stopped"
+STOP_INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: what was generated and timed until then is kept
 
 
 @dataclass(kw_only=True)
@@ -61,6 +62,14 @@ def synthetic_prompt(n_tokens: int, vocab_size: int, seed: int = 0) -> torch.Ten
 def model_device(model: nn.Module) -> torch.device:
     """Where inputs go: the device of the input embeddings."""
     return model.get_input_embeddings().weight.device
+
+
+def compute_device(model: nn.Module) -> torch.device:
+    """Where the logits come out (lm_head's device): sampling, its generator and the timing syncs belong there.
+    With offload it can differ from model_device: an untied input embedding stays in RAM."""
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    return weight.device if weight is not None else model_device(model)
 
 
 def _forward(model: nn.Module, input_ids: torch.Tensor, start: int, cache) -> torch.Tensor:
@@ -139,13 +148,13 @@ def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk:
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    device = model_device(model)
+    device = compute_device(model)
     input_ids = torch.as_tensor(input_ids, dtype=torch.long)
     if input_ids.ndim == 1:
         input_ids = input_ids.unsqueeze(0)
     if input_ids.shape[0] != 1:
         raise ValueError(f"batch size 1 only, got input_ids of shape {tuple(input_ids.shape)}")
-    input_ids = input_ids.to(device)
+    input_ids = input_ids.to(model_device(model))
     prompt_tokens = input_ids.shape[1]
     eos_ids = frozenset(_as_id_set(eos_token_id))
     generator = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
@@ -175,14 +184,18 @@ def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk:
                     model, token, prompt_tokens, cache, max_new_tokens - 1,
                     temperature=temperature, generator=generator, device=device, eos_ids=eos_ids,
                     on_token=on_token, stop=stop, tokens=result.tokens, token_times_s=result.token_times_s)
+    except KeyboardInterrupt:
+        result.stopped_reason = STOP_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - only out-of-memory is turned into a result
         if not _is_oom(exc):
             raise
+        result.stopped_reason = STOP_OOM
+        result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if result.stopped_reason == STOP_OOM:
+        # only now, outside the except block: its exception and frames held the tensors that failed
         del cache
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        result.stopped_reason = STOP_OOM
-        result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     _fill_decode_rates(result)
     return result
 

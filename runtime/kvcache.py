@@ -34,6 +34,27 @@ QUANTO_KV_RESIDUAL_LENGTH = 128
 _QUANTO_KV_NBITS = {"quanto-int4": 4, "quanto-int2": 2}
 
 
+def available_kv_dtypes() -> tuple[str, ...]:
+    """The KV dtypes this transformers can build: each quantized one needs its QuantizedCache backend
+    (transformers 5.17 has no fp8 backend; quanto's needs optimum-quanto)."""
+    import inspect
+
+    from transformers import cache_utils
+
+    source = inspect.getsource(QuantizedCache.__init__)
+    out = ["bf16", "fp16"]
+    if hasattr(cache_utils, "Fp8QuantizedLayer") and '"fp8"' in source:
+        out.append("fp8")
+    if hasattr(cache_utils, "QuantoQuantizedLayer"):
+        try:
+            import optimum.quanto  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            out += ["quanto-int4", "quanto-int2"]
+    return tuple(out)
+
+
 def make_cache(kv_dtype: str, config) -> Cache:
     """An empty cache for one generation with ``config``'s model (see the module docstring)."""
     if kv_dtype not in KV_DTYPES:

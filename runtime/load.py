@@ -180,6 +180,7 @@ def load_model(
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
     seed: int = 0,
+    tokenizer: Any | None = None,
 ) -> LoadedModel:
     """Load ``source`` (a local model directory, or a config dict with ``dummy_weights``).
 
@@ -239,7 +240,8 @@ def load_model(
     model.eval()
     model.requires_grad_(False)
     release_freed_heap()
-    tokenizer = _load_tokenizer(model_dir, trust_remote_code) if model_dir is not None else None
+    if tokenizer is None and model_dir is not None:
+        tokenizer = load_tokenizer(model_dir, trust_remote_code)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -484,7 +486,8 @@ def _load_checkpoint(model_dir, config, dtype, weight_quant, device, device_map,
     return model
 
 
-def _load_tokenizer(model_dir: Path, trust_remote_code: bool):
+def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
+    """The directory's tokenizer, or None when it has none (a model runs on token ids without one)."""
     if not any((model_dir / name).is_file() for name in _TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer

@@ -20,12 +20,26 @@ DEFAULT_SAMPLE_INTERVAL_S = 0.005
 
 
 def synchronize(device: torch.device | str | None) -> None:
-    """Wait for queued CUDA work on ``device``; a no-op for the CPU or None."""
+    """Wait for the work queued on ``device``'s current stream; a no-op for the CPU or None.
+
+    The current stream, not the whole device: the offload engine's side stream may be prefetching the
+    next forward's first layer, and that copy is not part of the step being timed."""
     if device is None:
         return
     device = torch.device(device)
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
+
+
+def free_memory() -> None:
+    """Hand back what dropped objects held: collect reference cycles (bnb's 4-bit weights point back at their
+    module, the offload engine and its wrappers at each other), then empty torch's CUDA cache."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 class Timer:

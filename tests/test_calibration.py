@@ -1,4 +1,5 @@
-"""The calibration fit recovers known efficiencies from synthetic runs, and the planner uses them."""
+"""The calibration fit recovers known efficiencies from synthetic runs, stays within physics, says when it
+cannot, and the planner uses what it stored."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from planner.calibration import Sample, fit
+from planner.calibration import RESIDUAL_WARN_PCT, Sample, fit
+from planner.hardware import MAX_EFFICIENCY, dumps_profile, loads_profile
 from planner.profiles import resolve_profile
 from planner.request import Request
 from planner.search import plan
@@ -15,18 +17,25 @@ from planner.sources import model_spec
 BW, PEAK = 30e9, 0.4e12
 
 
-def synth(weights, flops_attn, layers, *, eff=0.6, attn_eff=0.02, per_layer=700e-6, per_token=0.0, quant="bf16"):
-    t = weights / (BW * eff) + flops_attn / (PEAK * attn_eff) + layers * per_layer + per_token
+def synth(weights, flops_attn, layers, *, eff=0.6, attn_eff=0.02, per_layer=700e-6, per_token=0.0, quant="bf16",
+          kv_dtype="bf16", update_bytes=0.0, update_eff=0.3, noise=1.0):
+    t = (weights / (BW * eff) + flops_attn / (PEAK * attn_eff) + layers * per_layer + per_token
+         + update_bytes / (BW * update_eff)) * noise
     return Sample(device="cpu", backend="torch" if quant == "bf16" else "quanto", quant=quant,
                   bandwidth_bytes_per_s=BW, peak_flops=PEAK, bytes_read_per_token=weights, kv_bytes_per_token=1e6,
                   attention_flops_per_token=flops_attn, attention_impl="sdpa", num_layers=layers,
                   decode_s_per_token=t, prefill_flops=1e12, prefill_chunks=1,
-                  prefill_s=1e12 / (PEAK * 0.9) + layers * per_layer + per_token)
+                  prefill_s=1e12 / (PEAK * 0.9) + layers * per_layer + per_token, kv_dtype=kv_dtype,
+                  kv_update_bytes_per_token=update_bytes)
+
+
+def matrix(**kw):
+    return [synth(w, a, L, **kw) for w, L in ((1e9, 24), (2.5e9, 16)) for a in (1e7, 2e8, 5e8)]
 
 
 def test_fit_recovers_the_constants_it_was_made_with():
-    runs = [synth(w, a, L) for w, L in ((1e9, 24), (2.5e9, 16)) for a in (1e7, 2e8, 5e8)]
-    cal = fit(runs, measured_at="2026-11-21", versions={"torch": "x"})
+    result = fit(matrix(), measured_at="2026-11-21", versions={"torch": "x"})
+    cal = result.calibration
     e = cal.lookup("cpu", "torch", "bf16")
     assert e.bandwidth_efficiency == pytest.approx(0.6, rel=1e-3)
     assert e.per_layer_overhead_s == pytest.approx(700e-6, rel=1e-3)
@@ -34,13 +43,53 @@ def test_fit_recovers_the_constants_it_was_made_with():
     assert e.compute_efficiency == pytest.approx(0.9, rel=1e-2)
     attn = cal.lookup("cpu", "attn-sdpa", "bf16")
     assert attn.compute_efficiency == pytest.approx(0.02, rel=1e-3)
+    assert attn.bandwidth_efficiency is None  # compute-bound runs do not measure the cache's read bandwidth
     assert max(v for k, v in cal.residuals) < 1e-6
+    assert result.warnings == ()
 
 
 def test_three_depths_fit_a_per_token_constant():
     runs = [synth(w, a, L, per_token=20e-3) for w, L in ((1e9, 24), (2.5e9, 16), (4e9, 32)) for a in (1e7, 3e8)]
-    e = fit(runs, measured_at="2026-11-21", versions={}).lookup("cpu", "torch", "bf16")
+    e = fit(runs, measured_at="2026-11-21", versions={}).calibration.lookup("cpu", "torch", "bf16")
     assert e.per_token_overhead_s == pytest.approx(20e-3, rel=1e-3)
+
+
+def test_an_impossible_efficiency_is_held_at_one_and_said():
+    # runs that read weights at 1.5 x the profile's bandwidth: the profile's figure is wrong, not physics
+    result = fit(matrix(eff=1.5), measured_at="2026-11-21", versions={})
+    e = result.calibration.lookup("cpu", "torch", "bf16")
+    assert e.bandwidth_efficiency == MAX_EFFICIENCY
+    assert any("faster than the profile's peak bandwidth" in w and "probe again" in w for w in result.warnings)
+    # the other constants are refitted around the bound, and the profile still loads
+    again = loads_profile(dumps_profile(dataclasses.replace(resolve_profile("cpu-ddr5-desktop")[0],
+                                                            calibration=result.calibration)))
+    assert again.calibration == result.calibration
+
+
+def test_a_fit_that_misses_its_runs_warns():
+    noisy = [dataclasses.replace(s, decode_s_per_token=s.decode_s_per_token * (1.6 if i % 2 else 0.6))
+             for i, s in enumerate(matrix())]
+    result = fit(noisy, measured_at="2026-11-21", versions={})
+    median = dict(result.calibration.residuals)["cpu/torch/bf16: decode_abs_pct_median"]
+    assert median > RESIDUAL_WARN_PCT
+    assert any("misses its own runs" in w for w in result.warnings)
+
+
+def test_quantized_kv_runs_fit_the_update_efficiency():
+    runs = matrix() + [synth(1e9, 5e8, 24, kv_dtype="fp8", update_bytes=b, update_eff=0.25) for b in (2e8, 4e8)]
+    cal = fit(runs, measured_at="2026-11-21", versions={}).calibration
+    e = cal.lookup("cpu", "kv-update", "fp8")
+    assert e.bandwidth_efficiency == pytest.approx(0.25, rel=1e-3) and e.compute_efficiency is None
+    # a KV dtype whose runs are no slower than the bf16 model is reported, not stored
+    result = fit(matrix() + [synth(1e9, 5e8, 24, kv_dtype="quanto-int4", update_bytes=0.0)],
+                 measured_at="2026-11-21", versions={})
+    assert result.calibration.lookup("cpu", "kv-update", "quanto-int4") is None
+    assert any("not measurable" in w for w in result.warnings)
+
+
+def test_no_runs_is_an_error_not_zeros():
+    with pytest.raises(ValueError, match="every calibration run failed"):
+        fit([], measured_at="2026-11-21", versions={})
 
 
 def test_plans_use_the_calibration_and_say_so():
@@ -48,8 +97,8 @@ def test_plans_use_the_calibration_and_say_so():
     spec = model_spec("qwen2.5-0.5b")
     req = Request(context=1024, quant=("bf16",), kv_dtype=("bf16",))
     before = plan(spec, hw, req)
-    runs = [synth(w, a, L) for w, L in ((1e9, 24), (2.5e9, 16)) for a in (1e7, 2e8, 5e8)]
-    cal = dataclasses.replace(fit(runs, measured_at="2026-11-21", versions={}), runtime_ram_bytes=300 * 2**20)
+    cal = dataclasses.replace(fit(matrix(), measured_at="2026-11-21", versions={}).calibration,
+                              runtime_ram_bytes=300 * 2**20)
     after = plan(spec, dataclasses.replace(hw, calibration=cal), req)
     assert before.predicted.terms["efficiency_source"] == "default"
     assert after.predicted.terms["efficiency_source"] == "calibrated 2026-11-21"
@@ -57,3 +106,16 @@ def test_plans_use_the_calibration_and_say_so():
     d = after.to_dict()
     assert d["memory"]["cpu"]["runtime_base_bytes"] == 300 * 2**20
     assert "calibration.runtime_ram" in d["constants"]["runtime_base_ram_bytes"]["from"]
+
+
+def test_quantized_kv_is_predicted_slower_on_a_cpu_when_its_update_costs_more():
+    """The dequantize-every-step cost is in the model: on a CPU, whose attention is compute-bound, a smaller cache
+    saves nothing and its update traffic only adds time."""
+    hw = resolve_profile("cpu-ddr5-desktop")[0]
+    spec = model_spec("qwen2.5-0.5b")
+    speeds = {}
+    for kv in ("bf16", "fp8", "quanto-int4", "quanto-int2"):
+        p = plan(spec, hw, Request(context=8192, prompt_tokens=6000, quant=("bf16",), kv_dtype=(kv,)))
+        speeds[kv] = p.predicted.decode_tokens_per_s
+        assert (p.predicted.terms["kv_update_s"] > 0) == (kv != "bf16")
+    assert speeds["bf16"] > max(speeds["fp8"], speeds["quanto-int4"], speeds["quanto-int2"])

@@ -16,6 +16,7 @@ import pytest
 from planner.hardware import dumps_profile, load_profile, loads_profile, profile_to_dict
 from planner.units import GiB, MiB
 from runtime import probe as probe_mod
+from runtime.probe import core as probe_core
 from runtime.probe import (
     HostReading,
     MigDevice,
@@ -354,7 +355,7 @@ def _fake_nvml_gpu(name="NVIDIA GeForce RTX 4090", memory=24564 * MiB, **changes
 
 
 def test_quick_probe_with_a_known_gpu(monkeypatch):
-    monkeypatch.setattr(probe_mod, "read_nvml", lambda: [_fake_nvml_gpu(index=0), _fake_nvml_gpu(index=1, uuid="GPU-2")])
+    monkeypatch.setattr(probe_core, "read_nvml", lambda: [_fake_nvml_gpu(index=0), _fake_nvml_gpu(index=1, uuid="GPU-2")])
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     r = probe(quick=True)
     p = r.profile
@@ -375,7 +376,7 @@ def test_quick_probe_with_a_known_gpu(monkeypatch):
 def test_quick_probe_with_an_unknown_gpu(monkeypatch):
     g = _fake_nvml_gpu(name="NVIDIA RTX 9999 Prototype", memory=40 * GiB, compute_capability="8.9",
                        cuda_cores=10000, sm_clock_max_mhz=2000, pcie_gen_max=5, pcie_width_max=8)
-    monkeypatch.setattr(probe_mod, "read_nvml", lambda: [g])
+    monkeypatch.setattr(probe_core, "read_nvml", lambda: [g])
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     p = probe(quick=True).profile
     assert p.gpu.memory_bandwidth_bytes_per_s == pytest.approx(1008e9, rel=1e-3)  # clock x 2 x bus width
@@ -387,7 +388,7 @@ def test_quick_probe_with_an_unknown_gpu(monkeypatch):
 def test_quick_probe_with_mig(monkeypatch):
     g = _fake_nvml_gpu(name="NVIDIA A100-SXM4-80GB", memory=81920 * MiB, compute_capability="8.0", mig_enabled=True,
                        mig_devices=(MigDevice("MIG-1", 19968 * MiB),))
-    monkeypatch.setattr(probe_mod, "read_nvml", lambda: [g])
+    monkeypatch.setattr(probe_core, "read_nvml", lambda: [g])
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     p = probe(quick=True).profile
     assert p.gpu.memory_bytes == 19968 * MiB
@@ -421,7 +422,7 @@ def test_quick_probe_imports_no_torch_and_is_fast(tmp_path):
         "import sys, time; t = time.perf_counter()\n"
         "from runtime.probe import probe\n"
         "r = probe(quick=True)\n"
-        "from planner.profiles import this_machine_profile\n"
+        "from runtime.this_machine import this_machine_profile\n"
         "this_machine_profile()\n"
         "print('torch' in sys.modules, time.perf_counter() - t)\n"
     )
@@ -433,7 +434,7 @@ def test_quick_probe_imports_no_torch_and_is_fast(tmp_path):
 
 
 def test_this_machine_profile_is_cached(tmp_path, monkeypatch):
-    from planner import profiles
+    from runtime import this_machine as profiles
 
     monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path))
     first = profiles.this_machine_profile()

@@ -16,7 +16,7 @@ from planner.sources import catalog, model_spec
 from planner.units import GiB
 
 MODELS = [e.id for e in catalog()]
-PROFILES = [e.name for e in list_profiles() if not isinstance(e.profile, Exception)]
+PROFILES = [e.name for e in list_profiles() if e.profile is not None]
 CONTEXTS = [1, 512, 4096, 32768, 131072, 1 << 20]
 
 

@@ -1,0 +1,36 @@
+"""YAML read strictly: `yaml.safe_load`, except that a key given twice in one mapping is an error.
+
+PyYAML keeps the last of duplicate keys silently, so a profile edited by two people can lose a
+field without a word. Pure: reading text only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping with the same key twice."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: let the base class report it
+                break
+            if duplicate:
+                raise DuplicateKeyError(None, None, f"duplicate key {key!r} (the second is ignored by plain YAML "
+                                        "readers; remove one)", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_load_strict(text: str) -> Any:
+    """Like yaml.safe_load, refusing duplicate keys; raises yaml.YAMLError (or RecursionError when nested absurdly)."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass

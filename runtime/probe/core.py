@@ -1,0 +1,490 @@
+"""The probe itself: read, measure, and assemble a HardwareProfile."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from planner.hardware import SCHEMA_VERSION, GPUSpec, HardwareProfile, HostSpec, LinkSpec, Overheads
+from planner.units import GiB, MiB, format_bandwidth, format_bytes, format_flops, parse_bandwidth, parse_flops, parse_seconds
+from .datasheets import (APPLE_CHIPS, DEFAULT_ALLOCATOR_RESERVE_BYTES, DEFAULT_CUDA_CONTEXT_BYTES, DEFAULT_KERNEL_LAUNCH_S,
+                         GPU_FLOPS_PER_BYTE_GUESS, UNIFIED_NVIDIA_GPUS, _apple_chip, _norm_gpu_name, apple_gpu_share,
+                         estimate_gpu_bf16_flops, match_datasheet, typical_link)
+from .host import busy_note, estimate_cpu_bf16_flops, load_average, read_host
+from .measure import (Measurement, measure_cpu_matmul_bf16, measure_gpu_matmul_bf16, measure_gpu_memory_bandwidth,
+                      measure_host_link, measure_kernel_launch, measure_ram_bandwidth)
+from .measure import FULL_RAM_COPY_BYTES, FULL_REPEATS, QUICK_RAM_COPY_BYTES, QUICK_RAM_REPEATS
+from .nvml import NvmlGpu, NvmlUnavailable, filter_visible, nvml_process_memory, nvml_used_memory, read_nvml
+
+Progress = Callable[[str], None]
+
+@dataclass(frozen=True)
+class ProbeResult:
+    profile: HardwareProfile
+    readings: dict[str, Any]  # everything read and measured, JSON-serialisable
+    notes: tuple[str, ...]
+    quick: bool
+    elapsed_s: float
+
+
+# ---------------------------------------------------------------- versions
+
+
+def _vramplan_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("vramplan")
+    except Exception:  # PackageNotFoundError when run from a checkout
+        return "dev"
+
+
+def _tidy(x: float, mult: float, unit: str, parse: Callable[[str], float], digits: int = 4) -> float:
+    """x rounded to `digits` significant digits *as the YAML will spell it* ("22.63 GB/s"), so
+    that the profile file shows the short form and reloads to the identical float."""
+    text = f"{x / mult:.{digits}g}"
+    if "e" in text:
+        text = f"{x / mult:.0f}"
+    return parse(f"{text} {unit}")
+
+
+def _bw(x: float) -> float:
+    return _tidy(x, 1e9, "GB/s", parse_bandwidth)
+
+
+def _fl(x: float) -> float:
+    return _tidy(x, 1e12, "TFLOPS", parse_flops)
+
+
+def _sec(x: float) -> float:
+    return _tidy(x, 1e-6, "us", parse_seconds, digits=3)
+
+
+def _round_bytes(n: float, quantum: int = MiB) -> int:
+    return int(max(0, round(n / quantum)) * quantum)
+
+
+# ---------------------------------------------------------------- the probe
+
+
+@dataclass
+class _GpuGroup:
+    gpus: list[NvmlGpu]
+    bandwidth: float | None = None
+    flops: float | None = None
+    cc: str | None = None
+    memory: int | None = None
+
+
+def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
+    """Read (and unless quick, measure) this machine; return its HardwareProfile and readings."""
+    t_start = time.perf_counter()
+    say = progress or (lambda _msg: None)
+    notes: list[str] = []
+    timings: dict[str, float] = {}
+    readings: dict[str, Any] = {"mode": "quick" if quick else "full"}
+    measurements: dict[str, Measurement] = {}
+
+    def timed(label: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            timings[label] = round(time.perf_counter() - t0, 4)
+
+    # -- read ---------------------------------------------------------------
+    say("reading GPUs (NVML)")
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        all_gpus = timed("nvml", read_nvml)
+        readings["nvml"] = {"gpus": [dataclasses.asdict(g) for g in all_gpus]}
+    except NvmlUnavailable as e:
+        all_gpus = []
+        readings["nvml"] = {"error": str(e)}
+        notes.append(f"NVML unavailable: {e}")
+    visible, cvd_notes = filter_visible(all_gpus, cvd)
+    notes.extend(cvd_notes)
+    readings["cuda_visible_devices"] = cvd
+    readings["visible_gpu_indices"] = [g.index for g in visible]
+    if cvd and len(visible) > 1 and len({g.name for g in visible}) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+        notes.append("mixed GPUs and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers devices fastest-first, NVML by PCI bus")
+
+    say("reading host (psutil, cgroups)")
+    load_before = load_average()  # before our own measurements add to it
+    host = timed("host", read_host)
+    readings["host"] = dataclasses.asdict(host)
+    readings["load_average_1m"] = load_before
+    if host.cgroup_memory_limit_bytes is not None and host.cgroup_memory_limit_bytes < host.ram_total_bytes:
+        notes.append(
+            f"RAM is the container's cgroup limit {format_bytes(host.cgroup_memory_limit_bytes)} "
+            f"({host.cgroup_memory_source}), not the host's {format_bytes(host.ram_total_bytes)}"
+        )
+    if host.effective_cores < (host.physical_cores or host.logical_cores):
+        notes.append(f"cores limited to {host.effective_cores} by CPU affinity or cgroup quota")
+
+    driver = next((g.driver_version for g in all_gpus if g.driver_version), None)
+    cuda_driver = next((g.cuda_driver_version for g in all_gpus if g.cuda_driver_version), None)
+    for g in visible:
+        if g.unreadable:
+            notes.append(f"GPU {g.index} ({g.name}): NVML could not read " + "; ".join(g.unreadable))
+        if g.mig_enabled:
+            notes.append(
+                f"GPU {g.index} ({g.name}) has MIG enabled: a CUDA process gets one MIG instance, "
+                "so the instance's memory is used, and bandwidth/compute are a fraction of the figures"
+            )
+        if g.other_processes_memory_bytes:
+            notes.append(
+                f"GPU {g.index}: {format_bytes(g.other_processes_memory_bytes)} in use by {g.other_processes} other "
+                "process(es) right now (not subtracted from the profile)"
+            )
+        elif g.other_processes_memory_bytes is None and g.memory_used_bytes and g.memory_used_bytes > 1 * GiB:
+            notes.append(f"GPU {g.index}: {format_bytes(g.memory_used_bytes)} in use right now (by whom: hidden from NVML)")
+
+    # -- torch (full mode only) ------------------------------------------------
+    torch = None
+    if not quick:
+        say("importing torch")
+        try:
+            torch = timed("import_torch", lambda: __import__("torch"))
+            readings["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads()}
+        except ImportError:
+            notes.append("torch is not installed: measurements that need it were replaced by estimates")
+            readings["torch"] = {"error": "not installed"}
+    if torch is not None and not all_gpus and torch.cuda.is_available():
+        visible = _gpus_from_torch(torch)  # torch already applied CUDA_VISIBLE_DEVICES
+        readings["visible_gpu_indices"] = [g.index for g in visible]
+        notes.append("GPUs read through torch because NVML is unavailable: no PCIe link, clock or process readings")
+
+    # -- host measurements ------------------------------------------------------
+    say("measuring RAM bandwidth")
+    try:
+        size, repeats = (QUICK_RAM_COPY_BYTES, QUICK_RAM_REPEATS) if quick else (FULL_RAM_COPY_BYTES, FULL_REPEATS)
+        measurements["ram_bandwidth"] = timed("ram_bandwidth", lambda: measure_ram_bandwidth(
+            size, repeats, threads=host.effective_cores))
+    except Exception as e:  # MemoryError in a tight container
+        notes.append(f"RAM bandwidth not measured ({type(e).__name__}: {e})")
+    ram_bw = measurements["ram_bandwidth"].value if "ram_bandwidth" in measurements else None
+    if ram_bw is not None:
+        notes.append(f"RAM bandwidth {format_bandwidth(ram_bw)} measured: {measurements['ram_bandwidth'].method}")
+        busy = busy_note(load_before, host.effective_cores, "the RAM bandwidth and CPU compute measured")
+        if busy:
+            notes.append(busy)
+    else:
+        ram_bw = 10e9
+        notes.append("RAM bandwidth unknown: assumed 10 GB/s")
+
+    cpu_flops = None
+    if torch is not None:
+        say("measuring CPU bf16 matmul")
+        try:
+            measurements["cpu_bf16_matmul"] = timed("cpu_bf16_matmul", lambda: measure_cpu_matmul_bf16(torch))
+            cpu_flops = measurements["cpu_bf16_matmul"].value
+            notes.append(f"CPU bf16 compute {format_flops(cpu_flops)} measured: {measurements['cpu_bf16_matmul'].method}")
+        except Exception as e:
+            notes.append(f"CPU bf16 matmul not measured ({type(e).__name__}: {e})")
+    if cpu_flops is None:
+        cpu_flops, how = estimate_cpu_bf16_flops(host)
+        notes.append(how)
+
+    host_spec = HostSpec(
+        ram_bytes=host.effective_ram_bytes,
+        ram_bandwidth_bytes_per_s=_bw(ram_bw),
+        cpu_cores=host.effective_cores,
+        cpu_bf16_flops=_fl(cpu_flops),
+    )
+
+    # -- GPUs -----------------------------------------------------------------
+    unified = False
+    gpus: list[GPUSpec] = []
+    link: LinkSpec | None = None
+    overheads = Overheads.zero()
+    gpu_measured = False
+
+    apple = host.system == "Darwin" and host.machine == "arm64"
+    if apple:
+        unified = True
+        chip = _apple_chip(host.cpu_model)
+        share = apple_gpu_share(host.effective_ram_bytes)
+        mem = _round_bytes(host.effective_ram_bytes * share)
+        bw, fl = APPLE_CHIPS.get(chip or "", (host_spec.ram_bandwidth_bytes_per_s, 2e12))
+        notes.append(
+            f"Apple silicon ({chip or host.cpu_model or 'unknown chip'}): unified memory; GPU memory = {share:.0%} of RAM "
+            f"(macOS default GPU working-set limit); bandwidth and GPU compute are "
+            + ("approximate chip figures" if chip else "guesses (chip not recognised)")
+        )
+        if torch is not None and getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            say("measuring the integrated GPU (MPS)")
+            try:
+                m_bw = measure_gpu_memory_bandwidth(torch, "mps", 256 * MiB)
+                m_fl = measure_gpu_matmul_bf16(torch, "mps")
+                measurements.update(gpu0_memory_bandwidth=m_bw, gpu0_bf16_matmul=m_fl)
+                bw, fl = m_bw.value, m_fl.value
+                gpu_measured = True
+                notes.append("integrated GPU bandwidth and bf16 compute measured with torch MPS")
+            except Exception as e:
+                notes.append(f"MPS measurement failed ({type(e).__name__}: {e}); chip figures used")
+        gpus.append(
+            GPUSpec(name=f"Apple {chip} GPU" if chip else "Apple GPU", memory_bytes=mem, memory_bandwidth_bytes_per_s=_bw(bw), bf16_flops=_fl(fl))
+        )
+        overheads = Overheads(cuda_context_bytes=0, allocator_reserve_bytes=DEFAULT_ALLOCATOR_RESERVE_BYTES, kernel_launch_s=DEFAULT_KERNEL_LAUNCH_S)
+
+    elif visible:
+        groups: dict[tuple[str, int | None], _GpuGroup] = {}
+        for g in visible:
+            mem = g.memory_total_bytes
+            if g.mig_enabled and g.mig_devices and g.mig_devices[0].memory_total_bytes:
+                mem = g.mig_devices[0].memory_total_bytes
+            groups.setdefault((g.name, mem), _GpuGroup([], memory=mem)).gpus.append(g)
+        cuda_ok = torch is not None and torch.cuda.is_available()
+        if torch is not None and not cuda_ok:
+            notes.append(f"torch {torch.__version__} has no usable CUDA: GPU figures are datasheet/NVML values, not measured")
+        ctx_measured: list[int] = []
+        launch_measured: list[float] = []
+        link_measured: dict[str, float] = {}
+        for (name, mem), grp in groups.items():
+            first = grp.gpus[0]
+            grp.cc = first.compute_capability
+            if any(_norm_gpu_name(u) in _norm_gpu_name(name) for u in UNIFIED_NVIDIA_GPUS):
+                unified = True
+                if grp.memory is None:
+                    grp.memory = host.effective_ram_bytes
+                    notes.append(f"{name}: unified memory; GPU memory = all of RAM ({format_bytes(grp.memory)}), shared with the CPU")
+            if cuda_ok:
+                torch_index = _torch_index_for(torch, first, visible.index(first))
+                dev = f"cuda:{torch_index}"
+                say(f"measuring {name} ({dev})")
+                try:
+                    res = _measure_cuda_device(torch, dev, first, say)
+                    readings.setdefault("torch_devices", {})[dev] = {
+                        k: res[k] for k in ("name", "cc", "sm_count", "total_memory", "free_memory", "context_bytes")
+                    }
+                    for k, m in res["measurements"].items():
+                        measurements[f"gpu{torch_index}_{k}"] = m
+                    grp.bandwidth = res["measurements"]["memory_bandwidth"].value
+                    grp.flops = res["measurements"]["bf16_matmul"].value
+                    grp.cc = grp.cc or res["cc"]
+                    grp.memory = grp.memory or res["total_memory"]
+                    if res.get("context_bytes") is not None:
+                        ctx_measured.append(res["context_bytes"])
+                    launch_measured.append(res["measurements"]["kernel_launch"].value)
+                    for k in ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable"):
+                        if k in res["measurements"]:
+                            link_measured.setdefault(k, res["measurements"][k].value)
+                    notes.extend(res["notes"])
+                    gpu_measured = True
+                except Exception as e:
+                    notes.append(f"{name}: measurement failed ({type(e).__name__}: {e}); using datasheet/NVML figures")
+            if grp.bandwidth is None or grp.flops is None:
+                _fill_from_datasheet_or_nvml(grp, name, notes)
+            if grp.memory is None:
+                raise RuntimeError(f"{name}: GPU memory size unreadable (NVML and torch both failed)")
+            gpus.append(
+                GPUSpec(
+                    name=name,
+                    memory_bytes=int(grp.memory),
+                    memory_bandwidth_bytes_per_s=_bw(grp.bandwidth or 0.0),
+                    bf16_flops=_fl(grp.flops or 0.0),
+                    count=len(grp.gpus),
+                    compute_capability=grp.cc,
+                )
+            )
+        if not unified:
+            link = _build_link(visible[0], link_measured, notes)
+        ctx = max(ctx_measured) if ctx_measured else DEFAULT_CUDA_CONTEXT_BYTES
+        launch = statistics.median(launch_measured) if launch_measured else DEFAULT_KERNEL_LAUNCH_S
+        if not ctx_measured:
+            notes.append(f"CUDA context {format_bytes(ctx)} is a typical figure, not measured")
+        if not launch_measured:
+            notes.append(f"kernel launch latency {launch * 1e6:g} us is a typical figure, not measured")
+        notes.append(f"allocator reserve {format_bytes(DEFAULT_ALLOCATOR_RESERVE_BYTES)} is vramplan's default, not measured")
+        overheads = Overheads(
+            cuda_context_bytes=_round_bytes(ctx),
+            allocator_reserve_bytes=DEFAULT_ALLOCATOR_RESERVE_BYTES,
+            kernel_launch_s=_sec(launch),
+        )
+    else:
+        notes.append("no GPU visible: CPU-only profile (no link, zero GPU overheads)")
+
+    # -- assemble -------------------------------------------------------------
+    measured = (not quick) and torch is not None and (not gpus or gpu_measured)
+    today = _dt.date.today().isoformat()
+    versions = f"vramplan {_vramplan_version()}"
+    if torch is not None:
+        versions += f", torch {torch.__version__}"
+    versions += f", driver {driver}" if driver else ", no NVIDIA driver"
+    if cuda_driver:
+        versions += f", CUDA {cuda_driver}"
+    if quick:
+        source = f"quick probe by vramplan on {today} ({versions}): read, not measured, except RAM bandwidth; see notes"
+    else:
+        source = f"measured by vramplan probe on {today} ({versions})"
+    gpu_desc = ", ".join(f"{g.count}x {g.name} {format_bytes(g.memory_bytes)}" for g in gpus) or "no GPU"
+    description = (
+        f"{host.hostname}: {gpu_desc}; {host.cpu_model or host.machine}, {host.effective_cores} cores, "
+        f"{format_bytes(host.effective_ram_bytes)} RAM"
+    )
+    profile = HardwareProfile(
+        schema_version=SCHEMA_VERSION,
+        name="this-machine",
+        description=description,
+        source=source,
+        gpus=tuple(gpus),
+        host=host_spec,
+        link=link,
+        overheads=overheads,
+        unified_memory=unified,
+        measured=measured,
+        notes=tuple(notes),
+    )
+    elapsed = time.perf_counter() - t_start
+    readings["measurements"] = {k: m.as_dict() for k, m in measurements.items()}
+    readings["timings_s"] = timings
+    readings["elapsed_s"] = round(elapsed, 3)
+    return ProbeResult(profile=profile, readings=readings, notes=tuple(notes), quick=quick, elapsed_s=elapsed)
+
+
+def _fill_from_datasheet_or_nvml(grp: _GpuGroup, name: str, notes: list[str]) -> None:
+    first = grp.gpus[0]
+    sheet = match_datasheet(name, grp.memory)
+    if sheet is not None:
+        spec, prof_name = sheet
+        grp.bandwidth = grp.bandwidth or spec.memory_bandwidth_bytes_per_s
+        grp.flops = grp.flops or spec.bf16_flops
+        grp.cc = grp.cc or spec.compute_capability
+        notes.append(
+            f"{name}: memory bandwidth {format_bandwidth(grp.bandwidth)} and bf16 compute {format_flops(grp.flops)} "
+            f"are datasheet figures from the shipped profile {prof_name!r}, not measured"
+        )
+        return
+    if grp.bandwidth is None:
+        bw = first.nvml_peak_bandwidth_bytes_per_s
+        if bw is not None:
+            grp.bandwidth = bw
+            notes.append(
+                f"{name}: memory bandwidth {format_bandwidth(bw)} derived from NVML: {first.memory_clock_max_mhz} MHz x 2 x "
+                f"{first.memory_bus_width_bits} bit (theoretical peak, no datasheet match)"
+            )
+        else:
+            grp.bandwidth = 300e9
+            notes.append(f"{name}: memory bandwidth unknown (no datasheet match, NVML clock/bus width unreadable): assumed 300 GB/s")
+    if grp.flops is None:
+        est = estimate_gpu_bf16_flops(first)
+        if est is not None:
+            grp.flops, how = est
+            notes.append(how)
+        else:
+            grp.flops = grp.bandwidth * GPU_FLOPS_PER_BYTE_GUESS
+            notes.append(
+                f"{name}: bf16 compute unknown: guessed {format_flops(grp.flops)} = {GPU_FLOPS_PER_BYTE_GUESS:g} FLOP per byte "
+                "of memory bandwidth; run `vramplan probe` (full) to measure"
+            )
+
+
+def _build_link(first: NvmlGpu, measured: dict[str, float], notes: list[str]) -> LinkSpec:
+    gen, width = first.pcie_gen_max, first.pcie_width_max
+    typical = typical_link(gen, width)
+    name = f"PCIe {gen}.0 x{width}" if gen and width else "host link (PCIe generation unreadable)"
+    if gen and width and first.pcie_gen_current and first.pcie_width_current and first.pcie_width_current < width:
+        notes.append(f"GPU {first.index}: link runs at x{first.pcie_width_current} now (max x{width})")
+    if len(measured) == 4:
+        return LinkSpec(
+            name=name,
+            h2d_pinned_bytes_per_s=_bw(measured["h2d_pinned"]),
+            h2d_pageable_bytes_per_s=_bw(measured["h2d_pageable"]),
+            d2h_pinned_bytes_per_s=_bw(measured["d2h_pinned"]),
+            d2h_pageable_bytes_per_s=_bw(measured["d2h_pageable"]),
+        )
+    if typical is not None:
+        link, note = typical
+        notes.append(note)
+        return link
+    fallback = typical_link(4, 16)
+    assert fallback is not None
+    notes.append(f"PCIe generation/width unreadable: assumed PCIe 4.0 x16 typical figures ({format_bandwidth(fallback[0].h2d_pinned_bytes_per_s)} pinned)")
+    return dataclasses.replace(fallback[0], name=name)
+
+
+def _gpus_from_torch(torch: Any) -> list[NvmlGpu]:
+    """What torch knows about its CUDA devices, in NvmlGpu form (when NVML is missing)."""
+    gpus = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        uuid = getattr(props, "uuid", None)
+        gpus.append(
+            NvmlGpu(
+                index=i,
+                name=props.name,
+                uuid=f"GPU-{uuid}" if uuid is not None and not str(uuid).startswith(("GPU-", "MIG-")) else (str(uuid) if uuid else None),
+                memory_total_bytes=int(props.total_memory),
+                compute_capability=f"{props.major}.{props.minor}",
+            )
+        )
+    return gpus
+
+
+def _torch_index_for(torch: Any, gpu: NvmlGpu, position: int) -> int:
+    """torch's index of an NVML GPU: by UUID when torch exposes it, else its visible position."""
+    if gpu.uuid:
+        want = gpu.uuid.lower().removeprefix("gpu-")
+        for i in range(torch.cuda.device_count()):
+            uuid = getattr(torch.cuda.get_device_properties(i), "uuid", None)
+            if uuid is not None and str(uuid).lower().removeprefix("gpu-") == want:
+                return i
+    return position
+
+
+def _measure_cuda_device(torch: Any, dev: str, nvml_gpu: NvmlGpu, say: Progress) -> dict[str, Any]:
+    """Everything measured on one CUDA device; the context cost is taken last (after cuBLAS loads)."""
+    notes: list[str] = []
+    idx = int(dev.split(":")[1])
+    pid = os.getpid()
+    fresh = not torch.cuda.is_initialized()
+    used_before = nvml_used_memory(nvml_gpu.uuid) if fresh else None
+    props = torch.cuda.get_device_properties(idx)
+    free, total = torch.cuda.mem_get_info(idx)
+    m: dict[str, Measurement] = {}
+    nbytes = int(min(1 * GiB, free // 4)) // MiB * MiB
+    say(f"{dev}: memory bandwidth")
+    m["memory_bandwidth"] = measure_gpu_memory_bandwidth(torch, dev, nbytes)
+    say(f"{dev}: host link")
+    m.update(measure_host_link(torch, dev, min(256 * MiB, nbytes)))
+    say(f"{dev}: bf16 matmul")
+    m["bf16_matmul"] = measure_gpu_matmul_bf16(torch, dev)
+    say(f"{dev}: kernel launch latency")
+    m["kernel_launch"] = measure_kernel_launch(torch, dev)
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
+    reserved = torch.cuda.memory_reserved(idx)
+    context = None
+    own = nvml_process_memory(nvml_gpu.uuid, pid)
+    if own is not None:
+        context = own - reserved
+        notes.append(
+            f"{dev}: CUDA context + libraries {format_bytes(context)} measured (NVML memory of this process minus torch's reserved pool)"
+        )
+    elif used_before is not None:
+        used_after = nvml_used_memory(nvml_gpu.uuid)
+        if used_after is not None:
+            context = used_after - used_before - reserved
+            notes.append(f"{dev}: CUDA context {format_bytes(context)} measured as the device's used memory before/after")
+    if context is None or context <= 0:
+        context = None
+        notes.append(f"{dev}: CUDA context cost could not be measured (process memory hidden from NVML)")
+    m_ctx = Measurement("cuda_context", float(context), "B", (float(context),), "NVML") if context else None
+    if m_ctx:
+        m["cuda_context"] = m_ctx
+    return {
+        "measurements": m,
+        "name": props.name,
+        "free_memory": int(free),
+        "cc": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "total_memory": int(total),
+        "context_bytes": context,
+        "notes": notes,
+    }

@@ -1,0 +1,170 @@
+"""Measurements of this machine: RAM and GPU bandwidth, the host link, matmuls, kernel launches."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from planner.units import MiB, format_bytes
+
+# RAM bandwidth: copy this many bytes (quick probe / full probe), counted read + written, best of repeats.
+QUICK_RAM_COPY_BYTES = 128 * MiB
+QUICK_RAM_REPEATS = 5
+FULL_RAM_COPY_BYTES = 512 * MiB
+FULL_REPEATS = 7
+RAM_COPY_MAX_THREADS = 16
+
+@dataclass(frozen=True)
+class Measurement:
+    name: str
+    value: float  # the median of the samples (RAM bandwidth: the best, see measure_ram_bandwidth)
+    unit: str  # "B/s", "FLOP/s", "s", "B"
+    samples: tuple[float, ...]
+    method: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------- measurements
+
+
+def _median_measurement(name: str, unit: str, work: float, times: list[float], method: str) -> Measurement:
+    samples = tuple(work / t for t in times if t > 0)
+    if not samples:
+        raise RuntimeError(f"{name}: timer resolution too coarse")
+    return Measurement(name, statistics.median(samples), unit, samples, method)
+
+
+def measure_ram_bandwidth(nbytes: int = QUICK_RAM_COPY_BYTES, repeats: int = QUICK_RAM_REPEATS,
+                          threads: int | None = None) -> Measurement:
+    """RAM copy bandwidth: a buffer far larger than any cache copied by `threads` threads at once
+    (ctypes.memmove releases the GIL: plain memcpy on every core, with or without numpy or torch),
+    read + written bytes counted. The value is the best of the repeats, not their median: another
+    process can only slow a copy down, so the fastest repeat is the closest to the idle machine."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    n_threads = max(1, min(threads or (os.cpu_count() or 1), RAM_COPY_MAX_THREADS))
+    src = (ctypes.c_char * nbytes)()
+    dst = (ctypes.c_char * nbytes)()
+    ctypes.memset(src, 0x5A, nbytes)  # touched, so no shared zero page flatters the result
+    src_at, dst_at = ctypes.addressof(src), ctypes.addressof(dst)
+    bounds = [(i * nbytes // n_threads, (i + 1) * nbytes // n_threads) for i in range(n_threads)]
+
+    def copy(b: tuple[int, int]) -> None:
+        ctypes.memmove(dst_at + b[0], src_at + b[0], b[1] - b[0])
+
+    with ThreadPoolExecutor(n_threads) as pool:
+        list(pool.map(copy, bounds))  # fault the destination's pages in
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            list(pool.map(copy, bounds))
+            times.append(time.perf_counter() - t0)
+    samples = tuple(2 * nbytes / t for t in times if t > 0)
+    if not samples:
+        raise RuntimeError("ram_bandwidth: timer resolution too coarse")
+    return Measurement("ram_bandwidth", max(samples), "B/s", samples,
+                       f"memcpy of {format_bytes(nbytes)} in {n_threads} threads, read+write counted, best of {repeats}")
+
+
+def _matmul_size(rate_guess: float, target_s: float, lo: int = 512, hi: int = 8192) -> int:
+    n = int(round((rate_guess * target_s / 2) ** (1 / 3) / 256)) * 256
+    return max(lo, min(hi, n))
+
+
+def measure_cpu_matmul_bf16(torch: Any, repeats: int = 5) -> Measurement:
+    """bf16 matmul FLOP/s on all torch threads. The size steps up with the machine's speed
+    (2048 below 1 TFLOPS, 4096 below 20, else 8192) so that one product takes tens of ms."""
+    a = torch.randn(1024, 1024).to(torch.bfloat16)
+    a @ a
+    t0 = time.perf_counter()
+    a @ a
+    guess = 2 * 1024**3 / max(time.perf_counter() - t0, 1e-6)
+    n = 2048 if guess < 1e12 else 4096 if guess < 20e12 else 8192
+    a = torch.randn(n, n).to(torch.bfloat16)
+    b = torch.randn(n, n).to(torch.bfloat16)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return _median_measurement("cpu_bf16_matmul", "FLOP/s", 2 * n**3, times, f"torch bf16 {n}x{n} @ {n}x{n} on {torch.get_num_threads()} threads")
+
+
+def _sync(torch: Any, device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    elif device == "mps":
+        torch.mps.synchronize()
+
+
+def _timed(torch: Any, device: str, fn: Callable[[], Any], repeats: int) -> list[float]:
+    fn()
+    _sync(torch, device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(torch, device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def measure_gpu_memory_bandwidth(torch: Any, device: str, nbytes: int) -> Measurement:
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    a.fill_(1)
+    b = torch.empty_like(a)
+    times = _timed(torch, device, lambda: b.copy_(a), FULL_REPEATS * 2)
+    return _median_measurement("gpu_memory_bandwidth", "B/s", 2 * nbytes, times, f"device-to-device copy of {format_bytes(nbytes)}, read+write counted")
+
+
+def measure_host_link(torch: Any, device: str, nbytes: int) -> dict[str, Measurement]:
+    """h2d / d2h bandwidth from pinned and from pageable host memory."""
+    out: dict[str, Measurement] = {}
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    pageable = torch.full((nbytes,), 1, dtype=torch.uint8)
+    pinned = None
+    if device.startswith("cuda"):
+        pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        pinned.fill_(1)
+    for kind, host in (("pinned", pinned), ("pageable", pageable)):
+        if host is None:
+            continue
+        t = _timed(torch, device, lambda: dev.copy_(host, non_blocking=kind == "pinned"), FULL_REPEATS)
+        out[f"h2d_{kind}"] = _median_measurement(f"h2d_{kind}", "B/s", nbytes, t, f"host->device copy of {format_bytes(nbytes)} from {kind} memory")
+        t = _timed(torch, device, lambda: host.copy_(dev, non_blocking=kind == "pinned"), FULL_REPEATS)
+        out[f"d2h_{kind}"] = _median_measurement(f"d2h_{kind}", "B/s", nbytes, t, f"device->host copy of {format_bytes(nbytes)} to {kind} memory")
+    return out
+
+
+def measure_gpu_matmul_bf16(torch: Any, device: str, repeats: int = 10) -> Measurement:
+    a = torch.randn(2048, 2048, device=device, dtype=torch.bfloat16)
+    t = _timed(torch, device, lambda: a @ a, 3)
+    guess = 2 * 2048**3 / max(statistics.median(t), 1e-6)
+    n = _matmul_size(guess, 0.02, lo=2048, hi=16384)
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    times = _timed(torch, device, lambda: a @ b, repeats)
+    return _median_measurement("gpu_bf16_matmul", "FLOP/s", 2 * n**3, times, f"torch bf16 {n}x{n} @ {n}x{n}")
+
+
+def measure_kernel_launch(torch: Any, device: str, launches: int = 2000, repeats: int = 5) -> Measurement:
+    """Seconds per launch of a trivial kernel, back to back (launch-bound, not compute-bound)."""
+    x = torch.zeros(1, device=device)
+
+    def burst() -> None:
+        for _ in range(launches):
+            x.add_(1)
+
+    times = _timed(torch, device, burst, repeats)
+    samples = tuple(t / launches for t in times)
+    return Measurement("kernel_launch", statistics.median(samples), "s", samples, f"{launches} back-to-back x.add_(1) on a 1-element tensor")
+
+
