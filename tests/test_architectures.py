@@ -7,6 +7,7 @@ the names and shapes of its parameters must equal ModelSpec's exactly.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -108,10 +109,15 @@ TINY = {
 
 
 def tiny_config(case: str) -> dict:
+    """The config.json transformers writes for a TINY case (a fresh copy each call)."""
+    return json.loads(_tiny_config_json(case))
+
+
+@functools.cache
+def _tiny_config_json(case: str) -> str:
     extra = dict(TINY[case])
     mt = extra.pop("model_type", case)
-    cfg = transformers.AutoConfig.for_model(mt, **{**BASE, **extra})
-    return cfg.to_dict()
+    return json.dumps(transformers.AutoConfig.for_model(mt, **{**BASE, **extra}).to_dict())
 
 
 def meta_model(config: dict):
@@ -380,3 +386,92 @@ def test_unknown_architecture_is_refused_with_the_supported_list():
 def test_bad_configs_raise_config_errors(bad):
     with pytest.raises(ConfigError):
         spec_from_config(bad, name="bad")
+
+
+@pytest.mark.parametrize("model_type,field,value", [
+    ("llama", "vocab_size", 10**30),
+    ("llama", "intermediate_size", 10**15),
+    ("llama", "hidden_size", 10**7),
+    ("llama", "num_hidden_layers", 10**5),
+    ("llama", "num_attention_heads", 10**6),
+    ("llama", "head_dim", 10**5),
+    ("llama", "max_position_embeddings", 0),
+    ("llama", "max_position_embeddings", 10**12),
+    ("llama", "vocab_size", 1e30),
+    ("mistral", "sliding_window", 10**12),
+    ("mixtral", "num_local_experts", 10**7),
+    ("qwen3_moe", "moe_intermediate_size", 10**12),
+    ("llama4_text", "attention_chunk_size", 0),
+    ("exaone4", "sliding_window_pattern", "LLLG"),  # transformers cannot derive layer_types from it either
+    ("deepseek_v3", "kv_lora_rank", 10**9),
+])
+def test_absurd_sizes_are_config_errors_naming_the_field(model_type, field, value):
+    case = next(c for c in sorted(TINY) if TINY[c].get("model_type", c) == model_type)
+    config = {k: v for k, v in tiny_config(case).items() if k != "layer_types"}
+    config[field] = value
+    with pytest.raises(ConfigError, match=repr(field)):
+        spec_from_config(config, name="bad")
+
+
+def test_every_size_a_builder_reads_has_a_bound(monkeypatch):
+    """Adding a builder that reads an unbounded size field fails here: bound it in FIELD_MAXIMUM."""
+    from planner.architectures import config as config_module
+
+    read: set[str] = set()
+    original = config_module.Cfg.int
+
+    def recording(self, key, *args, **kwargs):
+        read.add(key)
+        return original(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(config_module.Cfg, "int", recording)
+    for case in TINY:
+        spec_from_config(tiny_config(case), name=case)
+    not_sizes = {"_sliding_window_pattern", "moe_layer_end_index"}  # a pattern alias; -1 means "the last layer"
+    assert read - not_sizes <= set(config_module.FIELD_MAXIMUM)
+    assert "vocab_size" in read and "attention_chunk_size" in read
+
+
+# ------------------------------------------------------------ property: any mutation is a spec or a ConfigError
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from planner.architectures.config import FIELD_MAXIMUM  # noqa: E402
+from planner.modelspec import ModelSpec  # noqa: E402
+
+DELETE = object()
+JSON_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.integers(-2, 70),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4),
+    st.lists(st.one_of(st.integers(-2, 8), st.sampled_from(["full_attention", "sliding_attention", "chunked_attention"])),
+             max_size=6),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2), st.just(DELETE),
+)
+MUTABLE_KEYS = sorted(set(FIELD_MAXIMUM) | {"model_type", "layer_types", "tie_word_embeddings", "torch_dtype", "dtype",
+                                              "attention_bias", "mlp_only_layers", "moe_layers", "no_rope_layers",
+                                              "use_sliding_window", "text_config", "per_layer_config"})
+POOL = sorted(TINY) + sorted(WRAPPED)
+
+
+def pool_config(case: str) -> dict:
+    if case in WRAPPED:
+        return wrapper_config(case, None, None)
+    return tiny_config(case)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=st.sampled_from(POOL), nested=st.booleans(),
+       mutations=st.lists(st.tuples(st.sampled_from(MUTABLE_KEYS), JSON_VALUES), min_size=1, max_size=4))
+def test_mutated_configs_give_a_spec_or_a_config_error(case, nested, mutations):
+    config = pool_config(case)
+    target = config["text_config"] if nested and "text_config" in config else config
+    for key, value in mutations:
+        if value is DELETE:
+            target.pop(key, None)
+        else:
+            target[key] = value
+    try:
+        spec = spec_from_config(config, name=case)
+    except (ConfigError, UnsupportedArchitectureError):
+        return
+    assert isinstance(spec, ModelSpec) and spec.params_total > 0 and len(spec.attention) == spec.num_layers
