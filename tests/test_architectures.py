@@ -76,7 +76,8 @@ TINY = {
                              sliding_window=16, max_window_layers=3, **EXPERTS),
     "qwen3_moe": dict(num_experts=4, head_dim=16, mlp_only_layers=[0], **EXPERTS),
     "qwen3_moe-step": dict(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=1, moe_intermediate_size=32,
-                           head_dim=16, decoder_sparse_step=2),
+                           head_dim=16, decoder_sparse_step=2, use_sliding_window=True, sliding_window=16,
+                           max_window_layers=2),  # Qwen3MoeConfig ignores max_window_layers
     "ernie4_5_moe": dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=2),
     "ernie4_5_moe-bias": dict(model_type="ernie4_5_moe", moe_num_experts=4, moe_k=2, moe_intermediate_size=32,
                               moe_num_shared_experts=0, use_bias=True, tie_word_embeddings=False,
@@ -270,7 +271,7 @@ def test_wrapper_with_an_unknown_text_model_is_unsupported():
 # ------------------------------------------------------------ KV layouts
 WINDOWED = ["llama", "mistral", "mistral-nowindow", "ministral", "ministral3", "phi3", "starcoder2", "phimoe-bias",
             "gemma2", "gemma3_text", "cohere2", "cohere2-untied-bias", "exaone4", "exaone4-tied", "gpt_oss",
-            "gpt_oss-nobias-tied", "qwen2-window", "qwen2_moe-sparse", "smollm3-window", "llama4_text",
+            "gpt_oss-nobias-tied", "qwen2-window", "qwen2_moe-sparse", "qwen3_moe-step", "smollm3-window", "llama4_text",
             "llama4_text-allmoe"]
 
 

@@ -14,7 +14,6 @@ from ..modelspec import Kind, ModelSpec, MoEInfo, Role
 from .common import (CHUNKED, FFN, FULL, SLIDING, Inventory, all_sliding, build_decoder, dense_ffn, mha, rope_layers,
                      sliding_unless_every)
 from .config import Cfg
-from .dense import qwen_window_rule
 
 
 def moe_info(c: Cfg, experts_key: str, k_key: str, inter: int, shared: int = 0) -> MoEInfo:
@@ -82,7 +81,9 @@ def build_qwen3_moe(c: Cfg, name: str) -> ModelSpec:
     moe = moe_info(c, "num_experts", "num_experts_per_tok", c.int("moe_intermediate_size"))
     attn = mha(c, bias=c.bool("attention_bias", False), qk_norm="head")
     ffn = routed_ffn(c, moe, is_sparse=_qwen_sparse_layers(c), dense=dense_ffn(c))
-    return build_decoder(c, name, arch="Qwen3MoeForCausalLM", attn=attn, ffn=ffn, window_rule=qwen_window_rule(c), moe=moe)
+    # unlike Qwen2/Qwen3, Qwen3MoeConfig has no max_window_layers: use_sliding_window makes every layer slide
+    rule = all_sliding if c.bool("use_sliding_window", False) else None
+    return build_decoder(c, name, arch="Qwen3MoeForCausalLM", attn=attn, ffn=ffn, window_rule=rule, moe=moe)
 
 
 def build_qwen2_moe(c: Cfg, name: str) -> ModelSpec:
