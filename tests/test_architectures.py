@@ -157,7 +157,8 @@ def test_every_supported_architecture_is_covered():
     assert covered == set(SUPPORTED_MODEL_TYPES)
 
 
-MOE_CASES = [c for c in sorted(TINY) if {"num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"} & set(TINY[c])]
+EXPERT_COUNTS = {"num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"}
+MOE_CASES = [c for c in sorted(TINY) if EXPERT_COUNTS & set(TINY[c])]
 
 
 @pytest.mark.parametrize("case", MOE_CASES)
@@ -282,7 +283,8 @@ def test_windows_match_transformers_cache_layers(case):
     spec = spec_from_config(config, name=case)
     cfg = transformers.AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items() if k != "model_type"})
     cache = transformers.DynamicCache(config=cfg)
-    theirs = [layer.sliding_window if type(layer).__name__ == "DynamicSlidingWindowLayer" else None for layer in cache.layers]
+    theirs = [layer.sliding_window if type(layer).__name__ == "DynamicSlidingWindowLayer" else None
+              for layer in cache.layers]
     assert [a.window for a in spec.attention] == theirs
     assert any(theirs) == (case not in ("llama", "mistral-nowindow"))
 

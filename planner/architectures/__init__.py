@@ -84,7 +84,7 @@ def spec_from_config(config: dict, *, name: str = "model", source: str = "", whe
             f"{where}: unsupported architecture model_type={mt!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     if config.get("per_layer_config"):  # transformers' heterogeneous configs: per-layer overrides of any field
-        raise UnsupportedArchitectureError(f"{where}: per_layer_config (layers that differ from the config) is not supported")
+        raise UnsupportedArchitectureError(f"{where}: per_layer_config (layers unlike the config) is not supported")
     try:
         spec = builder(c, name)
     except (KeyError, TypeError, ZeroDivisionError) as e:  # a malformed config, never a crash

@@ -78,8 +78,9 @@ def build_smollm3(c: Cfg, name: str) -> ModelSpec:
 
 
 def build_gemma2(c: Cfg, name: str) -> ModelSpec:
-    return build_decoder(c, name, arch="Gemma2ForCausalLM", attn=mha(c, head_dim_default=256, bias=c.bool("attention_bias", False)),
-                         ffn=dense_ffn(c), norms=SANDWICH_NORMS, tie_default=True, window_rule=sliding_unless_every(2))
+    attn = mha(c, head_dim_default=256, bias=c.bool("attention_bias", False))
+    return build_decoder(c, name, arch="Gemma2ForCausalLM", attn=attn, ffn=dense_ffn(c), norms=SANDWICH_NORMS,
+                         tie_default=True, window_rule=sliding_unless_every(2))
 
 
 def build_gemma3_text(c: Cfg, name: str) -> ModelSpec:
@@ -125,8 +126,8 @@ def build_glm4(c: Cfg, name: str) -> ModelSpec:
 def build_starcoder2(c: Cfg, name: str) -> ModelSpec:
     # every Linear has a bias under use_bias (default on); LayerNorms with bias; a c_fc/c_proj MLP; tied by default
     bias = c.bool("use_bias", True)
-    return build_decoder(c, name, arch="Starcoder2ForCausalLM", attn=mha(c, bias=bias), ffn=dense_ffn(c, style="fc", bias=bias),
-                         norm_bias=True, tie_default=True, window_rule=all_sliding)
+    return build_decoder(c, name, arch="Starcoder2ForCausalLM", attn=mha(c, bias=bias),
+                         ffn=dense_ffn(c, style="fc", bias=bias), norm_bias=True, tie_default=True, window_rule=all_sliding)
 
 
 def build_phi3(c: Cfg, name: str) -> ModelSpec:

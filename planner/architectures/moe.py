@@ -21,15 +21,15 @@ def moe_info(c: Cfg, experts_key: str, k_key: str, inter: int, shared: int = 0) 
                    expert_intermediate_size=inter)
 
 
-def routed_ffn(c: Cfg, moe: MoEInfo, *, is_sparse: Callable[[int], bool], prefix: str = "mlp", router: str = "gate",
-               dense: FFN | None = None, extra: Callable[[Inventory, int, str], None] | None = None) -> FFN:
-    """Router + fused experts on the layers `is_sparse` picks, `dense` elsewhere; `extra` adds shared experts etc."""
+def routed_ffn(c: Cfg, moe: MoEInfo, *, sparse_and_dense: tuple[Callable[[int], bool], FFN] | None = None,
+               prefix: str = "mlp", router: str = "gate", extra: Callable[[Inventory, int, str], None] | None = None) -> FFN:
+    """Router + fused experts in every layer, or in the layers sparse_and_dense[0] picks with the dense MLP
+    sparse_and_dense[1] in the others; `extra` adds what else a sparse layer holds (shared experts, ...)."""
     hidden = c.int("hidden_size")
 
     def add(inv: Inventory, i: int, p: str) -> bool:
-        if not is_sparse(i):
-            assert dense is not None
-            return dense(inv, i, p)
+        if sparse_and_dense is not None and not sparse_and_dense[0](i):
+            return sparse_and_dense[1](inv, i, p)
         m = f"{p}.{prefix}"
         inv.router(f"{m}.{router}", moe.num_experts, hidden, i)
         inv.fused_experts(f"{m}.experts", moe.num_experts, hidden, moe.expert_intermediate_size, i)
@@ -39,28 +39,24 @@ def routed_ffn(c: Cfg, moe: MoEInfo, *, is_sparse: Callable[[int], bool], prefix
     return add
 
 
-def every_layer(i: int) -> bool:
-    return True
-
-
 def build_mixtral(c: Cfg, name: str) -> ModelSpec:
     moe = moe_info(c, "num_local_experts", "num_experts_per_tok", c.int("intermediate_size"))
-    return build_decoder(c, name, arch="MixtralForCausalLM", attn=mha(c), ffn=routed_ffn(c, moe, is_sparse=every_layer),
-                         window_rule=all_sliding, moe=moe)
+    return build_decoder(c, name, arch="MixtralForCausalLM", attn=mha(c), ffn=routed_ffn(c, moe), window_rule=all_sliding,
+                         moe=moe)
 
 
 def build_phimoe(c: Cfg, name: str) -> ModelSpec:
     # LayerNorms with bias, an optional lm_head bias; the router (an nn.Linear subclass) is mlp.router
     moe = moe_info(c, "num_local_experts", "num_experts_per_tok", c.int("intermediate_size"))
     return build_decoder(c, name, arch="PhimoeForCausalLM", attn=mha(c, bias=c.bool("attention_bias", False)),
-                         ffn=routed_ffn(c, moe, is_sparse=every_layer, router="router"), norm_bias=True,
+                         ffn=routed_ffn(c, moe, router="router"), norm_bias=True,
                          head_bias=c.bool("lm_head_bias", False), window_rule=all_sliding, moe=moe)
 
 
 def build_granitemoe(c: Cfg, name: str) -> ModelSpec:
     moe = moe_info(c, "num_local_experts", "num_experts_per_tok", c.int("intermediate_size"))
     return build_decoder(c, name, arch="GraniteMoeForCausalLM", attn=mha(c, bias=c.bool("attention_bias", False)),
-                         ffn=routed_ffn(c, moe, is_sparse=every_layer, prefix="block_sparse_moe", router="router"), moe=moe)
+                         ffn=routed_ffn(c, moe, prefix="block_sparse_moe", router="router"), moe=moe)
 
 
 def build_olmoe(c: Cfg, name: str) -> ModelSpec:
@@ -68,7 +64,7 @@ def build_olmoe(c: Cfg, name: str) -> ModelSpec:
     attn = mha(c, bias=c.bool("attention_bias", False))
     attn = replace(attn, qk_norm=(attn.hidden, attn.hidden // attn.heads * attn.kv_heads))
     moe = moe_info(c, "num_experts", "num_experts_per_tok", c.int("intermediate_size"))
-    return build_decoder(c, name, arch="OlmoeForCausalLM", attn=attn, ffn=routed_ffn(c, moe, is_sparse=every_layer), moe=moe)
+    return build_decoder(c, name, arch="OlmoeForCausalLM", attn=attn, ffn=routed_ffn(c, moe), moe=moe)
 
 
 def _qwen_sparse_layers(c: Cfg) -> Callable[[int], bool]:
@@ -80,7 +76,7 @@ def _qwen_sparse_layers(c: Cfg) -> Callable[[int], bool]:
 def build_qwen3_moe(c: Cfg, name: str) -> ModelSpec:
     moe = moe_info(c, "num_experts", "num_experts_per_tok", c.int("moe_intermediate_size"))
     attn = mha(c, bias=c.bool("attention_bias", False), qk_norm="head")
-    ffn = routed_ffn(c, moe, is_sparse=_qwen_sparse_layers(c), dense=dense_ffn(c))
+    ffn = routed_ffn(c, moe, sparse_and_dense=(_qwen_sparse_layers(c), dense_ffn(c)))
     # unlike Qwen2/Qwen3, Qwen3MoeConfig has no max_window_layers: use_sliding_window makes every layer slide
     rule = all_sliding if c.bool("use_sliding_window", False) else None
     return build_decoder(c, name, arch="Qwen3MoeForCausalLM", attn=attn, ffn=ffn, window_rule=rule, moe=moe)
@@ -100,7 +96,7 @@ def build_qwen2_moe(c: Cfg, name: str) -> ModelSpec:
     if c.bool("use_sliding_window", False):  # Qwen2MoeConfig: even layers below max_window_layers slide
         below = c.int("max_window_layers", 28, minimum=0)
         rule = lambda i: SLIDING if (i + 1) % 2 and i < below else FULL  # noqa: E731
-    ffn = routed_ffn(c, moe, is_sparse=_qwen_sparse_layers(c), dense=dense_ffn(c), extra=shared)
+    ffn = routed_ffn(c, moe, sparse_and_dense=(_qwen_sparse_layers(c), dense_ffn(c)), extra=shared)
     return build_decoder(c, name, arch="Qwen2MoeForCausalLM", attn=mha(c, bias=c.bool("qkv_bias", True), o_bias=False),
                          ffn=ffn, window_rule=rule, moe=moe)
 
@@ -124,8 +120,8 @@ def build_ernie4_5_moe(c: Cfg, name: str) -> ModelSpec:
         if n_shared:
             inv.gated_mlp(f"{m}.shared_experts", hidden, moe_inter * n_shared, i, bias)
 
-    ffn = routed_ffn(c, moe, is_sparse=lambda i: (i + 1) % interval == 0 and start <= i <= end,
-                     dense=dense_ffn(c, bias=bias), extra=extra)
+    is_sparse = lambda i: (i + 1) % interval == 0 and start <= i <= end  # noqa: E731
+    ffn = routed_ffn(c, moe, sparse_and_dense=(is_sparse, dense_ffn(c, bias=bias)), extra=extra)
     return build_decoder(c, name, arch="Ernie4_5_MoeForCausalLM", attn=mha(c, bias=bias), ffn=ffn, tie_default=True,
                          head_bias=bias, moe=moe)
 
@@ -147,8 +143,9 @@ def build_gpt_oss(c: Cfg, name: str) -> ModelSpec:
     if isinstance(c.d.get("quantization_config"), dict):
         notes.append("the published checkpoint stores the experts quantized (quantization_config); this inventory "
                      "counts the model transformers builds from the config, experts in the load dtype")
-    return build_decoder(c, name, arch="GptOssForCausalLM", attn=mha(c, head_dim_default=64, bias=c.bool("attention_bias", True), sinks=True),
-                         ffn=ffn, window_rule=sliding_unless_every(2), moe=moe, notes=notes)
+    attn = mha(c, head_dim_default=64, bias=c.bool("attention_bias", True), sinks=True)
+    return build_decoder(c, name, arch="GptOssForCausalLM", attn=attn, ffn=ffn, window_rule=sliding_unless_every(2),
+                         moe=moe, notes=notes)
 
 
 def build_llama4_text(c: Cfg, name: str) -> ModelSpec:
@@ -178,9 +175,9 @@ def build_llama4_text(c: Cfg, name: str) -> ModelSpec:
         return True
 
     uses_rope = rope_layers(c, n)
-    return build_decoder(c, name, arch="Llama4ForCausalLM", attn=mha(c, head_dim_default=128, bias=c.bool("attention_bias", False)),
-                         ffn=ffn, window_rule=lambda i: CHUNKED if uses_rope[i] else FULL, moe=moe,
-                         intermediate=dense_inter)
+    attn = mha(c, head_dim_default=128, bias=c.bool("attention_bias", False))
+    return build_decoder(c, name, arch="Llama4ForCausalLM", attn=attn, ffn=ffn, moe=moe, intermediate=dense_inter,
+                         window_rule=lambda i: CHUNKED if uses_rope[i] else FULL)
 
 
 def deepseek_moe_ffn(c: Cfg, moe: MoEInfo, *, correction_bias: bool, mlp_bias: bool = False) -> FFN:
@@ -197,7 +194,7 @@ def deepseek_moe_ffn(c: Cfg, moe: MoEInfo, *, correction_bias: bool, mlp_bias: b
         if shared_inter:  # n_shared_experts 0 would build zero-sized Linears: no bytes, no tensors here
             inv.gated_mlp(f"{m}.shared_experts", hidden, shared_inter, i, mlp_bias)
 
-    return routed_ffn(c, moe, is_sparse=lambda i: i >= first_dense, dense=dense_ffn(c, bias=mlp_bias), extra=extra)
+    return routed_ffn(c, moe, sparse_and_dense=(lambda i: i >= first_dense, dense_ffn(c, bias=mlp_bias)), extra=extra)
 
 
 def mtp_note(c: Cfg) -> list[str]:
@@ -210,7 +207,8 @@ def build_glm4_moe(c: Cfg, name: str) -> ModelSpec:
     # q/k/v biases under attention_bias (o_proj never); q/k norms under use_qk_norm
     moe = moe_info(c, "n_routed_experts", "num_experts_per_tok", c.int("moe_intermediate_size"),
                    shared=c.int("n_shared_experts", 1, minimum=0))
-    attn = mha(c, bias=c.bool("attention_bias", False), o_bias=False, qk_norm="head" if c.bool("use_qk_norm", False) else None)
-    return build_decoder(c, name, arch="Glm4MoeForCausalLM", attn=attn, ffn=deepseek_moe_ffn(c, moe, correction_bias=True),
-                         moe=moe, notes=mtp_note(c))
+    qk_norm = "head" if c.bool("use_qk_norm", False) else None
+    attn = mha(c, bias=c.bool("attention_bias", False), o_bias=False, qk_norm=qk_norm)
+    ffn = deepseek_moe_ffn(c, moe, correction_bias=True)
+    return build_decoder(c, name, arch="Glm4MoeForCausalLM", attn=attn, ffn=ffn, moe=moe, notes=mtp_note(c))
 
