@@ -98,8 +98,7 @@ class MHA:
     heads: int
     kv_heads: int
     head_dim: int
-    q_bias: bool = False
-    kv_bias: bool = False
+    qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: tuple[int, int] | None = None  # widths of q_norm and k_norm
     fused_qkv: bool = False  # phi3: one qkv_proj
@@ -113,9 +112,9 @@ class MHA:
         if self.fused_qkv:
             inv.linear(f"{p}.qkv_proj", q_out + 2 * kv_out, self.hidden, Role.ATTENTION, layer)
         else:
-            inv.linear(f"{p}.q_proj", q_out, self.hidden, Role.ATTENTION, layer, self.q_bias)
-            inv.linear(f"{p}.k_proj", kv_out, self.hidden, Role.ATTENTION, layer, self.kv_bias)
-            inv.linear(f"{p}.v_proj", kv_out, self.hidden, Role.ATTENTION, layer, self.kv_bias)
+            inv.linear(f"{p}.q_proj", q_out, self.hidden, Role.ATTENTION, layer, self.qkv_bias)
+            inv.linear(f"{p}.k_proj", kv_out, self.hidden, Role.ATTENTION, layer, self.qkv_bias)
+            inv.linear(f"{p}.v_proj", kv_out, self.hidden, Role.ATTENTION, layer, self.qkv_bias)
         inv.linear(f"{p}.o_proj", self.hidden, q_out, Role.ATTENTION, layer, self.o_bias)
         if self.qk_norm is not None:
             inv.norm(f"{p}.q_norm", self.qk_norm[0], layer)
@@ -126,7 +125,7 @@ class MHA:
                                window=window)
 
 
-def mha(c: Cfg, *, hd: int | None = None, head_dim_default: int | None = None, bias: bool = False,
+def mha(c: Cfg, *, head_dim_default: int | None = None, bias: bool = False,
         o_bias: bool | None = None, qk_norm: str | None = None, **options) -> MHA:
     """MHA from the config. bias: q/k/v biases (o_proj too unless o_bias says otherwise).
 
@@ -134,9 +133,9 @@ def mha(c: Cfg, *, hd: int | None = None, head_dim_default: int | None = None, b
     """
     heads = c.int("num_attention_heads")
     kv = kv_heads(c)
-    d = hd if hd is not None else head_dim(c, head_dim_default)
+    d = head_dim(c, head_dim_default)
     norms = {None: None, "head": (d, d), "all_heads": (heads * d, kv * d)}[qk_norm]
-    return MHA(hidden=c.int("hidden_size"), heads=heads, kv_heads=kv, head_dim=d, q_bias=bias, kv_bias=bias,
+    return MHA(hidden=c.int("hidden_size"), heads=heads, kv_heads=kv, head_dim=d, qkv_bias=bias,
                o_bias=bias if o_bias is None else o_bias, qk_norm=norms, **options)
 
 
