@@ -2,7 +2,7 @@
 
 `ModelSpec` holds every weight tensor of the transformers model a config describes
 (name, shape, layer, role, kind) plus the attention layout needed for the KV cache.
-The builders per architecture live in planner/architectures.py; this module holds
+The builders per architecture live in planner/architectures/; this module holds
 the data types and the arithmetic over them. Pure: no torch.
 """
 
@@ -91,11 +91,13 @@ class Kind(str, Enum):
 
     LINEAR = "linear"  # nn.Linear weight [out, in]
     BIAS = "bias"  # nn.Linear bias
-    EXPERTS = "experts"  # fused 3D expert tensor [E, out, in] (transformers 5: not an nn.Linear)
-    ROUTER = "router"  # router weight [E, H] held by a router module (transformers 5: not an nn.Linear)
+    EXPERTS = "experts"  # fused 3D routed-expert weight [E, out, in] or [E, in, out] (transformers 5: not an nn.Linear)
+    EXPERTS_BIAS = "experts_bias"  # fused per-expert bias [E, out] (gpt_oss): routed, never quantized
+    ROUTER = "router"  # router weight [E, H] or bias held by a router module that quantizers leave alone
     NORM = "norm"
     EMBEDDING = "embedding"
     BUFFER = "buffer"  # persistent buffer saved in the checkpoint (not a parameter)
+    OTHER = "other"  # any other parameter a quantizer leaves alone (gpt_oss attention sinks [heads])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,6 +154,7 @@ class MoEInfo:
     experts_per_token: int
     num_shared_experts: int = 0
     moe_layers: tuple[int, ...] = ()
+    expert_intermediate_size: int | None = None  # I of one routed expert (gate_up is 2I wide, in either layout)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,144 @@
+"""Typed, checked access to a config.json dict, with plausible bounds on every size field.
+
+A builder never reads a size from the raw dict: `Cfg.int` checks the type, the minimum and the
+field's maximum, and every problem is a ConfigError that names the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError
+from ..modelspec import canonical_dtype
+
+# Bounds on size fields: the largest value a public model uses, times a wide margin. Beyond them a
+# config is corrupt (a unit slip, a typo, a fuzzed file), not big, and planning it would only print
+# nonsense (10**30 parameters).
+MAX_LAYERS = 4096  # public models: at most ~130 decoder layers (Llama-3.1-405B has 126)
+MAX_HIDDEN = 1 << 18  # 262,144; public models: at most 16,384 (Llama-3.1-405B)
+MAX_INTERMEDIATE = 1 << 21  # 2,097,152; public models: at most ~74k (dense MLPs of the largest models)
+MAX_VOCAB = 1 << 24  # 16.8M; public models: at most ~262k (Gemma 3)
+MAX_HEADS = 1 << 12  # 4,096; public models: at most 128 query heads (DeepSeek-V3, Llama-3.1-405B)
+MAX_HEAD_DIM = 1 << 12  # 4,096; public models: at most 256 (Gemma)
+MAX_EXPERTS = 1 << 16  # public models: at most 512 routed experts per layer
+MAX_TOKENS = 1 << 30  # ~1.07B; public models: at most ~10M positions (Llama 4 Scout)
+
+FIELD_MAXIMUM: dict[str, int] = {
+    "num_hidden_layers": MAX_LAYERS,
+    "first_k_dense_replace": MAX_LAYERS,
+    "decoder_sparse_step": MAX_LAYERS,
+    "interleave_moe_layer_step": MAX_LAYERS,
+    "moe_layer_interval": MAX_LAYERS,
+    "moe_layer_start_index": MAX_LAYERS,
+    "max_window_layers": MAX_LAYERS,
+    "sliding_window_pattern": MAX_LAYERS,
+    "no_rope_layer_interval": MAX_LAYERS,
+    "hidden_size": MAX_HIDDEN,
+    "q_lora_rank": MAX_HIDDEN,
+    "kv_lora_rank": MAX_HIDDEN,
+    "intermediate_size": MAX_INTERMEDIATE,
+    "intermediate_size_mlp": MAX_INTERMEDIATE,
+    "moe_intermediate_size": MAX_INTERMEDIATE,
+    "shared_expert_intermediate_size": MAX_INTERMEDIATE,
+    "vocab_size": MAX_VOCAB,
+    "num_attention_heads": MAX_HEADS,
+    "num_key_value_heads": MAX_HEADS,
+    "head_dim": MAX_HEAD_DIM,
+    "qk_nope_head_dim": MAX_HEAD_DIM,
+    "qk_rope_head_dim": MAX_HEAD_DIM,
+    "v_head_dim": MAX_HEAD_DIM,
+    "num_experts": MAX_EXPERTS,
+    "num_local_experts": MAX_EXPERTS,
+    "n_routed_experts": MAX_EXPERTS,
+    "moe_num_experts": MAX_EXPERTS,
+    "num_experts_per_tok": MAX_EXPERTS,
+    "moe_k": MAX_EXPERTS,
+    "n_shared_experts": MAX_EXPERTS,
+    "moe_num_shared_experts": MAX_EXPERTS,
+    "num_nextn_predict_layers": MAX_LAYERS,
+    "max_position_embeddings": MAX_TOKENS,
+    "sliding_window": MAX_TOKENS,
+    "attention_chunk_size": MAX_TOKENS,
+}
+
+
+class Cfg:
+    """Typed, checked access to a config dict; every problem is a ConfigError naming the field."""
+
+    def __init__(self, d: dict, where: str):
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}: config is not a JSON object")
+        self.d = d
+        self.where = where
+
+    # transformers' attribute_map: the same field under another name, depending on who saved the config
+    ALIASES = {"num_experts": ("num_local_experts",), "num_local_experts": ("num_experts",),
+               "n_routed_experts": ("num_local_experts", "num_experts"), "moe_num_experts": ("num_experts",),
+               "moe_k": ("num_experts_per_tok",), "num_nextn_predict_layers": ("num_mtp_layers",)}
+
+    def has(self, key: str) -> bool:
+        return self.d.get(key) is not None
+
+    def _get(self, key: str):
+        v = self.d.get(key)
+        for alt in self.ALIASES.get(key, ()) if v is None else ():
+            v = self.d.get(alt)
+            if v is not None:
+                break
+        return v
+
+    def int(self, key: str, default: Any = ..., *, minimum: int = 1) -> int:
+        v = self._get(key)
+        if v is None:
+            if default is ...:
+                raise ConfigError(f"{self.where}: missing required field {key!r}")
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            else:
+                raise ConfigError(f"{self.where}: field {key!r} must be an integer, got {v!r}")
+        if v < minimum:
+            raise ConfigError(f"{self.where}: field {key!r} must be >= {minimum}, got {v}")
+        maximum = FIELD_MAXIMUM.get(key)
+        if maximum is not None and v > maximum:
+            raise ConfigError(f"{self.where}: field {key!r}={v} is beyond any real model (max {maximum}); corrupt config?")
+        return v
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self.d.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise ConfigError(f"{self.where}: field {key!r} must be true or false, got {v!r}")
+        return v
+
+    def int_list(self, key: str) -> list[int]:
+        v = self.d.get(key)
+        if v is None:
+            return []
+        if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            raise ConfigError(f"{self.where}: field {key!r} must be a list of integers, got {v!r}")
+        return v
+
+    def str_list(self, key: str, length: int) -> list[str] | None:
+        """A list of `length` strings (layer_types), or None when absent."""
+        v = self.d.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, list) or len(v) != length or not all(isinstance(x, str) for x in v):
+            raise ConfigError(f"{self.where}: field {key!r} must list one string per layer ({length})")
+        return v
+
+    def sub(self, key: str) -> dict:
+        """A nested config object (text_config)."""
+        v = self.d.get(key)
+        if not isinstance(v, dict):
+            raise ConfigError(f"{self.where}: config has no {key} object")
+        return v
+
+    def dtype(self) -> str:
+        v = self.d.get("dtype") or self.d.get("torch_dtype") or "float32"
+        if not isinstance(v, str):
+            raise ConfigError(f"{self.where}: field 'torch_dtype' must be a string, got {v!r}")
+        return canonical_dtype(v)
