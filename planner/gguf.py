@@ -26,6 +26,11 @@ tree vendored by the llama-cpp-python 0.3.36 sdist on PyPI):
   (kv_b_proj split into attn_k_b / attn_v_b, MTP layers skipped), conversion/gemma.py (gemma3
   token_embd trimmed to the tokenizer's vocabulary), conversion/phi.py (rope_factors_long/short),
   gguf-py/gguf/constants.py and tensor_mapping.py (GGUF tensor names).
+
+Left out, since no supported model_type converts to them or no listed file type reaches them:
+the falcon / glm5-next / bailingmoe3 special cases, the IQ1-IQ3, TQ, Q2_K_S and MXFP4 mixtures,
+--pure, --tensor-type / --output-tensor-type overrides, and convert's optional q/k/v and
+gate/up fusion (off by default).
 """
 
 from __future__ import annotations
@@ -103,13 +108,6 @@ GGML_TYPES: dict[str, GGMLType] = {t.name: t for t in [
     GGMLType(name="IQ4_XS", type_id=23, block_elements=QK_K,
              block_bytes=GGML_HALF_BYTES + 2 + QK_K // 64 + QK_K // 2),
 ]}
-
-
-def ggml_type(name: str) -> GGMLType:
-    try:
-        return GGML_TYPES[name.upper()]
-    except KeyError:
-        raise PlanError(f"unknown ggml type {name!r}; known: {', '.join(GGML_TYPES)}") from None
 
 
 # ------------------------------------------------------------------ file types (llama_ftype)
@@ -276,10 +274,12 @@ def _non_layer_source(spec: ModelSpec, t: TensorSpec) -> _Source:
 
 
 def _rope_parameters(config: dict) -> dict:
+    """RoPE settings: transformers 5 `rope_parameters` (maybe per attention type) or the older `rope_scaling`."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if not isinstance(params, dict):
         return {}
-    return params.get("full_attention", params) if isinstance(params.get("full_attention"), dict) else params
+    full = params.get("full_attention")
+    return full if isinstance(full, dict) else params
 
 
 def _generated_sources(spec: ModelSpec) -> list[_Source]:
