@@ -7,6 +7,10 @@ exact data bytes and decoder layer. `gguf_file_bytes` adds GGUF's per-tensor ali
 the exact header and tensor-info bytes, and an estimate of the key/value metadata (the tokenizer
 is not derivable from config.json: see `metadata_bytes_estimate`). Pure: stdlib and planner only.
 
+Tied embeddings follow the spec: a tied model has no output.weight and its token_embd takes the
+output rules. Some published files of tied models (Qwen's own Qwen2.5-0.5B/3B GGUFs) carry a
+separate output.weight all the same; plan those with tie_word_embeddings false.
+
 Sources followed (llama.cpp commit 0c1e57098bba43ac29e6e3b677cdceebdd22334f, 2026-10-01, the
 tree vendored by the llama-cpp-python 0.3.36 sdist on PyPI):
 - src/llama-quant.cpp: tensor_get_category, tensor_allows_quantization, tensor_type_fallback,
