@@ -161,7 +161,7 @@ def probe_cmd(
     import re
     from pathlib import Path
 
-    from planner.hardware import profile_to_dict
+    from planner.profile_yaml import profile_to_dict
     from runtime.files import save_profile
     from runtime.probe import probe
     from runtime.this_machine import store
@@ -216,7 +216,7 @@ def profiles_show_cmd(
                                           "own).")] = False,
 ) -> None:
     """One profile in full: GPUs, host, link, overheads, calibration, notes."""
-    from planner.hardware import dumps_profile, profile_to_dict
+    from planner.profile_yaml import dumps_profile, profile_to_dict
     from planner.profiles import resolve_profile
 
     fmt = _format(as_json, as_yaml)
@@ -235,7 +235,7 @@ def profiles_validate_cmd(
 ) -> None:
     """Check profile files strictly; exit 1 if any is invalid (one message per bad file)."""
     from planner.errors import ProfileError
-    from planner.hardware import load_profile
+    from planner.profile_yaml import load_profile
 
     bad = 0
     for p in paths:
@@ -307,15 +307,23 @@ def calibrate_cmd(
     prompts: Annotated[Optional[str], typer.Option("--prompts", help="Comma list of prompt lengths, e.g. "
                                                    "64,384.")] = None,
     new_tokens: Annotated[Optional[int], typer.Option("--new-tokens", help="Tokens generated per run.")] = None,
+    repeats: Annotated[Optional[int], typer.Option("--repeats", help="Runs per point; the fastest is kept.")] = None,
+    kv_dtypes: Annotated[Optional[str], typer.Option("--kv-dtypes", help="Quantized KV caches to time on the first "
+                                                     "model (comma list; 'none' for none).")] = None,
+    save_runs: Annotated[Optional[str], typer.Option("--save-runs", help="Also write the measured runs (JSON), to fit "
+                                                     "them again with later ones (--add-runs).")] = None,
+    add_runs: Annotated[Optional[str], typer.Option("--add-runs", help="Comma list of run files saved by an earlier "
+                                                    "--save-runs on this machine: fitted together with these runs.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a small matrix of real runs here and fit the speed model into the profile's calibration."""
-    from planner.hardware import profile_to_dict
+    from planner.profile_yaml import profile_to_dict
     from planner.units import parse_context
-    from runtime.calibrate import calibrate, matrix_for
-    from runtime.files import save_profile
+    from runtime.calibrate import calibrate, load_runs, matrix_for
+    from runtime.files import save_json, save_profile
 
-    path = _save_path(save)
+    path, runs_path = _save_path(save), _save_path(save_runs)
+    earlier = load_runs(tuple(p.strip() for p in add_runs.split(",") if p.strip())) if add_runs else []
     if hardware is not None:
         hw = resolve_hardware(hardware)
     else:
@@ -324,10 +332,15 @@ def calibrate_cmd(
         with out.status("probing this machine (full measurements)..."):
             hw = probe(quick=False).profile
     m = matrix_for(hw, models=_split(models, "--models"), quants=_split(quants, "--quants"),
-                   prompts=tuple(parse_context(x) for x in _split(prompts, "--prompts")), new_tokens=new_tokens)
-    result = calibrate(hw, m, progress=out.info)
+                   prompts=tuple(parse_context(x) for x in _split(prompts, "--prompts")), new_tokens=new_tokens,
+                   repeats=repeats, kv_dtypes=None if kv_dtypes is None else
+                   tuple(k for k in _split(kv_dtypes, "--kv-dtypes") if k != "none"))
+    result = calibrate(hw, m, progress=out.info, earlier=earlier)
     for w in result.warnings:
         out.warn(w)
+    if runs_path:
+        save_json(runs_path, {"runs": [r.to_dict() for r in result.records]})
+        out.info(f"runs saved to {runs_path}")
     if path:
         save_profile(result.profile, path)
         out.info(f"calibrated profile saved to {path}")
@@ -397,8 +410,15 @@ def run_cmd(
     if plan_file is not None:
         p = load_plan(plan_file)
     else:
-        p = plan(spec, hw, build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload,
-                                         vram_budget, ram_budget, headroom, prefill_chunk))
+        req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
+                            ram_budget, headroom, prefill_chunk)
+        if not req.kv_dtype:  # only the caches this transformers can build
+            from dataclasses import replace
+
+            from runtime.kvcache import available_kv_dtypes
+
+            req = replace(req, kv_dtype=available_kv_dtypes())
+        p = plan(spec, hw, req)
         if not p.fits:
             render.plan(p.to_dict())
             raise typer.Exit(EXIT_NOTHING_FITS)
@@ -502,8 +522,7 @@ def main(argv: list[str] | None = None) -> None:
         if type(e).__name__ == "Abort":
             sys.exit(EXIT_INTERRUPTED)
         if click_errors and isinstance(e, click_errors):
-            if type(e).__name__ == "NoArgsIsHelpError" and getattr(e, "ctx", None) is not None:
-                out.err.print(e.ctx.get_help(), highlight=False, markup=False)
+            if type(e).__name__ == "NoArgsIsHelpError":  # typer has printed the help already
                 sys.exit(EXIT_BAD_INPUT)
             out.plain_error(_usage(e))
             sys.exit(EXIT_BAD_INPUT)

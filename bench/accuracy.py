@@ -1,14 +1,15 @@
 """Accuracy benchmark: plan, then run, and compare predicted with measured.
 
-A matrix of models x quantizations x contexts (x splits on a GPU) goes through
-`vramplan run` (which plans first), each row in its own process so that peak RAM is the
-row's own. Writes bench/results/accuracy-<machine>.json and .md (predicted, measured and
+A matrix of models x quantizations x KV dtypes x contexts (x offloaded splits on a GPU) is
+planned and run, each row in a fresh process (runtime.worker) so that peak RAM is the row's own. Writes bench/results/accuracy-<machine>.json and .md (predicted, measured and
 error per row; median and worst error) and a PNG: predicted vs measured decode tokens/s
 on log axes with y = x, and the same for peak memory.
 
     python bench/accuracy.py --hardware bench/results/profile-cpu-dev.yaml --machine cpu-dev
     python bench/accuracy.py --hardware h100-measured --machine h100 --models llama-3.1-8b,qwen2.5-14b \
-        --quants bf16,bnb-int8,bnb-nf4 --contexts 4k,32k --vram-budget 24GiB
+        --quants bf16,bnb-int8,bnb-nf4 --contexts 4k,32k --vram-budget 24GiB --offload-modes stream,cpu
+    python bench/accuracy.py --hardware bench/results/profile-cpu-dev-calibrated.yaml --machine cpu-dev-kv \
+        --models qwen3-0.6b --quants bf16 --kv-dtypes bf16,fp8,quanto-int4,quanto-int2 --contexts 8k --prompts 6000
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT))
 
 # Not the calibration's matrix (qwen2.5-0.5b and llama-3.2-1b at prompts 64 and 384).
 CPU_DEFAULT = dict(models="qwen3-0.6b,gemma-2-2b", quants="bf16,quanto-int8,quanto-int4", contexts="2k",
@@ -32,20 +33,25 @@ TARGETS_CPU = {"decode_median_pct": 15.0, "decode_worst_pct": 25.0, "ram_pct": 5
 TARGETS_GPU = {"decode_pct": 10.0, "ttft_pct": 15.0, "vram_pct": 3.0, "vram_abs_bytes": 128 * 2**20}
 
 
-def run_row(model, quant, context, prompt, new_tokens, hardware, extra) -> dict:
-    cmd = [sys.executable, str(ROOT / "cli.py"), "run", "--model", model, "--dummy-weights", "--context", context,
-           "--prompt-tokens", str(prompt), "--max-new-tokens", str(new_tokens), "--quant", quant, "--kv-dtype", "bf16",
-           "--hardware", hardware, "--json", *extra]
+def run_row(model, quant, kv_dtype, context, prompt, new_tokens, hw, vram_budget, offload, gpu_layers=None) -> dict:
+    from planner.request import Request
+    from planner.units import parse_bytes, parse_context
+    from runtime.worker import RunFailed, RunJob, run_fresh
+
+    req = Request(context=parse_context(context), prompt_tokens=prompt, quant=(quant,), kv_dtype=(kv_dtype,),
+                  vram_budget_bytes=parse_bytes(vram_budget) if vram_budget else None, offload=offload,
+                  gpu_layers=gpu_layers)
     t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    row = {"model": model, "quant": quant, "context": context, "prompt_tokens": prompt, "new_tokens": new_tokens,
-           "extra_args": extra, "wall_s": round(time.time() - t0, 1)}
-    if r.returncode not in (0, 1) or not r.stdout.strip().startswith("{"):
-        row["error"] = (r.stderr.strip().splitlines() or ["?"])[-1]
+    row = {"model": model, "quant": quant, "kv_dtype": kv_dtype, "context": context, "prompt_tokens": prompt,
+           "new_tokens": new_tokens, "vram_budget": vram_budget, "offload": offload, "gpu_layers": gpu_layers}
+    try:
+        report = run_fresh(RunJob.of(model, hw, req, prompt_tokens=prompt, max_new_tokens=new_tokens))
+    except RunFailed as e:
+        row.update(error=str(e), wall_s=round(time.time() - t0, 1))
         return row
-    d = json.loads(r.stdout)
-    row.update(predicted=d["predicted"], measured=d["measured"], error_pct=d["error_pct"],
-               choice=d["plan"]["choice"], errors=d["errors"])
+    d = report.to_dict()
+    row.update(predicted=d["predicted"], measured=d["measured"], error_pct=d["error_pct"], choice=d["plan"]["choice"],
+               errors=d["errors"], notes=d["notes"], wall_s=round(time.time() - t0, 1))
     return row
 
 
@@ -117,9 +123,9 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 def markdown(out: dict) -> str:
     lines = [f"# Accuracy: predicted vs measured on {out['machine']}", "",
              f"{out['date']}; hardware profile `{out['hardware']}`; {out['versions']}", "",
-             "| model | quant | context | prompt | split | decode tok/s pred | meas | err | TTFT s pred | meas | err "
+             "| model | quant | KV | context | prompt | split | decode tok/s pred | meas | err | TTFT s pred | meas | err "
              "| peak RAM pred | meas | err | peak VRAM err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(v, kind):
         if v is None:
@@ -128,13 +134,13 @@ def markdown(out: dict) -> str:
 
     for r in out["rows"]:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['quant']} | {r['context']} | {r['prompt_tokens']} | - | error: {r['error']} |"
-                         + " |" * 9)
+            lines.append(f"| {r['model']} | {r['quant']} | {r.get('kv_dtype', 'bf16')} | {r['context']} | "
+                         f"{r['prompt_tokens']} | - | error: {r['error']} |" + " |" * 9)
             continue
         p, m, e, c = r["predicted"], r["measured"], r["error_pct"], r["choice"]
         split = "cpu" if c["compute_device"] == "cpu" else f"{c['gpu_layers']}/{c['total_layers']} {c['offload']}"
         lines.append(
-            f"| {r['model']} | {r['quant']} | {r['context']} | {r['prompt_tokens']} | {split} | "
+            f"| {r['model']} | {r['quant']} | {r.get('kv_dtype', 'bf16')} | {r['context']} | {r['prompt_tokens']} | {split} | "
             f"{f(p['decode_tokens_per_s'], 'num')} | {f(m['decode_tokens_per_s'], 'num')} | {f(e['decode_tokens_per_s'], 'pct')} | "
             f"{f(p['ttft_s'], 'num')} | {f(m['ttft_s'], 'num')} | {f(e['ttft_s'], 'pct')} | "
             f"{f(p['peak_ram_bytes'], 'gib')} | {f(m['peak_ram_bytes'], 'gib')} | {f(e['peak_ram_bytes'], 'pct')} | "
@@ -147,10 +153,10 @@ def markdown(out: dict) -> str:
     return "\n".join(lines)
 
 
-def replot(machine: str) -> None:
+def replot(machine: str, results: Path) -> None:
     """Redraw the PNG from a saved JSON (no runs)."""
-    out = json.loads((RESULTS / f"accuracy-{machine}.json").read_text())
-    plot(out["rows"], RESULTS / f"accuracy-{machine}.png", f"vramplan predicted vs measured - {machine}")
+    out = json.loads((results / f"accuracy-{machine}.json").read_text())
+    plot(out["rows"], results / f"accuracy-{machine}.png", f"vramplan predicted vs measured - {machine}")
 
 
 def main() -> None:
@@ -162,41 +168,52 @@ def main() -> None:
     ap.add_argument("--contexts", default=CPU_DEFAULT["contexts"])
     ap.add_argument("--prompts", default=CPU_DEFAULT["prompts"], help="prompt lengths (or 'context' for the whole)")
     ap.add_argument("--new-tokens", type=int, default=CPU_DEFAULT["new_tokens"])
+    ap.add_argument("--kv-dtypes", default="bf16", help="KV-cache dtypes (comma list)")
     ap.add_argument("--vram-budget", default=None, help="also run offloaded rows under this GPU budget")
+    ap.add_argument("--offload-modes", default="stream,cpu", help="offload modes of the budget rows")
     ap.add_argument("--repeats", type=int, default=2,
                     help="runs per row; the fastest is kept (on a shared machine interference only slows a run)")
+    ap.add_argument("--gpu-layers", type=int, default=None,
+                    help="the split of the offloaded rows (instead of, or with, --vram-budget)")
+    ap.add_argument("--out", default=str(RESULTS), help="directory for the JSON, Markdown and PNG")
     ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the saved JSON")
     args = ap.parse_args()
+    results = Path(args.out)
     if args.replot:
-        replot(args.machine)
+        replot(args.machine, results)
         return
 
+    from planner.profiles import resolve_profile
+    from planner.units import parse_context
+
+    hw = resolve_profile(args.hardware)[0]
     rows = []
-    splits = [[]] + ([["--vram-budget", args.vram_budget]] if args.vram_budget else [])
+    offloaded = args.vram_budget or args.gpu_layers is not None
+    splits = [(None, None)] + [(args.vram_budget, m) for m in args.offload_modes.split(",") if offloaded]
     for model in args.models.split(","):
         for quant in args.quants.split(","):
-            for context in args.contexts.split(","):
-                for prompt in args.prompts.split(","):
-                    for extra in splits:
-                        from planner.units import parse_context
-
-                        n = parse_context(context) - args.new_tokens if prompt == "context" else int(prompt)
-                        print(f"{model} {quant} ctx {context} prompt {n} {' '.join(extra)}", flush=True)
-                        row = best_row([run_row(model, quant, context, n, args.new_tokens, args.hardware, extra)
-                                        for _ in range(args.repeats)])
-                        print("   ", {k: row.get(k) for k in ("error_pct", "error", "wall_s")}, flush=True)
-                        rows.append(row)
-    sys.path.insert(0, str(ROOT))
+            for kv_dtype in args.kv_dtypes.split(","):
+                for context in args.contexts.split(","):
+                    for prompt in args.prompts.split(","):
+                        for budget, offload in splits:
+                            n = parse_context(context) - args.new_tokens if prompt == "context" else int(prompt)
+                            print(f"{model} {quant} {kv_dtype} KV ctx {context} prompt {n} budget {budget} {offload}",
+                                  flush=True)
+                            row = best_row([run_row(model, quant, kv_dtype, context, n, args.new_tokens, hw, budget,
+                                                    offload, args.gpu_layers if offload else None)
+                                            for _ in range(args.repeats)])
+                            print("   ", {k: row.get(k) for k in ("error_pct", "error", "wall_s")}, flush=True)
+                            rows.append(row)
     from runtime.calibrate import versions
 
     gpu = any((r.get("choice") or {}).get("compute_device") == "cuda" for r in rows)
     out = {"benchmark": "accuracy", "machine": args.machine, "hardware": args.hardware,
            "date": time.strftime("%Y-%m-%d"), "versions": versions(), "platform": platform.platform(),
            "targets": TARGETS_GPU if gpu else TARGETS_CPU, "rows": rows, "summary": summarize(rows)}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"accuracy-{args.machine}.json").write_text(json.dumps(out, indent=2) + "\n")
-    (RESULTS / f"accuracy-{args.machine}.md").write_text(markdown(out))
-    plot(rows, RESULTS / f"accuracy-{args.machine}.png", f"vramplan predicted vs measured - {args.machine}")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"accuracy-{args.machine}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (results / f"accuracy-{args.machine}.md").write_text(markdown(out))
+    plot(rows, results / f"accuracy-{args.machine}.png", f"vramplan predicted vs measured - {args.machine}")
     print(markdown(out))
 
 

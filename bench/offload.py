@@ -35,7 +35,6 @@ Writes bench/results/offload-<machine>.json and .md (<machine>: --machine, else 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import platform
 import re
@@ -49,9 +48,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from planner.profiles import resolve_profile  # noqa: E402
+from planner.quant import SCHEMES  # noqa: E402
 from planner.sources import catalog_config, find_in_catalog  # noqa: E402
 from runtime.generate import generate, synthetic_prompt  # noqa: E402
 from runtime.load import load_model  # noqa: E402
+from runtime.measure import free_memory  # noqa: E402
 from runtime.offload import apply_offload  # noqa: E402
 
 CPU_SANITY_LABEL = "CPU sanity run, not the GPU benchmark"
@@ -75,6 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prefill-chunk", type=int, default=512)
     p.add_argument("--hardware", help="hardware profile name or path (its pinned h2d bandwidth is reported)")
     p.add_argument("--machine", help="name in the results file names")
+    p.add_argument("--out", default=str(RESULTS_DIR), help="directory for the JSON and Markdown")
     p.add_argument("--allow-cpu", action="store_true", help="without a GPU: run the CPU sanity comparison")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     args = p.parse_args(argv)
@@ -141,21 +143,19 @@ def timed_generation(model, prompt, args) -> dict:
     }
 
 
-def release(*objects) -> None:
-    del objects
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def run_ours(config, args, gpu_layers, prompt, device: str) -> dict:
-    loaded = load_model(config, weight_quant=args.quant, dummy_weights=True, device="cpu")
+    row = _measure_ours(config, args, gpu_layers, prompt, device)
+    free_memory()  # the model went with _measure_ours' frame; collect its reference cycles
+    return row
+
+
+def _measure_ours(config, args, gpu_layers, prompt, device: str) -> dict:
+    loaded = load_model(config, scheme=SCHEMES[args.quant], dummy_weights=True, device="cpu")
     engine = apply_offload(loaded.model, gpu_layers=gpu_layers, mode="stream", device=device)
     row = {"engine": "vramplan stream", **timed_generation(loaded.model, prompt, args)}
     row["link_bytes_per_token"] = engine.h2d_bytes_last_forward  # the last forward was a decode step
     row["engine_summary"] = engine.summary()
     engine.detach()
-    release(engine, loaded)
     return row
 
 
@@ -164,12 +164,20 @@ def run_accelerate(config, args, gpu_layers, prompt) -> dict:
     if args.quant.startswith("quanto-"):
         return {"engine": "accelerate device_map", "skipped": "transformers' quanto loader refuses CPU entries "
                                                              "in a device_map"}
-    loaded = load_model(config, weight_quant=args.quant, dummy_weights=True, device="cuda:0", gpu_layers=gpu_layers)
+    row = _measure_accelerate(config, args, gpu_layers, prompt)
+    free_memory()
+    return row
+
+
+def _measure_accelerate(config, args, gpu_layers, prompt) -> dict:
+    loaded = load_model(config, scheme=SCHEMES[args.quant], dummy_weights=True, device="cuda:0",
+                        gpu_layers=gpu_layers)
     row = {"engine": "accelerate device_map", **timed_generation(loaded.model, prompt, args)}
-    # every CPU-resident weight is copied to the GPU on every forward
-    row["link_bytes_per_token"] = loaded.weights_bytes_by_device.get("cpu", 0)
+    # every offloaded weight is copied to the GPU on every forward. accelerate's dispatch_model leaves the
+    # offloaded parameters on the meta device and keeps their values in a CPU weights map: count both.
+    by_device = loaded.weights_bytes_by_device
+    row["link_bytes_per_token"] = by_device.get("cpu", 0) + by_device.get("meta", 0)
     row["notes"] = list(loaded.notes)
-    release(loaded)
     return row
 
 
@@ -218,7 +226,7 @@ def gpu_benchmark(args, config, gpu_layers, num_layers) -> dict:
 def cpu_sanity_run(args, config, gpu_layers, num_layers) -> dict:
     """Our engine with device="cpu" against the same model without offload, tokens compared."""
     prompt = synthetic_prompt(args.context - args.max_new_tokens, int(config.get("vocab_size", 32000)))
-    loaded = load_model(config, weight_quant=args.quant, dummy_weights=True, device="cpu")
+    loaded = load_model(config, scheme=SCHEMES[args.quant], dummy_weights=True, device="cpu")
     plain = {"engine": "no offload (same model, CPU)", **timed_generation(loaded.model, prompt, args)}
     rows = [plain]
     for mode in ("stream", "cpu"):
@@ -257,9 +265,9 @@ def machine_name(args, cuda: bool) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-")
 
 
-def write_results(result: dict, machine: str) -> tuple[Path, Path]:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = RESULTS_DIR / f"offload-{machine}.json", RESULTS_DIR / f"offload-{machine}.md"
+def write_results(result: dict, machine: str, out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / f"offload-{machine}.json", out / f"offload-{machine}.md"
     json_path.write_text(json.dumps(result, indent=2) + "\n")
     md_path.write_text(render_markdown(result))
     return json_path, md_path
@@ -325,9 +333,9 @@ def main(argv=None) -> int:
                      "hardware": args.hardware, "torch_threads": torch.get_num_threads(),
                      "torch": torch.__version__, "python": platform.python_version(),
                      "date": time.strftime("%Y-%m-%d"), "wall_s": round(time.perf_counter() - start, 1)}
-    json_path, md_path = write_results(result, machine_name(args, cuda))
+    json_path, md_path = write_results(result, machine_name(args, cuda), Path(args.out))
     print(md_path.read_text())
-    print(f"wrote {json_path.relative_to(ROOT)} and {md_path.relative_to(ROOT)}")
+    print(f"wrote {json_path} and {md_path}")
     return 0
 
 

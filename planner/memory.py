@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .hardware import HardwareProfile
-from .modelspec import Kind, ModelSpec, Role, dtype_bytes
+from .modelspec import ModelSpec, Role, dtype_bytes
 from .choice import Choice, OffloadMode
 from .quant import KVScheme, WeightScheme, kv_bytes_per_layer
 from .request import Request
@@ -92,28 +92,18 @@ def workspace_bytes(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Re
         qkv_width = a.num_heads * a.head_dim * 3
     else:
         qkv_width = (a.num_heads + 2 * a.num_kv_heads) * a.head_dim
-    inter = spec._cached("_ws_intermediate", lambda: _mlp_width(spec))
     # Appending to a layer's cache (torch.cat, or a quantized cache's dequantized copy) holds one
     # full-precision copy of that layer's K and V at the whole context.
     largest_layer_kv = max(a.cached_tokens(ctx) * a.kv_elements_per_token for a, _ in spec.attention_groups) * req.batch * act
     terms = {
         "hidden_states": int(tokens * spec.hidden_size * act * ACTIVATION_HIDDEN_COPIES),
         "qkv": int(tokens * qkv_width * act),
-        "mlp_intermediate": int(tokens * inter * act * ACTIVATION_MLP_COPIES),
+        "mlp_intermediate": int(tokens * spec.mlp_width * act * ACTIVATION_MLP_COPIES),
         "logits": int(req.batch * spec.vocab_size * LOGITS_BYTES_PER_ELEMENT),
         "kv_append_copy": int(largest_layer_kv),
         "dequant_temp": scheme.matmul_temp_bytes(spec),
     }
     return terms
-
-
-def _mlp_width(spec: ModelSpec) -> int:
-    """Widest MLP intermediate per token: dense layers, or top-k experts' intermediates."""
-    inter = spec.intermediate_size
-    if spec.moe is not None:
-        moe_inter = max((t.shape[1] // 2 for t in spec.tensors if t.kind is Kind.EXPERTS and "gate_up" in t.name), default=0)
-        inter = max(inter if len(spec.moe.moe_layers) < spec.num_layers else 0, moe_inter * spec.moe.experts_per_token)
-    return inter
 
 
 @dataclass(frozen=True)

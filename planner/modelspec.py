@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from enum import Enum
 from typing import Iterable
 
@@ -182,16 +183,15 @@ class ModelSpec:
             raise ConfigError(f"{self.name}: {len(self.attention)} attention layouts for {self.num_layers} layers")
 
     # ------------------------------------------------------------ parameters
-    @property
+    # Derived values are cached_property: the search asks for them thousands of times, and a frozen
+    # dataclass's __dict__ still takes them (dataclasses.replace builds a new instance, without them).
+    @cached_property
     def params_total(self) -> int:
-        return self._cached("_params_total", lambda: sum(t.numel for t in self.tensors if t.is_parameter))
+        return sum(t.numel for t in self.tensors if t.is_parameter)
 
-    @property
+    @cached_property
     def params_active(self) -> int:
         """Parameters touched per token: routed experts count only top-k of E."""
-        return self._cached("_params_active", self._count_active)
-
-    def _count_active(self) -> int:
         if self.moe is None:
             return self.params_total
         frac = self.moe.experts_per_token / self.moe.num_experts
@@ -211,34 +211,46 @@ class ModelSpec:
 
     # ------------------------------------------------------------ tensors
     def layer_tensors(self, layer: int) -> tuple[TensorSpec, ...]:
-        return self._by_layer()[layer]
+        return self._tensors_by_layer[layer]
 
     def non_layer_tensors(self) -> tuple[TensorSpec, ...]:
-        return self._by_layer()[None]
+        return self._tensors_by_layer[None]
 
-    def _by_layer(self) -> dict[int | None, tuple[TensorSpec, ...]]:
-        cache = self.__dict__.get("_by_layer_cache")
-        if cache is None:
-            groups: dict[int | None, list[TensorSpec]] = {i: [] for i in range(self.num_layers)}
-            groups[None] = []
-            for t in self.tensors:
-                groups[t.layer].append(t)
-            cache = {k: tuple(v) for k, v in groups.items()}
-            object.__setattr__(self, "_by_layer_cache", cache)
-        return cache
+    @cached_property
+    def _tensors_by_layer(self) -> dict[int | None, tuple[TensorSpec, ...]]:
+        groups: dict[int | None, list[TensorSpec]] = {i: [] for i in range(self.num_layers)}
+        groups[None] = []
+        for t in self.tensors:
+            groups[t.layer].append(t)
+        return {k: tuple(v) for k, v in groups.items()}
 
-    def _cached(self, key: str, fn):
-        """Memoize a derived value on this frozen instance (the search asks for them thousands of times)."""
-        d = self.__dict__
-        if key not in d:
-            object.__setattr__(self, key, fn())
-        return d[key]
+    @cached_property
+    def _layer_signatures(self) -> tuple[tuple, ...]:
+        return tuple(tuple((t.shape, t.kind, t.role) for t in self.layer_tensors(i)) for i in range(self.num_layers))
 
     def layer_signature(self, layer: int) -> tuple:
         """Identical signatures mean identical per-layer byte counts under any scheme."""
-        sigs = self._cached("_sigs", lambda: tuple(
-            tuple((t.shape, t.kind, t.role) for t in self.layer_tensors(i)) for i in range(self.num_layers)))
-        return sigs[layer]
+        return self._layer_signatures[layer]
+
+    @cached_property
+    def mlp_width(self) -> int:
+        """The widest MLP intermediate one token makes in a layer: dense or shared-expert MLPs (the input width
+        of their projections back to the hidden size) plus, in MoE layers, top-k routed experts' intermediates."""
+        moe_layers = set(self.moe.moe_layers) if self.moe is not None else set()
+        routed = (self.moe.experts_per_token * (self.moe.expert_intermediate_size or 0)) if self.moe else 0
+
+        def width(i: int) -> int:
+            down = sum(t.shape[1] for t in self.layer_tensors(i)
+                       if t.role is Role.MLP and t.kind is Kind.LINEAR and len(t.shape) == 2
+                       and t.shape[0] == self.hidden_size)
+            return down + (routed if i in moe_layers else 0)
+
+        return max((width(i) for i in range(self.num_layers)), default=self.intermediate_size)
+
+    @cached_property
+    def largest_layer_linear_numel(self) -> int:
+        """Elements of the largest nn.Linear weight inside the decoder layers (0 without any)."""
+        return max((t.numel for t in self.tensors if t.kind is Kind.LINEAR and t.layer is not None), default=0)
 
     def per_layer(self, fn) -> list:
         """fn(layer tensors) for every layer, computed once per distinct layer signature."""
@@ -251,15 +263,13 @@ class ModelSpec:
             out.append(cache[sig])
         return out
 
-    @property
+    @cached_property
     def attention_groups(self) -> tuple[tuple[AttentionLayout, int], ...]:
         """Distinct attention layouts with how many layers have each."""
-        def build():
-            counts: dict[AttentionLayout, int] = {}
-            for a in self.attention:
-                counts[a] = counts.get(a, 0) + 1
-            return tuple(counts.items())
-        return self._cached("_attn_groups", build)
+        counts: dict[AttentionLayout, int] = {}
+        for a in self.attention:
+            counts[a] = counts.get(a, 0) + 1
+        return tuple(counts.items())
 
     def tensor(self, name: str) -> TensorSpec:
         for t in self.tensors:

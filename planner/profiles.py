@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .errors import ProfileError
-from .hardware import HardwareProfile, load_profile
+from .hardware import HardwareProfile
+from .profile_yaml import load_profile
 
 PROFILE_SUFFIXES = (".yaml", ".yml")
 

@@ -44,6 +44,10 @@ class WeightScheme:
     description: str
     devices: tuple[str, ...]  # where the runtime can execute it: "cuda", "cpu", "mps"
     quality: QualityCost
+    # Accelerators whose layout of this scheme is byte-identical to the one packed in RAM, so that stream
+    # offload can refill a GPU slot by copying bytes. optimum-quanto packs int4 differently for the CPU
+    # kernel (_weight_int4pack_mm_for_cpu) and for CUDA's tinygemm (tensor/weights/tinygemm: repacked on .to()).
+    streams_on: tuple[str, ...] = ("cuda",)
     # layout
     bits: int = 16  # 16 = unquantized
     group_size: int | None = None  # elements per scale (4-bit schemes)
@@ -53,6 +57,8 @@ class WeightScheme:
     row_scale_bytes: float = 0.0
     fixed_bytes_per_tensor: int = 0  # code tables etc.
     compute_dtype: str = "bfloat16"
+    variant: str | None = None  # the library's name for the 4-bit data type: bnb "nf4" or "fp4"
+    outlier_threshold: float | None = None  # bnb LLM.int8(): activations above it take the fp16 path
 
     @property
     def quantized(self) -> bool:
@@ -89,9 +95,7 @@ class WeightScheme:
         """Temporary a matmul needs: 4-bit and int8 kernels dequantize the weight to the compute dtype first."""
         if not self.quantized:
             return 0
-        largest = spec._cached("_largest_layer_linear", lambda: max(
-            (t.numel for t in spec.tensors if t.kind is Kind.LINEAR and t.layer is not None), default=0))
-        return int(largest * dtype_bytes(self.compute_dtype))
+        return int(spec.largest_layer_linear_numel * dtype_bytes(self.compute_dtype))
 
 
 def _bnb4(name, quant_type, dq, ppl, src) -> WeightScheme:
@@ -99,11 +103,14 @@ def _bnb4(name, quant_type, dq, ppl, src) -> WeightScheme:
         name=name, backend="bnb", bits=4, group_size=64, double_quant=dq, scale_bytes=4.0,
         # a 16-entry fp32 code table (64 B) per Linear; double quantization adds a 256-entry nested one
         fixed_bytes_per_tensor=64 + (1024 if dq else 0),
-        devices=("cuda", "cpu"),
+        devices=("cuda", "cpu"), variant=quant_type,
         description=f"bitsandbytes {quant_type.upper()} 4-bit, blocksize 64" + (", double quantization" if dq else ""),
         quality=QualityCost(ppl_increase_pct=ppl, source=src),
     )
 
+
+# transformers' default llm_int8_threshold (BitsAndBytesConfig), as in the LLM.int8() paper.
+BNB_INT8_OUTLIER_THRESHOLD = 6.0
 
 _QLORA = ("QLoRA (Dettmers et al. 2023, arXiv:2305.14314) Table 2: mean Pile-CC perplexity over LLaMA/OPT/BLOOM/"
           "Pythia: NF4+DQ 27.41, FP4 (E3M0) 29.48, FP4 (E2M1) 31.07, Int4 34.34; NF4 matches 16-bit in fine-tuning "
@@ -117,6 +124,7 @@ SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
                  description="float16, unquantized",
                  quality=QualityCost(ppl_increase_pct=0.0, source="reference (overflow risk for some bf16-trained models)")),
     WeightScheme(name="bnb-int8", backend="bnb", bits=8, row_scales=True, row_scale_bytes=4.0, devices=("cuda", "cpu"),
+                 outlier_threshold=BNB_INT8_OUTLIER_THRESHOLD,
                  description="bitsandbytes LLM.int8(): int8 weights + fp32 row scale (SCB), outlier decomposition",
                  quality=QualityCost(ppl_increase_pct=0.1, source="LLM.int8() (Dettmers et al. 2022, arXiv:2208.07339) "
                                      "§4: no perplexity degradation measured from 125M to 175B parameters")),
@@ -130,7 +138,7 @@ SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
                  quality=QualityCost(ppl_increase_pct=0.2, source="per-channel int8 weight-only RTN: within noise of "
                                      "fp16 (SmoothQuant, Xiao et al. 2022, arXiv:2211.10438, W8A16 rows)")),
     WeightScheme(name="quanto-int4", backend="quanto", bits=4, group_size=128, scale_bytes=4.0,
-                 fixed_bytes_per_tensor=8, devices=("cuda", "cpu", "mps"),
+                 fixed_bytes_per_tensor=8, devices=("cuda", "cpu", "mps"), streams_on=(),
                  description="optimum-quanto qint4 weights, group 128, scale + shift per group",
                  quality=QualityCost(ppl_increase_pct=4.8, source="AWQ (Lin et al. 2023, arXiv:2306.00978) Table 4: "
                                      "Llama-2-7B WikiText-2 perplexity FP16 5.47, INT4 g128 round-to-nearest 5.73")),
@@ -144,6 +152,9 @@ class KVScheme:
     name: str
     description: str
     bytes_per_element: float
+    backend: str = "dynamic"  # how transformers stores it: "dynamic" (DynamicCache) or a QuantizedCache backend
+    nbits: int | None = None  # quanto: bits per value
+    group_size: int | None = None  # quanto: values per scale + shift (q_group_size)
     per_layer_fixed_bytes: int = 0  # per-tensor scales
     residual_tokens: int = 0  # tokens kept in the compute dtype before quantizing (QuantizedCache residual_length)
     dequantizes_whole_layer: bool = False  # attention reads a full-precision copy of the layer's cache each step
@@ -166,6 +177,11 @@ class KVScheme:
 #   bytes; then the same torch.cat as bf16. Re-quantizing once per 128-token residual adds ~0.05.
 # Calibration replaces the efficiency these bytes move at; the byte counts are the model.
 FP8_KV_UPDATE_EXTRA_BYTES = 17.0
+# QuantizedCache(backend="quanto") as vramplan builds it: q_group_size values share one bf16 scale and one bf16
+# shift (4 bytes), and the newest residual_length tokens stay in bf16 until they are flushed.
+QUANTO_KV_GROUP = 64
+QUANTO_KV_SCALE_SHIFT_BYTES = 4
+QUANTO_KV_RESIDUAL = 128
 QUANTO_KV_UPDATE_EXTRA_BYTES = 16.0
 
 KV_SCHEMES: dict[str, KVScheme] = {k.name: k for k in [
@@ -174,17 +190,19 @@ KV_SCHEMES: dict[str, KVScheme] = {k.name: k for k in [
     KVScheme(name="fp16", description="float16 (DynamicCache)", bytes_per_element=2.0,
              quality=QualityCost(ppl_increase_pct=0.0, source="reference")),
     KVScheme(name="fp8", description="float8 e4m3, per-tensor fp32 scale (QuantizedCache backend fp8)",
-             bytes_per_element=1.0, per_layer_fixed_bytes=2 * 4, dequantizes_whole_layer=True,
+             bytes_per_element=1.0, backend="fp8", per_layer_fixed_bytes=2 * 4, dequantizes_whole_layer=True,
              full_attention_only=True, update_extra_bytes_per_element=FP8_KV_UPDATE_EXTRA_BYTES,
              quality=QualityCost(ppl_increase_pct=0.3, source="FP8 e4m3 KV with per-tensor scale: vLLM docs report "
                                  "negligible accuracy loss; typical <0.5 % perplexity")),
     KVScheme(name="quanto-int4", description="int4 per-channel, group 64, 128 residual tokens (QuantizedCache quanto)",
-             bytes_per_element=0.5 + 4 / 64, residual_tokens=128, dequantizes_whole_layer=True,
+             bytes_per_element=0.5 + QUANTO_KV_SCALE_SHIFT_BYTES / QUANTO_KV_GROUP, backend="quanto", nbits=4,
+             group_size=QUANTO_KV_GROUP, residual_tokens=QUANTO_KV_RESIDUAL, dequantizes_whole_layer=True,
              full_attention_only=True, update_extra_bytes_per_element=QUANTO_KV_UPDATE_EXTRA_BYTES + 0.5,
              quality=QualityCost(ppl_increase_pct=1.0, source="KIVI (Liu et al. 2024, arXiv:2402.02750) and the "
                                  "transformers KV-quantization blog (2024): int4 close to fp16")),
     KVScheme(name="quanto-int2", description="int2 per-channel, group 64, 128 residual tokens (QuantizedCache quanto)",
-             bytes_per_element=0.25 + 4 / 64, residual_tokens=128, dequantizes_whole_layer=True,
+             bytes_per_element=0.25 + QUANTO_KV_SCALE_SHIFT_BYTES / QUANTO_KV_GROUP, backend="quanto", nbits=2,
+             group_size=QUANTO_KV_GROUP, residual_tokens=QUANTO_KV_RESIDUAL, dequantizes_whole_layer=True,
              full_attention_only=True, update_extra_bytes_per_element=QUANTO_KV_UPDATE_EXTRA_BYTES + 0.25,
              quality=QualityCost(ppl_increase_pct=10.0, source="transformers KV-quantization blog (2024): int2 "
                                  "degrades perplexity noticeably; rough figure")),

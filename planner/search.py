@@ -43,9 +43,11 @@ def _kv_ok(spec: ModelSpec, kv: KVScheme) -> str | None:
     return None
 
 
-def offload_modes(hw: HardwareProfile) -> tuple[OffloadMode, ...]:
-    """What offloaded layers can do here: stream over the host link (none on unified memory), or run on the CPU."""
-    return (OffloadMode.STREAM, OffloadMode.CPU) if hw.link is not None else (OffloadMode.CPU,)
+def offload_modes(hw: HardwareProfile, scheme: WeightScheme) -> tuple[OffloadMode, ...]:
+    """What offloaded layers can do here: stream over the host link (none on unified memory, and only for a
+    scheme whose packed bytes are the device's layout), or run on the CPU."""
+    stream = hw.link is not None and hw.accelerator in scheme.streams_on
+    return (OffloadMode.STREAM, OffloadMode.CPU) if stream else (OffloadMode.CPU,)
 
 
 def _choice(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, hw: HardwareProfile, n: int,
@@ -65,16 +67,18 @@ def _footprint(spec, hw, req, scheme, kv, weights: WeightCosts) -> Footprint:
     return Footprint(spec, hw, req, layer_costs(spec, scheme, kv, req, weights), workspace_bytes(spec, scheme, kv, req))
 
 
-def _placements(spec: ModelSpec, hw: HardwareProfile, req: Request, fp: Footprint) -> tuple[list[tuple[int, OffloadMode]], tuple[int, OffloadMode]]:
+def _placements(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme,
+                fp: Footprint) -> tuple[list[tuple[int, OffloadMode]], tuple[int, OffloadMode]]:
     """The placements (gpu layers, offload mode) that fit (for each mode, the most GPU layers), and the one that
     came closest."""
     L = spec.num_layers
     if not hw.has_gpu:
         return ([(0, OffloadMode.NONE)] if fp.over(0, OffloadMode.NONE) is None else []), (0, OffloadMode.NONE)
-    modes = [OffloadMode(req.offload)] if req.offload else list(offload_modes(hw))
+    possible = offload_modes(hw, scheme)
+    modes = [m for m in ([OffloadMode(req.offload)] if req.offload else possible) if m in possible]
     if req.gpu_layers is not None:
         n = min(req.gpu_layers, L)
-        tried = [(n, OffloadMode.NONE if n == L else m) for m in modes]
+        tried = [(n, OffloadMode.NONE if n == L else m) for m in modes] or [(L, OffloadMode.NONE)]
         return [t for t in tried if fp.over(*t) is None], tried[0]
     if fp.over(L, OffloadMode.NONE) is None:
         return [(L, OffloadMode.NONE)], (L, OffloadMode.NONE)
@@ -94,7 +98,7 @@ def _placements(spec: ModelSpec, hw: HardwareProfile, req: Request, fp: Footprin
 
 def _runs(spec, hw, req, scheme, kv, weights: WeightCosts) -> bool:
     """Whether some placement of this scheme x KV dtype fits (no speed estimate)."""
-    return bool(_placements(spec, hw, req, _footprint(spec, hw, req, scheme, kv, weights))[0])
+    return bool(_placements(spec, hw, req, scheme, _footprint(spec, hw, req, scheme, kv, weights))[0])
 
 
 def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme,
@@ -107,7 +111,10 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
     if why_not:
         return Candidate(**base, fits=False, reason=why_not)
     fp = _footprint(spec, hw, req, scheme, kv, weights)
-    fitting, closest = _placements(spec, hw, req, fp)
+    if req.offload and OffloadMode(req.offload) not in offload_modes(hw, scheme):
+        return Candidate(**base, fits=False, reason=f"{scheme.name} cannot be streamed to {hw.accelerator}: its layout "
+                                                    "there differs from the one packed in RAM (use cpu offload)")
+    fitting, closest = _placements(spec, hw, req, scheme, fp)
     max_ctx = _max_resident_context(spec, hw, req, scheme, kv, weights)
     if not fitting:
         c = _choice(spec, scheme, kv, hw, *closest)

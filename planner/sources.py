@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import stat
 import struct
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -124,17 +125,37 @@ def find_in_hf_cache(repo_id: str) -> Path | None:
 
 # ------------------------------------------------------------------ resolution
 def read_config(path: Path) -> dict:
+    if not _regular_file(path):
+        raise ConfigError(f"{path}: not a regular file")
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+    d = parse_config_json(text, str(path))
+    return d
+
+
+def parse_config_json(text: str, where: str) -> dict:
+    """A config.json's text as a dict; anything that is not one is a one-line ConfigError."""
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); truncated?") from None
+        raise ConfigError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); truncated?") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply to be a model config") from None
+    except ValueError as e:  # an integer of thousands of digits
+        raise ConfigError(f"{where}: not a model config ({' '.join(str(e).split())[:120]})") from None
     if not isinstance(d, dict):
-        raise ConfigError(f"{path}: expected a JSON object, got {type(d).__name__}")
+        raise ConfigError(f"{where}: expected a JSON object, got {type(d).__name__}")
     return d
+
+
+def _regular_file(path: Path) -> bool:
+    """A plain file (not a FIFO, socket or device, which a read would block on or never end)."""
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
 
 
 def resolve_model(name: str) -> ModelSource:
@@ -143,8 +164,10 @@ def resolve_model(name: str) -> ModelSource:
         raise ModelNotFoundError("--model is empty")
     p = Path(name).expanduser()
     if p.is_dir():
+        if not os.access(p, os.R_OK | os.X_OK):
+            raise ModelNotFoundError(f"{p}: directory is not readable")
         cfg = p / "config.json"
-        if not cfg.is_file():
+        if not cfg.exists():
             raise ModelNotFoundError(f"{p}: directory has no config.json")
         return ModelSource(kind="directory", id=p.resolve().name, config=read_config(cfg), path=p, origin=str(p))
     if p.is_file() and p.name.endswith(".json"):
@@ -182,11 +205,18 @@ def weight_files(path: Path) -> list[Path]:
         if not isinstance(wm, dict):
             raise CheckpointError(f"{index}: weight_map is not an object")
         shards = sorted(set(wm.values()))
+        if not all(isinstance(x, str) and x and "/" not in x and ".." not in x for x in shards):
+            raise CheckpointError(f"{index}: weight_map names files outside the directory")
         missing = [s for s in shards if not (path / s).is_file()]
         if missing:
             raise CheckpointError(f"{index}: shard files missing: {', '.join(missing[:3])}")
-        return [path / s for s in shards]
-    return sorted(path.glob("*.safetensors"))
+        files = [path / s for s in shards]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    odd = [f.name for f in files if not _regular_file(f)]
+    if odd:
+        raise CheckpointError(f"{path}: {', '.join(odd)} is not a regular file (a FIFO, socket or device?)")
+    return files
 
 
 @dataclass(frozen=True)

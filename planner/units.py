@@ -41,6 +41,28 @@ _TIME_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<unit>s|ms|us|µs|ns)\s*$")
 _TIME_DIV = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}
 
 
+_SIGNED_RE = re.compile(r"^\s*[-+]")
+_NOT_A_NUMBER_RE = re.compile(r"(?i)^\s*[-+]?(nan|inf|infinity)\b")
+_BITS_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kKmMgGtTpP]?)(?P<i>[iI]?)b(?P<rest>\s*(/\s*s)?)\s*$")
+
+
+def _diagnose(text: object, what: str, advice: str) -> UnitError:
+    """Say what is actually wrong with a quantity the parser refused."""
+    s = str(text)
+    if _NOT_A_NUMBER_RE.match(s):
+        return UnitError(f"{what} {text!r} is not a number")
+    if _SIGNED_RE.match(s):
+        return UnitError(f"{what} {text!r} must not be negative" if s.lstrip().startswith("-")
+                         else f"{what} {text!r}: write it without a sign")
+    m = _BITS_RE.match(s)
+    if m:
+        fixed = f"{m['num']}{m['prefix'].upper()}{'i' if m['i'] else ''}B{m['rest'].strip()}"
+        return UnitError(f"{what} {text!r}: a lowercase 'b' means bits; for bytes write {fixed!r}")
+    if not s.strip():
+        return UnitError(f"{what} is empty: {advice}")
+    return UnitError(f"{what} {text!r} {advice}")
+
+
 def _whole(value: float, text: str, what: str) -> int:
     rounded = round(value)
     if not math.isclose(value, rounded, rel_tol=0, abs_tol=1e-6):
@@ -57,9 +79,7 @@ def parse_context(text: str | int) -> int:
     else:
         m = _CONTEXT_RE.match(str(text))
         if not m:
-            raise UnitError(
-                f"context {text!r} is not a token count; write e.g. 4096, 32k (=32768) or 1m (=1048576)"
-            )
+            raise _diagnose(text, "context", "is not a token count; write e.g. 4096, 32k (=32768) or 1m (=1048576)")
         value = _whole(float(m["num"]) * _CONTEXT_MULT[m["suffix"].lower()], str(text), "context")
     if value <= 0:
         raise UnitError(f"context {text!r} must be at least 1 token")
@@ -78,9 +98,7 @@ def parse_bytes(text: str | int, *, what: str = "size") -> int:
         return text
     m = _BYTE_RE.match(str(text))
     if not m:
-        raise UnitError(
-            f"{what} {text!r} needs an explicit unit: e.g. 24GiB (binary), 24GB (decimal), 512MiB"
-        )
+        raise _diagnose(text, what, "needs an explicit unit: e.g. 24GiB (binary), 24GB (decimal), 512MiB")
     prefix = m["prefix"].lower()
     if m["i"]:
         if not prefix:
@@ -100,7 +118,7 @@ def parse_bandwidth(text: str | int | float, *, what: str = "bandwidth") -> floa
     else:
         m = _BW_RE.match(str(text))
         if not m:
-            raise UnitError(f"{what} {text!r} needs a unit: e.g. 1008 GB/s or 25 GiB/s")
+            raise _diagnose(text, what, "needs a unit: e.g. 1008 GB/s or 25 GiB/s")
         prefix = m["prefix"].lower()
         mult = _BIN[prefix] if m["i"] and prefix else _DEC[prefix]
         if m["i"] and not prefix:
@@ -120,7 +138,7 @@ def parse_flops(text: str | int | float, *, what: str = "compute") -> float:
     else:
         m = _FLOPS_RE.match(str(text))
         if not m:
-            raise UnitError(f"{what} {text!r} needs a unit: e.g. 165 TFLOPS or 989 TFLOP/s")
+            raise _diagnose(text, what, "needs a unit: e.g. 165 TFLOPS or 989 TFLOP/s")
         value = float(m["num"]) * _FLOPS_MULT[m["prefix"].lower()]
     if not math.isfinite(value) or value <= 0:
         raise UnitError(f"{what} {text!r} must be positive")
@@ -136,7 +154,7 @@ def parse_seconds(text: str | int | float, *, what: str = "time") -> float:
     else:
         m = _TIME_RE.match(str(text))
         if not m:
-            raise UnitError(f"{what} {text!r} needs a unit: s, ms, us or ns")
+            raise _diagnose(text, what, "needs a unit: s, ms, us or ns")
         value = float(m["num"]) / _TIME_DIV[m["unit"]]
     if not math.isfinite(value) or value < 0:
         raise UnitError(f"{what} {text!r} must not be negative")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import platform
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from planner.calibration import Sample, fit
@@ -51,7 +51,8 @@ GPU_MATRIX = Matrix(models=("qwen2.5-0.5b", "llama-3.2-3b", "llama-3.1-8b"),
 
 
 def matrix_for(hw: HardwareProfile, *, models: tuple[str, ...] = (), quants: tuple[str, ...] = (),
-               prompts: tuple[int, ...] = (), new_tokens: int | None = None, on_gpu: bool | None = None) -> Matrix:
+               prompts: tuple[int, ...] = (), new_tokens: int | None = None, repeats: int | None = None,
+               kv_dtypes: tuple[str, ...] | None = None, on_gpu: bool | None = None) -> Matrix:
     """The default matrix for this machine, with what the user chose instead; bad choices are refused."""
     from planner.sources import find_in_catalog
 
@@ -67,8 +68,16 @@ def matrix_for(hw: HardwareProfile, *, models: tuple[str, ...] = (), quants: tup
         find_in_catalog(name)  # an unknown name fails here, with close matches
     if new_tokens is not None and new_tokens < MIN_NEW_TOKENS:
         raise VramplanError(f"calibration needs at least {MIN_NEW_TOKENS} new tokens per run, got {new_tokens}")
+    if repeats is not None and repeats < 1:
+        raise VramplanError(f"calibration needs at least one run per point, got {repeats}")
+    for k in kv_dtypes or ():
+        if k not in KV_SCHEMES or not KV_SCHEMES[k].quantized:
+            raise VramplanError(f"{k!r} is not a quantized KV cache; choose from "
+                                f"{', '.join(n for n, s in KV_SCHEMES.items() if s.quantized)}")
     return replace(m, models=models or m.models, quants=quants or m.quants, prompts=prompts or m.prompts,
-                   new_tokens=new_tokens if new_tokens is not None else m.new_tokens)
+                   new_tokens=new_tokens if new_tokens is not None else m.new_tokens,
+                   repeats=repeats if repeats is not None else m.repeats,
+                   kv_dtypes=kv_dtypes if kv_dtypes is not None else m.kv_dtypes)
 
 
 @dataclass(kw_only=True)
@@ -86,7 +95,25 @@ class RunRecord:
     def to_dict(self) -> dict:
         return {"model": self.model, "quant": self.quant, "kv_dtype": self.kv_dtype, "prompt": self.prompt,
                 "new_tokens": self.new_tokens, "ttft_s": self.ttft_s, "decode_tokens_per_s": self.decode_tokens_per_s,
-                "peak_rss_bytes": self.peak_rss_bytes}
+                "peak_rss_bytes": self.peak_rss_bytes, "sample": asdict(self.sample)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunRecord":
+        return cls(**{**d, "sample": Sample(**d["sample"])})
+
+
+def load_runs(paths: tuple[str, ...]) -> list[RunRecord]:
+    """Runs saved by an earlier `calibrate --save-runs` (on the same machine), to fit together with new ones."""
+    import json
+
+    records = []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                records += [RunRecord.from_dict(r) for r in json.load(f)["runs"]]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise VramplanError(f"{path}: not a file of calibration runs ({type(e).__name__}: {e})") from None
+    return records
 
 
 @dataclass(kw_only=True)
@@ -181,14 +208,14 @@ def _run_model(config: dict, spec, quant: str, runs: list[tuple[int, str]], matr
 
     results = []
     with PeakMemorySampler(device=device) as sampler:
-        model = load_model(config, weight_quant=quant, dummy_weights=True, device=device, seed=seed,
-                           compute_dtype="fp16" if quant == "fp16" else "bf16").model
+        model = load_model(config, scheme=SCHEMES[quant], dummy_weights=True, device=device, seed=seed).model
         generate(model, synthetic_prompt(8, spec.vocab_size, seed), max_new_tokens=2,
                  prefill_chunk=matrix.prefill_chunk)  # warm-up: first-call allocations and dispatch
         for prompt, kv_dtype in runs:
             ids = synthetic_prompt(prompt, spec.vocab_size, seed)
             r = best_of(matrix.repeats, lambda: generate(model, ids, max_new_tokens=matrix.new_tokens,
-                                                         prefill_chunk=matrix.prefill_chunk, kv_dtype=kv_dtype))
+                                                         prefill_chunk=matrix.prefill_chunk,
+                                                         kv=KV_SCHEMES[kv_dtype]))
             if r.decode_tokens_per_s_median is None or r.ttft_s is None:
                 raise VramplanError(f"the run stopped early ({r.stopped_reason}: {r.error or '-'})")
             results.append((prompt, kv_dtype, r))
@@ -221,12 +248,14 @@ def measure_runtime_ram(hw: HardwareProfile, matrix: Matrix, *,
     return (max(0, int(statistics.median(extras))) if extras else None), warnings
 
 
-def calibrate(hw: HardwareProfile, matrix: Matrix, *,
-              progress: Callable[[str], None] | None = None) -> CalibrationResult:
-    """Measure, fit, and return the profile with its calibration section filled, with every warning."""
+def calibrate(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str], None] | None = None,
+              earlier: list[RunRecord] = ()) -> CalibrationResult:
+    """Measure, fit (with `earlier` runs of this machine, from a previous call), and return the profile with its
+    calibration section filled, with every warning."""
     records, warnings = run_matrix(hw, matrix, progress=progress)
     if not records:
         raise VramplanError("every calibration run failed, nothing to fit: " + "; ".join(warnings))
+    records = list(earlier) + records
     fitted = fit([r.sample for r in records], measured_at=dt.date.today().isoformat(), versions=versions())
     warnings.extend(fitted.warnings)
     runtime_ram, ram_warnings = measure_runtime_ram(hw, matrix, progress=progress)

@@ -20,6 +20,7 @@ from planner.errors import PlanError, VramplanError
 from planner.hardware import HardwareProfile
 from planner.modelspec import ModelSpec
 from planner.plan import Plan, hardware_fingerprint, model_ref
+from planner.quant import KV_SCHEMES, SCHEMES
 from planner.search import plan as make_plan
 from planner.sources import ModelSource
 
@@ -175,10 +176,14 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
             on_text: Callable[[str], None] | None = None,
             progress: Callable[[str], None] | None = None) -> RunReport:
     """Run the plan once (plus bounded OOM retries) and report predicted versus measured."""
+    from .kvcache import available_kv_dtypes
     from .load import load_tokenizer
 
     say = progress or (lambda s: None)
     check_plan_matches(p, spec, hw)
+    if p.choice.kv_dtype not in available_kv_dtypes():
+        raise PlanError(f"the plan's KV-cache dtype {p.choice.kv_dtype} has no backend in this transformers "
+                        f"(available: {', '.join(available_kv_dtypes())}): plan again with one of those")
     use_checkpoint = source.path is not None and not dummy_weights
     tokenizer = load_tokenizer(source.path, trust_remote_code) if use_checkpoint else None
     base_ids = _prompt_ids(tokenizer, spec.vocab_size, prompt_text, prompt_tokens, seed)
@@ -195,7 +200,9 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
             if oom:
                 report.errors.append(oom)
             break
-        replanned = _replan_after_oom(report, spec, hw, oom)
+        from .measure import cuda_free_bytes
+
+        replanned = _replan_after_oom(report, spec, hw, oom, cuda_free_bytes())
         if replanned is None:
             break
         report.plan = replanned
@@ -237,7 +244,7 @@ class _Attempt:
         import torch
 
         from .generate import STOP_INTERRUPTED
-        from .measure import PeakMemorySampler
+        from .measure import PeakMemorySampler, is_oom
 
         report, c = self.report, self.report.plan.choice
         if c.on_gpu and not torch.cuda.is_available():
@@ -254,8 +261,10 @@ class _Attempt:
                 report.interrupted = True
                 report.stopped_reason = STOP_INTERRUPTED
                 report.notes.append("interrupted: the numbers are what was measured until then")
-            except torch.cuda.OutOfMemoryError as e:  # pragma: no cover - needs a GPU
-                oom = f"CUDA out of memory while loading: {' '.join(str(e).split())[:300]}"
+            except Exception as e:  # noqa: BLE001 - only out-of-memory is turned into a re-plan
+                if not is_oom(e):
+                    raise
+                oom = f"out of memory while loading: {' '.join(str(e).split())[:300]}"
             finally:
                 _release(holder)
         report.measured.peak_ram_bytes = sampler.result.peak_rss_bytes
@@ -275,8 +284,8 @@ class _Attempt:
         offloaded = c.on_gpu and c.offload is not OffloadMode.NONE
         # offloaded plans load on the CPU, then the offload engine places them (stream or cpu mode)
         loaded = holder["loaded"] = load_model(
-            self.source.path if self.use_checkpoint else self.source.config, weight_quant=c.weight_quant,
-            compute_dtype="fp16" if c.weight_quant == "fp16" else "bf16", dummy_weights=not self.use_checkpoint,
+            self.source.path if self.use_checkpoint else self.source.config, scheme=SCHEMES[c.weight_quant],
+            dummy_weights=not self.use_checkpoint,
             device="cpu" if offloaded else device, allow_pickle=self.allow_pickle,
             trust_remote_code=self.trust_remote_code, seed=self.seed, tokenizer=self.tokenizer)
         if offloaded:
@@ -294,7 +303,7 @@ class _Attempt:
         self.say(f"prefill {ids.shape[-1]} tokens in chunks of {report.plan.request.prefill_chunk}, then up to "
                  f"{max_new_tokens - len(report.tokens)} new tokens")
         result = generate(loaded.model, ids, max_new_tokens=max_new_tokens - len(report.tokens),
-                          prefill_chunk=report.plan.request.prefill_chunk, kv_dtype=c.kv_dtype,
+                          prefill_chunk=report.plan.request.prefill_chunk, kv=KV_SCHEMES[c.kv_dtype],
                           temperature=self.temperature, eos_token_id=_eos(self.tokenizer), seed=self.seed,
                           on_token=streamer.push)
         streamer.flush()
@@ -329,24 +338,31 @@ def _release(holder: dict) -> None:
     free_memory()
 
 
-def _replan_after_oom(report: RunReport, spec, hw, error: str) -> Plan | None:
-    """Lower the GPU budget by what the OOM showed and plan again."""
+def _replan_after_oom(report: RunReport, spec, hw, error: str, free_bytes: int | None = None) -> Plan | None:
+    """Lower the GPU budget by what the OOM showed, and to what the device has free now (measured after the failed
+    attempt's memory went back: another process may hold what the profile promised), and plan again."""
     current = report.plan
     gpu = current.memory.gpu
     planned = gpu.total_bytes - gpu.headroom_bytes
     seen = report.measured.peak_vram_bytes or planned
     shortfall = max(seen - planned, int(OOM_MIN_BUDGET_CUT * gpu.capacity_bytes))
     budget = max(0, gpu.capacity_bytes - shortfall)
+    free_note = ""
+    if free_bytes is not None and free_bytes + gpu.cuda_context_bytes < budget:
+        budget = free_bytes + gpu.cuda_context_bytes  # this process' CUDA context is planned and already there
+        free_note = f" (the device has {free_bytes / 2**30:.2f} GiB free now, measured)"
     wrong_by = (seen - planned) / planned * 100 if planned else None
     msg = (f"CUDA out of memory: the plan predicted {planned / 2**30:.2f} GiB on the GPU, the process reached "
            f"{seen / 2**30:.2f} GiB" + (f" (prediction wrong by {wrong_by:+.1f} %)" if wrong_by is not None else "")
-           + f"; re-planning with a GPU budget of {budget / 2**30:.2f} GiB")
-    report.errors.append(error)
+           + f"; re-planning with a GPU budget of {budget / 2**30:.2f} GiB{free_note}")
     report.notes.append(msg)
     new = make_plan(spec, hw, replace(current.request, vram_budget_bytes=budget, gpu_layers=None))
-    report.replans.append({"reason": msg, "vram_budget_bytes": budget,
+    report.replans.append({"reason": msg, "error": error, "vram_budget_bytes": budget,
                            "choice": new.choice.to_dict() if new.choice else None})
-    return new if new.fits else None
+    if not new.fits:
+        report.errors.append(f"{error}; and with a GPU budget of {budget / 2**30:.2f} GiB nothing fits")
+        return None
+    return new
 
 
 def _prompt_ids(tokenizer, vocab_size: int, prompt_text: str | None, prompt_tokens: int | None, seed: int):

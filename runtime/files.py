@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 
 from planner.errors import VramplanError
-from planner.hardware import HardwareProfile, dumps_profile
+from planner.hardware import HardwareProfile
+from planner.profile_yaml import dumps_profile
 
 
 class WriteError(VramplanError):

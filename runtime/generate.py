@@ -24,8 +24,9 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from planner.quant import KV_SCHEMES, KVScheme
 from runtime.kvcache import make_cache
-from runtime.measure import synchronize
+from runtime.measure import is_oom, synchronize
 
 EDGE_FRACTION = 0.10       # the share of decode steps averaged for the start / end rates
 SPECIAL_TOKEN_IDS = 11     # synthetic prompts avoid ids 0..10 (pad/bos/eos live there in most vocabularies)
@@ -138,7 +139,7 @@ def decode_n_tokens(model: nn.Module, first_token: torch.Tensor, position: int, 
 
 
 def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk: int,
-             kv_dtype: str = "bf16", temperature: float = 0.0, eos_token_id: int | Iterable[int] | None = None,
+             kv: KVScheme = KV_SCHEMES["bf16"], temperature: float = 0.0, eos_token_id: int | Iterable[int] | None = None,
              seed: int = 0, on_token: Callable[[int], None] | None = None,
              stop: Callable[[], bool] | None = None) -> GenerationResult:
     """Prefill ``input_ids`` ([1, n] tensor or list of ids) in chunks, then decode.
@@ -160,7 +161,7 @@ def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk:
     generator = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
 
     result = GenerationResult(prompt_tokens=prompt_tokens)
-    cache = make_cache(kv_dtype, model.config)
+    cache = make_cache(kv, model.config)
     try:
         with no_grad_context(model):
             synchronize(device)
@@ -187,7 +188,7 @@ def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk:
     except KeyboardInterrupt:
         result.stopped_reason = STOP_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - only out-of-memory is turned into a result
-        if not _is_oom(exc):
+        if not is_oom(exc):
             raise
         result.stopped_reason = STOP_OOM
         result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -208,14 +209,14 @@ def no_grad_context(model: nn.Module):
     return torch.no_grad() if quanto else torch.inference_mode()
 
 
-def first_logits(model: nn.Module, input_ids, prefill_chunk: int, kv_dtype: str = "bf16") -> torch.Tensor:
+def first_logits(model: nn.Module, input_ids, prefill_chunk: int, kv: KVScheme = KV_SCHEMES["bf16"]) -> torch.Tensor:
     """The fp32 logits of the last prompt position after a (chunked) prefill, [vocab]."""
     input_ids = torch.as_tensor(input_ids, dtype=torch.long)
     if input_ids.ndim == 1:
         input_ids = input_ids.unsqueeze(0)
     input_ids = input_ids.to(model_device(model))
     with no_grad_context(model):
-        return prefill(model, input_ids, make_cache(kv_dtype, model.config), prefill_chunk)[0]
+        return prefill(model, input_ids, make_cache(kv, model.config), prefill_chunk)[0]
 
 
 def _as_id_set(eos_token_id) -> Iterable[int]:
@@ -224,16 +225,6 @@ def _as_id_set(eos_token_id) -> Iterable[int]:
     if isinstance(eos_token_id, int):
         return (eos_token_id,)
     return tuple(int(i) for i in eos_token_id)
-
-
-def _is_oom(exc: BaseException) -> bool:
-    oom_type = getattr(torch.cuda, "OutOfMemoryError", None)
-    if oom_type is not None and isinstance(exc, oom_type):
-        return True
-    if isinstance(exc, MemoryError):
-        return True
-    message = str(exc).lower()
-    return isinstance(exc, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
 
 
 def _fill_decode_rates(result: GenerationResult) -> None:

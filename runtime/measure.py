@@ -31,6 +31,22 @@ def synchronize(device: torch.device | str | None) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
+# What out-of-memory looks like when it is not a torch.OutOfMemoryError: cuBLAS failing to allocate its
+# workspace, a raw CUDA error string, the CPU allocator.
+OOM_MESSAGES = ("out of memory", "can't allocate memory", "cublas_status_alloc_failed", "cudaerrormemoryallocation")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether `exc` means a device or host ran out of memory (the run re-plans), not a bug or a missing feature."""
+    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    if isinstance(exc, MemoryError):
+        return True
+    message = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(m in message for m in OOM_MESSAGES)
+
+
 def free_memory() -> None:
     """Hand back what dropped objects held: collect reference cycles (bnb's 4-bit weights point back at their
     module, the offload engine and its wrappers at each other), then empty torch's CUDA cache."""
@@ -40,6 +56,13 @@ def free_memory() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+
+
+def cuda_free_bytes(device: int | None = None) -> int | None:
+    """What the CUDA device has free now (cudaMemGetInfo: what every process left), or None without CUDA."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    return int(torch.cuda.mem_get_info(device)[0])
 
 
 class Timer:

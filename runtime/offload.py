@@ -42,7 +42,8 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from planner.errors import VramplanError
-from runtime.load import _decoder_layers, count_tensor_bytes, release_freed_heap
+from runtime.load import decoder_layers
+from runtime.tensors import Leaf, count_tensor_bytes, is_wrapper, module_leaves, release_freed_heap
 
 MODES = ("stream", "cpu")
 SLOT_COUNT = 2
@@ -66,7 +67,7 @@ def apply_offload(model: nn.Module, *, gpu_layers: int, mode: str,
     device = _resolve_device(device)
     if any(isinstance(m, OffloadedLayer) for m in model.modules()):
         raise VramplanError("this model is already offloaded: detach() its engine first")
-    layers_path, layers = _decoder_layers(model, int(model.config.get_text_config(decoder=True).num_hidden_layers))
+    layers_path, layers = decoder_layers(model, int(model.config.get_text_config(decoder=True).num_hidden_layers))
     if isinstance(gpu_layers, bool) or not isinstance(gpu_layers, int) or not 0 <= gpu_layers <= len(layers):
         raise VramplanError(f"gpu_layers={gpu_layers!r} is outside 0..{len(layers)} (the model's decoder layers)")
     elsewhere = sorted(set(count_tensor_bytes(model)) - {"cpu"})
@@ -137,6 +138,8 @@ class OffloadEngine:
         # stream mode
         self._host_buffers: dict[int, torch.Tensor] = {}
         self._locked: list[torch.Tensor] = []  # host buffers page-locked with cudaHostRegister
+        self._pinned: set[int] = set()  # offloaded layers whose host buffer is pinned (copied asynchronously)
+        self.notes: list[str] = []  # what the engine had to fall back to
         self._unlock: Callable[[], Any] | None = None
         self._layout: _Layout | None = None
         self._slots: list[_Slot] = []
@@ -156,7 +159,7 @@ class OffloadEngine:
             if self.mode == "stream":
                 self._prepare_stream()
             else:
-                self.host_bytes = sum(_distinct_bytes(_module_leaves(self._layers[i])) for i in self.offloaded_layers)
+                self.host_bytes = sum(_distinct_bytes(module_leaves(self._layers[i])) for i in self.offloaded_layers)
             self._install_wrappers()
             self._install_hooks()
         except BaseException:
@@ -180,6 +183,9 @@ class OffloadEngine:
         if self.device.type != "cpu":
             for module, recurse in self._resident:
                 _move(module, CPU, recurse=recurse)
+        if self._copy_stream is not None:
+            # a prefetch may still be writing a slot: the slots' memory goes back to the allocator only after it
+            self._copy_stream.synchronize()
         self._slots, self._current_slot, self._copy_stream = [], None, None
         if self._unlock is not None:
             torch.cuda.synchronize(self.device)  # no copy may still read a buffer being unlocked
@@ -202,6 +208,7 @@ class OffloadEngine:
             "host_bytes": self.host_bytes, "host_buffer_bytes": self.host_buffer_bytes,
             "pinned_bytes": self.pinned_bytes, "slot_bytes": self.slot_bytes,
             "layer_buffer_bytes": self.layer_buffer_bytes, "h2d_bytes_last_forward": self.h2d_bytes_last_forward,
+            "notes": list(self.notes),
         }
 
     # --- placement ---------------------------------------------------------------------
@@ -243,7 +250,7 @@ class OffloadEngine:
             self._host_buffers[index] = self._pack_host_layer(index, pin)
         release_freed_heap()  # the layers' former tensors
         self.host_buffer_bytes = sum(b.nbytes for b in self._host_buffers.values())
-        self.pinned_bytes = self.host_buffer_bytes if pin else 0
+        self.pinned_bytes = sum(self._host_buffers[i].nbytes for i in self._pinned)
         self.layer_buffer_bytes = self._layout.nbytes
         self._slots = [self._make_slot() for _ in range(min(SLOT_COUNT, len(self.offloaded_layers)))]
         self.slot_bytes = sum(slot.buffer.nbytes for slot in self._slots)
@@ -254,22 +261,46 @@ class OffloadEngine:
         """Move layer ``index``'s tensors into one flat host buffer; its modules now hold views of it."""
         layer = self._layers[index]
         _bnb4_device_form(layer, self.device)
-        leaves = _module_leaves(layer)
+        leaves = module_leaves(layer)
         layout = _layout_of(leaves, _module_types(layer))
         self._layout = self._layout or layout  # one for all: _check_streamable compared them
         buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
         if pin:
-            _page_lock(buffer)
-            self._locked.append(buffer)
+            buffer = self._pin(buffer, index)
         _bind(leaves, layout, buffer)
         self.host_bytes += layout.payload_bytes
         return buffer
+
+    def _pin(self, buffer: torch.Tensor, index: int) -> torch.Tensor:
+        """Page-lock `buffer` in place; if the driver refuses (a memlock limit, a container), take a buffer from
+        torch's pinned allocator instead (rounded up to a power of two); if that fails too, stay pageable, and
+        copies of this layer are synchronous. Which one happened is in `notes`."""
+        error = _page_lock(buffer)
+        if error == 0:
+            self._locked.append(buffer)
+            self._pinned.add(index)
+            return buffer
+        try:
+            pinned = torch.empty(buffer.nbytes, dtype=torch.uint8, pin_memory=True)
+        except RuntimeError:
+            _clear_cuda_error()
+            self._note(f"cudaHostRegister failed (cudaError {error}) and torch's pinned allocator too: offloaded "
+                       "layers stay in pageable memory and their copies are synchronous")
+            return buffer
+        self._pinned.add(index)
+        self._note(f"cudaHostRegister failed (cudaError {error}; is the memlock limit, ulimit -l, too low?): "
+                   "offloaded layers use torch's pinned allocator, which rounds each buffer up to a power of two")
+        return pinned
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
 
     def _make_slot(self) -> "_Slot":
         """A replica of the first offloaded layer on ``device``, its tensors views of one device buffer."""
         module = _clone_layer(self._layers[self.offloaded_layers[0]])
         _move(module, self.device)
-        leaves = _module_leaves(module)
+        leaves = module_leaves(module)
         layout = _layout_of(leaves, _module_types(module))
         if layout.signature != self._layout.signature:
             raise VramplanError(
@@ -285,10 +316,10 @@ class OffloadEngine:
     def _check_streamable(self) -> None:
         """Offloaded layers must share one structure (the slots are replicas), and say their index."""
         first = self.offloaded_layers[0]
-        signature = _layout_of(_module_leaves(self._layers[first]), _module_types(self._layers[first])).signature
+        signature = _layout_of(module_leaves(self._layers[first]), _module_types(self._layers[first])).signature
         for index in self.offloaded_layers[1:]:
             layer = self._layers[index]
-            if _layout_of(_module_leaves(layer), _module_types(layer)).signature != signature:
+            if _layout_of(module_leaves(layer), _module_types(layer)).signature != signature:
                 raise VramplanError(
                     f"stream mode needs offloaded layers of one structure; layer {index} differs from layer "
                     f"{first} (modules or tensor shapes): use mode='cpu' or more gpu_layers")
@@ -367,7 +398,9 @@ class OffloadEngine:
         else:
             with torch.cuda.stream(self._copy_stream):
                 self._copy_stream.wait_event(slot.used)
-                slot.buffer.copy_(source, non_blocking=True)
+                # only a pinned source is copied asynchronously; a pageable one would be staged synchronously
+                slot.buffer.copy_(source, non_blocking=index in self._pinned)
+                slot.buffer.record_stream(self._copy_stream)  # the allocator must not reuse it while this copy runs
                 slot.copied.record(self._copy_stream)
         slot.layer = index
         self.h2d_bytes_last_forward += source.nbytes
@@ -377,102 +410,12 @@ class OffloadEngine:
         """After a slot's first run: every tensor of it must still be a view of its buffer. A module
         that rebinds its weights in forward would otherwise silently keep the first layer's values."""
         start = slot.buffer.data_ptr()
-        stray = [leaf for leaf in _module_leaves(slot.module)
+        stray = [leaf for leaf in module_leaves(slot.module)
                  if leaf.tensor.numel() and not start <= leaf.tensor.data_ptr() < start + slot.buffer.nbytes]
         if stray:
             raise VramplanError(f"stream mode: a module of {type(slot.module).__name__} replaced its tensors "
                                 f"during forward ({len(stray)} of them); it cannot be streamed: use mode='cpu'")
         slot.verified = True
-
-
-# ---------------------------------------------------------------------------------------
-# Leaves: the plain tensors that hold a layer's memory
-
-
-@dataclass(frozen=True)
-class _Leaf:
-    """A plain tensor holding part of a module's memory, and how to point its owner at another one."""
-
-    tensor: torch.Tensor
-    rebind: Callable[[torch.Tensor], None]
-
-
-def _module_leaves(module: nn.Module, *, recurse: bool = True) -> list[_Leaf]:
-    """Every plain tensor of ``module``, in a fixed order, opened up like ``count_tensor_bytes``:
-    bnb Params4bit (packed data + quant_state tensors), Int8Params (int8 data + SCB, also when its
-    first forward moved them into the module's ``state``), optimum-quanto inner tensors."""
-    leaves: list[_Leaf] = []
-    for owner in (module.modules() if recurse else (module,)):
-        for param in owner._parameters.values():
-            if param is not None:
-                leaves.extend(_param_leaves(owner, param))
-        for name, buffer in owner._buffers.items():
-            if buffer is not None:
-                leaves.extend(_tensor_leaves(buffer, partial(owner._buffers.__setitem__, name)))
-    return leaves
-
-
-def _param_leaves(owner: nn.Module, param: torch.Tensor) -> Iterator[_Leaf]:
-    quant_state = getattr(param, "quant_state", None)
-    if quant_state is not None:  # bitsandbytes Params4bit
-        yield _Leaf(param.data, partial(setattr, param, "data"))
-        yield from _quant_state_leaves(quant_state)
-    elif hasattr(param, "SCB") and hasattr(param, "CB"):  # bitsandbytes Int8Params
-        yield from _int8_leaves(owner, param)
-    elif _is_wrapper(param):  # optimum-quanto
-        yield from _tensor_leaves(param, None)
-    else:
-        yield _Leaf(param.data, partial(setattr, param, "data"))
-
-
-def _tensor_leaves(tensor: torch.Tensor, rebind: Callable | None) -> Iterator[_Leaf]:
-    if not _is_wrapper(tensor):
-        yield _Leaf(tensor, rebind)
-        return
-    names, _ = tensor.__tensor_flatten__()
-    for name in names:
-        yield from _tensor_leaves(getattr(tensor, name), partial(setattr, tensor, name))
-
-
-def _quant_state_leaves(quant_state: Any) -> Iterator[_Leaf]:
-    for name, value in list(vars(quant_state).items()):
-        if isinstance(value, torch.Tensor):
-            yield _Leaf(value, partial(setattr, quant_state, name))
-        elif value is not None and hasattr(value, "absmax") and hasattr(value, "code"):
-            yield from _quant_state_leaves(value)  # state2 of double quantization
-
-
-def _int8_leaves(owner: nn.Module, weight: torch.Tensor) -> Iterator[_Leaf]:
-    """Int8Params: CB *is* the int8 data (an alias); the first forward moves CB/SCB into the
-    module's MatmulLtState. Rebinding points every alias at the new tensor."""
-    state = getattr(owner, "state", None)
-
-    def rebind_data(tensor: torch.Tensor) -> None:
-        weight.data = tensor
-        if weight.CB is not None:
-            weight.CB = tensor
-        if getattr(state, "CB", None) is not None:
-            state.CB = tensor
-
-    def rebind_scb(tensor: torch.Tensor) -> None:
-        if weight.SCB is not None:
-            weight.SCB = tensor
-        if getattr(state, "SCB", None) is not None:
-            state.SCB = tensor
-
-    yield _Leaf(weight.data, rebind_data)
-    scb = weight.SCB if weight.SCB is not None else getattr(state, "SCB", None)
-    if scb is not None:
-        yield _Leaf(scb, rebind_scb)
-
-
-def _is_wrapper(tensor: torch.Tensor) -> bool:
-    return (hasattr(type(tensor), "__tensor_flatten__")
-            and type(tensor) not in (torch.Tensor, nn.Parameter))
-
-
-def _distinct_bytes(leaves: list[_Leaf]) -> int:
-    return sum({_tensor_key(leaf.tensor): _extent_bytes(leaf.tensor) for leaf in leaves}.values())
 
 
 # ---------------------------------------------------------------------------------------
@@ -495,7 +438,11 @@ class _Layout:
         return self.specs, self.leaf_to_tensor, self.module_types
 
 
-def _layout_of(leaves: list[_Leaf], module_types: tuple[str, ...]) -> _Layout:
+def _distinct_bytes(leaves: list[Leaf]) -> int:
+    return sum({_tensor_key(leaf.tensor): _extent_bytes(leaf.tensor) for leaf in leaves}.values())
+
+
+def _layout_of(leaves: list[Leaf], module_types: tuple[str, ...]) -> _Layout:
     index_of: dict[tuple, int] = {}
     specs, offsets, leaf_to_tensor = [], [], []
     offset = payload = 0
@@ -514,7 +461,7 @@ def _layout_of(leaves: list[_Leaf], module_types: tuple[str, ...]) -> _Layout:
                    module_types=module_types, nbytes=max(offset, 1), payload_bytes=payload)
 
 
-def _bind(leaves: list[_Leaf], layout: _Layout, buffer: torch.Tensor) -> None:
+def _bind(leaves: list[Leaf], layout: _Layout, buffer: torch.Tensor) -> None:
     """Copy every leaf into its place in ``buffer`` and point its owner at that view."""
     views = [_view(buffer, offset, *spec) for offset, spec in zip(layout.offsets, layout.specs)]
     for leaf, i in zip(leaves, layout.leaf_to_tensor):
@@ -564,7 +511,7 @@ class _Slot:
 def _clone_layer(layer: nn.Module) -> nn.Module:
     """A deep copy of ``layer``, made while its tensors are standalone copies: deep-copying a view
     copies its whole storage (bnb's __deepcopy__ does, for every tensor), here the layer's buffer."""
-    leaves = _module_leaves(layer)
+    leaves = module_leaves(layer)
     originals = [leaf.tensor for leaf in leaves]
     copies = {_tensor_key(t): t.clone() for t in originals}
     for leaf, tensor in zip(leaves, originals):
@@ -586,7 +533,7 @@ def _deepcopy_layer(layer: nn.Module) -> nn.Module:
             if isinstance(value, PretrainedConfig):
                 memo[id(value)] = value
         for param in module._parameters.values():
-            if param is not None and _is_wrapper(param):
+            if param is not None and is_wrapper(param):
                 memo[id(param)] = nn.Parameter(_clone_wrapper(param), requires_grad=False)
     clone = copy.deepcopy(layer, memo)
     for module in clone.modules():
@@ -597,7 +544,7 @@ def _deepcopy_layer(layer: nn.Module) -> nn.Module:
 
 
 def _clone_wrapper(tensor: torch.Tensor) -> torch.Tensor:
-    if not _is_wrapper(tensor):
+    if not is_wrapper(tensor):
         return tensor.detach().clone()
     names, context = tensor.__tensor_flatten__()
     inner = {name: _clone_wrapper(getattr(tensor, name)) for name in names}
@@ -618,13 +565,26 @@ def _public_scalars(module: nn.Module) -> dict[str, Any]:
 # Moving modules and tensors
 
 
-def _page_lock(buffer: torch.Tensor) -> None:
-    """Pin ``buffer`` in place with cudaHostRegister. Not ``pin_memory=True``: torch's caching host
-    allocator rounds every pinned block up to a power of two (a 0.6 GB layer would lock 1 GiB)."""
-    error = int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.nbytes, 0))
+# cudaHostRegisterPortable: the pinned range is usable from every CUDA context, not only the current one
+CUDA_HOST_REGISTER_PORTABLE = 1
+
+
+def _page_lock(buffer: torch.Tensor) -> int:
+    """Pin ``buffer`` in place with cudaHostRegister; the CUDA error code (0 = pinned). Not ``pin_memory=True``
+    first: torch's caching host allocator rounds every pinned block up to a power of two (a 0.6 GB layer would
+    lock 1 GiB). A failure is cleared from CUDA's sticky last-error slot, so a later, unrelated check does not
+    report it."""
+    error = int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.nbytes, CUDA_HOST_REGISTER_PORTABLE))
     if error != 0:
-        raise VramplanError(f"cannot page-lock {buffer.nbytes} bytes of host memory for stream mode "
-                            f"(cudaHostRegister: cudaError {error}); is the memlock limit (ulimit -l) too low?")
+        _clear_cuda_error()
+    return error
+
+
+def _clear_cuda_error() -> None:
+    try:
+        torch.cuda.cudart().cudaGetLastError()
+    except (RuntimeError, AttributeError):
+        pass
 
 
 def _page_unlock(buffers: list[torch.Tensor]) -> None:
@@ -655,7 +615,7 @@ def _move(module: nn.Module, device: torch.device, *, recurse: bool = True) -> N
         _bnb4_device_form(module, device)
     if recurse:
         module.to(device)  # optimum-quanto tensors re-wrap themselves for the device
-    for leaf in _module_leaves(module, recurse=recurse):
+    for leaf in module_leaves(module, recurse=recurse):
         leaf.rebind(leaf.tensor.to(device))
 
 
@@ -679,7 +639,14 @@ def _bnb4_device_form(layer: nn.Module, device: torch.device) -> None:
                 and not module.training:
             weight.data, weight.quant_state = _convert_weight_packed_for_cpu(weight.data, quant_state)
         elif device.type != "cpu" and packed:
+            nested = getattr(quant_state, "original_nested", False)
             weight.data, weight.quant_state = _convert_weight_packed_for_cpu_inverse(weight.data, quant_state)
+            if not nested:
+                # bitsandbytes 0.50.2's inverse restores absmax only for double quantization; otherwise it stays
+                # the CPU form, bf16 [K / blocksize, N], where CUDA kernels want fp32 [N * K / blocksize]
+                # (functional.py _convert_weight_packed_for_cpu / _inverse)
+                qs = weight.quant_state
+                qs.absmax = qs.absmax.T.reshape(-1).to(torch.float32).contiguous()
 
 
 def _modules_outside(root: nn.Module, layers: nn.ModuleList,

@@ -18,7 +18,8 @@ import socket
 from pathlib import Path
 
 from planner.errors import ProfileError
-from planner.hardware import HardwareProfile, load_profile
+from planner.hardware import HardwareProfile
+from planner.profile_yaml import load_profile
 
 from .files import WriteError, save_profile
 from .probe.host import BUSY_NOTE_PREFIX, machine_fingerprint

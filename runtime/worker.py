@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from planner.errors import VramplanError
-from planner.hardware import HardwareProfile, profile_from_dict, profile_to_dict
+from planner.hardware import HardwareProfile
+from planner.profile_yaml import profile_from_dict, profile_to_dict
 from planner.request import Request
 
 from .execute import RunReport

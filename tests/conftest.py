@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from planner.quant import SCHEMES
+
 # hidden 64, 2 layers, GQA 2:1 with head_dim 32 (quanto's KV groups of 64 need
 # heads x head_dim to be a multiple of 64), intermediate 256 so that a down_proj has
 # in_features 256 and quanto int4 takes its group-128 path, as in real models.
@@ -82,7 +84,7 @@ def load_tiny(tiny_checkpoints):
     def load(arch: str, weight_quant: str, compute_dtype: str = "bf16"):
         key = (arch, weight_quant, compute_dtype)
         if key not in cache:
-            cache[key] = load_model(tiny_checkpoints[arch], weight_quant=weight_quant, compute_dtype=compute_dtype)
+            cache[key] = load_model(tiny_checkpoints[arch], scheme=SCHEMES[weight_quant], compute_dtype=compute_dtype)
         return cache[key]
 
     return load

@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from planner.calibration import RESIDUAL_WARN_PCT, Sample, fit
-from planner.hardware import MAX_EFFICIENCY, dumps_profile, loads_profile
+from planner.hardware import MAX_EFFICIENCY
+from planner.profile_yaml import dumps_profile, loads_profile
 from planner.profiles import resolve_profile
 from planner.request import Request
 from planner.search import plan

@@ -16,7 +16,9 @@ import torch
 from conftest import save_tiny_model, tiny_config
 from planner.errors import VramplanError
 from runtime.generate import first_logits, generate, synthetic_prompt
-from runtime.load import count_tensor_bytes, load_model
+from planner.quant import SCHEMES
+from runtime.load import load_model
+from runtime.tensors import count_tensor_bytes
 from runtime.offload import OffloadedLayer, apply_offload
 
 ARCHS = ("llama", "qwen2", "gemma2")  # untied embeddings (llama, qwen2 with q/k/v biases), tied + sliding window
@@ -51,7 +53,7 @@ def reference(checkpoints):
 
     def get(arch: str, quant: str):
         if (arch, quant) not in cache:
-            model = load_model(checkpoints[arch], weight_quant=quant).model
+            model = load_model(checkpoints[arch], scheme=SCHEMES[quant]).model
             cache[arch, quant] = (model, first_logits(model, PROMPT, PREFILL_CHUNK), _greedy(model))
         return cache[arch, quant]
 
@@ -121,7 +123,7 @@ def test_streaming_really_reloads_the_slots(reference):
 @pytest.mark.parametrize("quant", QUANTS)
 @pytest.mark.parametrize("mode", ["stream", "cpu"])
 def test_host_bytes_are_the_offloaded_layers_tensor_bytes(checkpoints, quant, mode):
-    model = load_model(checkpoints["llama"], weight_quant=quant).model
+    model = load_model(checkpoints["llama"], scheme=SCHEMES[quant]).model
     if quant == "bnb-nf4" and mode == "stream":
         # On AVX512-BF16 CPUs bnb 4-bit repacks weight and absmax (bf16) on its first forward;
         # stream mode takes that form up front, so count the layers in it. (Not for int8:
@@ -200,7 +202,7 @@ def test_bad_arguments_are_clear_errors(reference):
 
 
 def test_model_not_on_the_cpu_and_mixed_layers_are_refused(checkpoints):
-    model = load_model(checkpoints["llama"], weight_quant="bf16").model
+    model = load_model(checkpoints["llama"], scheme=SCHEMES["bf16"]).model
     layers = _decoder_layers(model)
     layers[2].mlp.down_proj = torch.nn.Linear(256, 64, bias=True, dtype=torch.bfloat16)  # layer 2 differs
     originals = list(layers)
@@ -218,7 +220,7 @@ def test_model_not_on_the_cpu_and_mixed_layers_are_refused(checkpoints):
 
 
 def _resident_logits(checkpoint, quant):
-    model = load_model(checkpoint, weight_quant=quant).model
+    model = load_model(checkpoint, scheme=SCHEMES[quant]).model
     engine = apply_offload(model, gpu_layers=NUM_LAYERS, mode="stream", device="cuda")
     logits, tokens = first_logits(model, PROMPT, PREFILL_CHUNK), _greedy(model)
     engine.detach()
@@ -247,7 +249,7 @@ def test_gpu_offload_matches_the_model_on_the_gpu(checkpoints, quant):
 
 @pytest.mark.gpu
 def test_gpu_host_tensors_are_pinned_and_slots_are_reused(checkpoints):
-    model = load_model(checkpoints["llama"], weight_quant="bnb-nf4").model
+    model = load_model(checkpoints["llama"], scheme=SCHEMES["bnb-nf4"]).model
     with apply_offload(model, gpu_layers=0, mode="stream", device="cuda") as engine:
         for index in engine.offloaded_layers:
             layer = engine._originals[index]
@@ -277,7 +279,7 @@ def test_gpu_copies_run_on_a_side_stream_while_layers_compute(tmp_path):
 
     config = tiny_config("llama", num_hidden_layers=6, hidden_size=1024, intermediate_size=4096,
                          num_attention_heads=8, num_key_value_heads=8, head_dim=128)
-    model = load_model(save_tiny_model(config, tmp_path / "wide"), weight_quant="bf16").model
+    model = load_model(save_tiny_model(config, tmp_path / "wide"), scheme=SCHEMES["bf16"]).model
     ids = synthetic_prompt(512, 512, seed=0)
     with apply_offload(model, gpu_layers=1, mode="stream", device="cuda") as engine:
         first_logits(model, ids, 512)  # warm-up

@@ -12,7 +12,7 @@ import yaml
 
 from planner.architectures import spec_from_config
 from planner.errors import PlanError
-from planner.hardware import profile_from_dict
+from planner.profile_yaml import profile_from_dict
 from planner.memory import layer_costs, workspace_bytes
 from planner.plan import Plan
 from planner.profiles import resolve_profile

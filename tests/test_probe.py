@@ -13,7 +13,7 @@ import psutil
 import pynvml
 import pytest
 
-from planner.hardware import dumps_profile, load_profile, loads_profile, profile_to_dict
+from planner.profile_yaml import dumps_profile, load_profile, loads_profile, profile_to_dict
 from planner.units import GiB, MiB
 from runtime import probe as probe_mod
 from runtime.probe import core as probe_core

@@ -32,7 +32,9 @@ from conftest import FULL_ATTENTION_ARCHS, TINY_ARCHS, tiny_config, tiny_config_
 from planner.errors import CheckpointError, VramplanError
 from runtime.generate import first_logits, generate, synthetic_prompt
 from runtime.kvcache import make_cache
-from runtime.load import count_tensor_bytes, load_model, offload_device_map, _device_map_for
+from planner.quant import KV_SCHEMES, SCHEMES
+from runtime.load import _device_map_for, load_model, offload_device_map
+from runtime.tensors import count_tensor_bytes
 from runtime.measure import PeakMemorySampler, Timer
 
 ARCHS = tuple(TINY_ARCHS)
@@ -95,7 +97,7 @@ def test_quantized_logits_close_to_bf16(load_tiny, arch, weight_quant):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_bf16_reload_is_bit_identical(tiny_checkpoints, load_tiny, arch):
-    again = load_model(tiny_checkpoints[arch], weight_quant="bf16")
+    again = load_model(tiny_checkpoints[arch], scheme=SCHEMES["bf16"])
     assert torch.equal(_logits(again.model), _logits(load_tiny(arch, "bf16").model))
 
 
@@ -154,19 +156,19 @@ def test_bnb_int8_bytes_unchanged_by_forward(load_tiny):
 def test_dummy_weights_match_a_saved_and_reloaded_checkpoint(tmp_path, weight_quant):
     """Same seed: quantizing in place (dummy path) == saving bf16 and loading with the quantization config."""
     config = tiny_config_dict("qwen2")
-    load_model(config, weight_quant="bf16", dummy_weights=True, seed=3).model.save_pretrained(tmp_path)
-    dummy = load_model(config, weight_quant=weight_quant, dummy_weights=True, seed=3)
-    reloaded = load_model(tmp_path, weight_quant=weight_quant)
+    load_model(config, scheme=SCHEMES["bf16"], dummy_weights=True, seed=3).model.save_pretrained(tmp_path)
+    dummy = load_model(config, scheme=SCHEMES[weight_quant], dummy_weights=True, seed=3)
+    reloaded = load_model(tmp_path, scheme=SCHEMES[weight_quant])
     assert dummy.weights_bytes_by_device == reloaded.weights_bytes_by_device
     assert torch.equal(_logits(dummy.model), _logits(reloaded.model))
 
 
 def test_dummy_weights_are_seeded_and_gemma3_builds_its_text_model():
     raw = {"model_type": "gemma3", "text_config": {**tiny_config_dict("gemma2"), "model_type": "gemma3_text"}}
-    first = load_model(raw, weight_quant="bf16", dummy_weights=True, seed=7)
+    first = load_model(raw, scheme=SCHEMES["bf16"], dummy_weights=True, seed=7)
     assert type(first.model).__name__ == "Gemma3ForCausalLM" and first.num_layers == 2
-    second = load_model(raw, weight_quant="bf16", dummy_weights=True, seed=7)
-    other = load_model(raw, weight_quant="bf16", dummy_weights=True, seed=8)
+    second = load_model(raw, scheme=SCHEMES["bf16"], dummy_weights=True, seed=7)
+    other = load_model(raw, scheme=SCHEMES["bf16"], dummy_weights=True, seed=8)
     assert torch.equal(_logits(first.model), _logits(second.model))
     assert not torch.equal(_logits(first.model), _logits(other.model))
     assert generate(first.model, PROMPT, max_new_tokens=3, prefill_chunk=5).stopped_reason == "max_new_tokens"
@@ -178,7 +180,7 @@ def test_qwen25_05b_dummy_has_exact_parameter_count():
     if not path.is_file():
         pytest.skip(f"{path} not present")
     config = json.loads(path.read_text())
-    loaded = load_model(config, weight_quant="bf16", dummy_weights=True)
+    loaded = load_model(config, scheme=SCHEMES["bf16"], dummy_weights=True)
     params = sum(p.numel() for p in loaded.model.parameters())
     assert params == 494_032_768
     buffers = sum(b.numel() * b.element_size() for b in loaded.model.buffers())
@@ -214,31 +216,31 @@ KV_ERROR_BOUNDS = {"fp16": 0.0, "fp8": 0.04, "quanto-int4": 0.05, "quanto-int2":
 def test_quantized_kv_cache_close_to_bf16_cache(load_tiny, arch):
     model = load_tiny(arch, "bf16").model
     ids = synthetic_prompt(40, 512, seed=2)
-    ref = first_logits(model, ids, prefill_chunk=8, kv_dtype="bf16")  # chunks > 1 read the cache back
+    ref = first_logits(model, ids, prefill_chunk=8, kv=KV_SCHEMES["bf16"])  # chunks > 1 read the cache back
     for kv_dtype, bound in KV_ERROR_BOUNDS.items():
-        error = _rel(first_logits(model, ids, prefill_chunk=8, kv_dtype=kv_dtype), ref)
+        error = _rel(first_logits(model, ids, prefill_chunk=8, kv=KV_SCHEMES[kv_dtype]), ref)
         assert error <= bound, kv_dtype
         assert (error > 0) == (kv_dtype != "fp16"), kv_dtype  # a quantized cache really quantizes
-    assert type(make_cache("quanto-int2", model.config).layers[0]).__name__ == "QuantoQuantizedLayer"
-    assert make_cache("quanto-int2", model.config).layers[0].nbits == 2
+    assert type(make_cache(KV_SCHEMES["quanto-int2"], model.config).layers[0]).__name__ == "QuantoQuantizedLayer"
+    assert make_cache(KV_SCHEMES["quanto-int2"], model.config).layers[0].nbits == 2
 
 
 def test_quanto_kv_cache_generates_past_the_residual_window(load_tiny):
     """150 prompt tokens + 40 new ones cross quanto's 128-token residual: requantization runs."""
     model = load_tiny("llama", "bf16").model
-    result = generate(model, synthetic_prompt(150, 512, 3), max_new_tokens=40, prefill_chunk=64, kv_dtype="quanto-int4")
+    result = generate(model, synthetic_prompt(150, 512, 3), max_new_tokens=40, prefill_chunk=64, kv=KV_SCHEMES["quanto-int4"])
     assert len(result.tokens) == 40 and result.stopped_reason == "max_new_tokens"
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "mistral"])
 def test_quantized_kv_cache_refused_for_sliding_window_models(arch):
     with pytest.raises(VramplanError, match="sliding_attention"):
-        make_cache("fp8", tiny_config(arch))
+        make_cache(KV_SCHEMES["fp8"], tiny_config(arch))
 
 
 def test_fp16_kv_for_a_bf16_model_stores_the_compute_dtype(load_tiny):
     model = load_tiny("llama", "bf16").model
-    cache = make_cache("fp16", model.config)
+    cache = make_cache(KV_SCHEMES["fp16"], model.config)
     with torch.no_grad():
         model(PROMPT, past_key_values=cache, use_cache=True)
     assert cache.layers[0].keys.dtype == torch.bfloat16
@@ -271,7 +273,7 @@ def test_prefill_does_not_copy_lm_head():
     prefill must pick the last position so that it does not (lm_head here: 64 MiB)."""
     config = tiny_config_dict("llama", hidden_size=512, head_dim=64, num_attention_heads=8,
                               num_key_value_heads=2, num_hidden_layers=1, vocab_size=65536)
-    model = load_model(config, weight_quant="bf16", dummy_weights=True).model
+    model = load_model(config, scheme=SCHEMES["bf16"], dummy_weights=True).model
     ids = synthetic_prompt(64, 65536, seed=4)
     first_logits(model, ids, prefill_chunk=64)  # warm-up: first-call allocations
     with PeakMemorySampler(interval_s=0.001) as sampler:
@@ -354,10 +356,10 @@ def test_pickle_only_checkpoint_is_refused_unless_allowed(tiny_checkpoints, tmp_
     model_dir = _copy_config(tiny_checkpoints["llama"], tmp_path / "pickled")
     torch.save(load_file(tiny_checkpoints["llama"] / "model.safetensors"), model_dir / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match="pickle") as excinfo:
-        load_model(model_dir, weight_quant="bf16")
+        load_model(model_dir, scheme=SCHEMES["bf16"])
     assert "\n" not in str(excinfo.value)
-    allowed = load_model(model_dir, weight_quant="bf16", allow_pickle=True)
-    reference = load_model(tiny_checkpoints["llama"], weight_quant="bf16")
+    allowed = load_model(model_dir, scheme=SCHEMES["bf16"], allow_pickle=True)
+    reference = load_model(tiny_checkpoints["llama"], scheme=SCHEMES["bf16"])
     assert torch.equal(_logits(allowed.model), _logits(reference.model))
 
 
@@ -366,20 +368,20 @@ def test_truncated_safetensors_is_a_checkpoint_error(tiny_checkpoints, tmp_path)
     data = (tiny_checkpoints["llama"] / "model.safetensors").read_bytes()
     (model_dir / "model.safetensors").write_bytes(data[: len(data) - 1000])
     with pytest.raises(CheckpointError, match="truncated") as excinfo:
-        load_model(model_dir, weight_quant="bnb-nf4")
+        load_model(model_dir, scheme=SCHEMES["bnb-nf4"])
     assert "\n" not in str(excinfo.value)
     (model_dir / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}......")
     with pytest.raises(CheckpointError, match="corrupt"):
-        load_model(model_dir, weight_quant="bf16")
+        load_model(model_dir, scheme=SCHEMES["bf16"])
 
 
 def test_missing_weights_are_a_checkpoint_error(tiny_checkpoints, tmp_path):
     model_dir = _copy_config(tiny_checkpoints["llama"], tmp_path / "empty")
     with pytest.raises(CheckpointError, match="no weights"):
-        load_model(model_dir, weight_quant="bf16")
+        load_model(model_dir, scheme=SCHEMES["bf16"])
     with pytest.raises(CheckpointError, match="dummy"):
-        load_model(tiny_config_dict("llama"), weight_quant="bf16")
-    assert load_model(model_dir, weight_quant="bf16", dummy_weights=True).num_layers == 2
+        load_model(tiny_config_dict("llama"), scheme=SCHEMES["bf16"])
+    assert load_model(model_dir, scheme=SCHEMES["bf16"], dummy_weights=True).num_layers == 2
 
 
 def test_checkpoint_missing_tensors_is_a_checkpoint_error(tiny_checkpoints, tmp_path):
@@ -390,18 +392,18 @@ def test_checkpoint_missing_tensors_is_a_checkpoint_error(tiny_checkpoints, tmp_
     del tensors["model.layers.1.mlp.down_proj.weight"]
     save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match="down_proj"):
-        load_model(model_dir, weight_quant="bf16")
+        load_model(model_dir, scheme=SCHEMES["bf16"])
 
 
 def test_a_bnb_failure_on_this_device_is_a_one_line_vramplan_error(monkeypatch):
-    import runtime.load as load
+    import runtime.quantize as quantize
 
     def no_kernel(*args, **kwargs):
         raise RuntimeError("no kernel for int8 matmul on this CPU\ndetails...")
 
-    monkeypatch.setattr(load, "_replace_linears_with_bnb", no_kernel)
+    monkeypatch.setattr(quantize, "_replace_linears_with_bnb", no_kernel)
     with pytest.raises(VramplanError, match=r"^bnb-int8 is not supported on cpu with bitsandbytes [0-9.]+: no kernel") as excinfo:
-        load_model(tiny_config_dict("llama"), weight_quant="bnb-int8", dummy_weights=True)
+        load_model(tiny_config_dict("llama"), scheme=SCHEMES["bnb-int8"], dummy_weights=True)
     assert "\n" not in str(excinfo.value)
 
 
@@ -409,27 +411,27 @@ def test_cuda_device_without_a_gpu_is_refused():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     with pytest.raises(VramplanError, match="CUDA"):
-        load_model(tiny_config_dict("llama"), weight_quant="bf16", dummy_weights=True, device="cuda")
+        load_model(tiny_config_dict("llama"), scheme=SCHEMES["bf16"], dummy_weights=True, device="cuda")
 
 
 # --- placement ------------------------------------------------------------------------
 
 
 def test_offload_device_map_puts_first_layers_and_non_layer_modules_on_the_gpu():
-    device_map = _device_map_for(tiny_config("llama", num_hidden_layers=3), "cuda:0", 1, 3, "bnb-nf4", False)
+    device_map = _device_map_for(tiny_config("llama", num_hidden_layers=3), "cuda:0", 1, 3, SCHEMES["bnb-nf4"], False)
     assert device_map == {
         "lm_head": "cuda:0", "model.embed_tokens": "cuda:0", "model.norm": "cuda:0", "model.rotary_emb": "cuda:0",
         "model.layers.0": "cuda:0", "model.layers.1": "cpu", "model.layers.2": "cpu",
     }
     assert offload_device_map("model.layers", [], 2, 2) == {"model.layers.0": "cuda:0", "model.layers.1": "cuda:0"}
     with pytest.raises(VramplanError, match="quanto"):
-        _device_map_for(tiny_config("llama"), "cuda:0", 1, 2, "quanto-int4", False)
+        _device_map_for(tiny_config("llama"), "cuda:0", 1, 2, SCHEMES["quanto-int4"], False)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("weight_quant", ["bf16", "bnb-nf4", "bnb-int8"])
 def test_cuda_split_load_generates_and_measures_vram(tiny_checkpoints, weight_quant):
-    loaded = load_model(tiny_checkpoints["llama"], weight_quant=weight_quant, device="cuda:0", gpu_layers=1)
+    loaded = load_model(tiny_checkpoints["llama"], scheme=SCHEMES[weight_quant], device="cuda:0", gpu_layers=1)
     assert set(loaded.weights_bytes_by_device) >= {"cuda:0"}
     with PeakMemorySampler(device="cuda:0") as sampler:
         result = generate(loaded.model, PROMPT, max_new_tokens=4, prefill_chunk=8)

@@ -3,11 +3,10 @@ plus the cases that once did (no-GPU machines over their RAM, unified-memory pro
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.hardware import profile_from_dict
+from planner.profile_yaml import profile_from_dict
 from planner.profiles import list_profiles, resolve_profile
 from planner.quant import KV_SCHEMES, SCHEMES
 from planner.request import Request

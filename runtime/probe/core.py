@@ -240,6 +240,10 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
             if g.mig_enabled and g.mig_devices and g.mig_devices[0].memory_total_bytes:
                 mem = g.mig_devices[0].memory_total_bytes
             groups.setdefault((g.name, mem), _GpuGroup([], memory=mem)).gpus.append(g)
+        # NVML's used memory before this process touches CUDA: the fallback measure of the CUDA context's
+        # cost. Read first: get_device_properties (and every later call) creates the context.
+        used_before = ({g.uuid: nvml_used_memory(g.uuid) for g in visible}
+                       if torch is not None and not torch.cuda.is_initialized() else {})
         cuda_ok = torch is not None and torch.cuda.is_available()
         if torch is not None and not cuda_ok:
             notes.append(f"torch {torch.__version__} has no usable CUDA: GPU figures are datasheet/NVML values, not measured")
@@ -259,7 +263,7 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
                 dev = f"cuda:{torch_index}"
                 say(f"measuring {name} ({dev})")
                 try:
-                    res = _measure_cuda_device(torch, dev, first, say)
+                    res = _measure_cuda_device(torch, dev, first, say, used_before.get(first.uuid))
                     readings.setdefault("torch_devices", {})[dev] = {
                         k: res[k] for k in ("name", "cc", "sm_count", "total_memory", "free_memory", "context_bytes")
                     }
@@ -438,13 +442,13 @@ def _torch_index_for(torch: Any, gpu: NvmlGpu, position: int) -> int:
     return position
 
 
-def _measure_cuda_device(torch: Any, dev: str, nvml_gpu: NvmlGpu, say: Progress) -> dict[str, Any]:
-    """Everything measured on one CUDA device; the context cost is taken last (after cuBLAS loads)."""
+def _measure_cuda_device(torch: Any, dev: str, nvml_gpu: NvmlGpu, say: Progress,
+                         used_before: int | None) -> dict[str, Any]:
+    """Everything measured on one CUDA device; the context cost is taken last (after cuBLAS loads).
+    `used_before`: NVML's used memory of the device before this process created a CUDA context (or None)."""
     notes: list[str] = []
     idx = int(dev.split(":")[1])
     pid = os.getpid()
-    fresh = not torch.cuda.is_initialized()
-    used_before = nvml_used_memory(nvml_gpu.uuid) if fresh else None
     props = torch.cuda.get_device_properties(idx)
     free, total = torch.cuda.mem_get_info(idx)
     m: dict[str, Measurement] = {}

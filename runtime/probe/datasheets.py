@@ -71,7 +71,7 @@ def _norm_gpu_name(name: str) -> str:
 def match_datasheet(name: str, memory_bytes: int | None) -> tuple[GPUSpec, str] | None:
     """The GPUSpec of a shipped profile whose GPU has this name (and about this memory)."""
     from planner.profiles import shipped_profiles_dir
-    from planner.hardware import load_profile
+    from planner.profile_yaml import load_profile
     from planner.errors import ProfileError
 
     want = _norm_gpu_name(name)

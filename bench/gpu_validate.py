@@ -1,0 +1,227 @@
+"""The GPU proof, step by step: probe, calibrate, accuracy, offload vs accelerate, an induced OOM.
+
+Run through bench/gpu_validate.sh (which first installs the wheels carried in .whl/). Each step runs in its own
+process with its own time limit; a failed or timed-out step is recorded and the next one runs anyway. Results go
+to a work directory inside the repository (default bench/results/gpu-<machine>/, so that a later device call,
+which gets a fresh machine and a copy of the repository, finds what an earlier one wrote once it is committed),
+and, when $OUT is set, into $OUT as one archive plus status.json and summary.md (a device call brings back at most
+8 files).
+
+    bench/gpu_validate.sh --steps probe,calibrate-a,calibrate-b          # device call 1 (< 9.5 min on an H100)
+    bench/gpu_validate.sh --steps accuracy                               # device call 2
+    bench/gpu_validate.sh --steps offload-nf4,offload-bf16,oom           # device call 3
+    bench/gpu_validate.sh --cpu-smoke                                    # every step, tiny, on this CPU (minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+# What a device call may spend: its limit is 10 minutes; keep a margin for the wheel install and the transfers.
+DEFAULT_BUDGET_S = 560
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    command: str  # a shell command; {work} is the work directory, {profile} the best profile so far
+    timeout_s: int
+    outputs: tuple[str, ...] = ()  # files (in the work directory) the step writes
+
+
+def gpu_steps() -> list[Step]:
+    model = "llama-3.1-8b"  # 8B, unseen by the calibration (0.5B-3B models)
+    return [
+        Step("probe", f"{PY} cli.py probe --save {{work}}/profile-measured.yaml --json > {{work}}/probe.json", 180,
+             ("profile-measured.yaml", "probe.json")),
+        Step("calibrate-a", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml "
+                            "--models qwen2.5-0.5b,llama-3.2-1b --save-runs {work}/calibration-runs-a.json "
+                            "--save {work}/profile-calibrated-a.yaml --json > {work}/calibrate-a.json", 400,
+             ("calibration-runs-a.json", "profile-calibrated-a.yaml", "calibrate-a.json")),
+        Step("calibrate-b", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml --models llama-3.2-3b "
+                            "--add-runs {work}/calibration-runs-a.json --save-runs {work}/calibration-runs.json "
+                            "--save {work}/profile-calibrated.yaml --json > {work}/calibrate.json", 360,
+             ("calibration-runs.json", "profile-calibrated.yaml", "calibrate.json")),
+        Step("accuracy", f"{PY} bench/accuracy.py --hardware {{profile}} --machine gpu --models {model} "
+                         "--quants bf16,bnb-nf4,bnb-int8,quanto-int4 --contexts 4k --prompts 1024 --new-tokens 64 "
+                         "--gpu-layers 16 --offload-modes stream,cpu --repeats 1 --out {work}", 540,
+             ("accuracy-gpu.json", "accuracy-gpu.md", "accuracy-gpu.png")),
+        Step("offload-nf4", f"{PY} bench/offload.py --model {model} --quant bnb-nf4 --gpu-layers 16 --context 1088 "
+                            "--max-new-tokens 64 --hardware {profile} --machine gpu-nf4 --out {work}", 240,
+             ("offload-gpu-nf4.json", "offload-gpu-nf4.md")),
+        Step("offload-bf16", f"{PY} bench/offload.py --model {model} --quant bf16 --gpu-layers 16 --context 1088 "
+                             "--max-new-tokens 64 --hardware {profile} --machine gpu-bf16 --out {work}", 240,
+             ("offload-gpu-bf16.json", "offload-gpu-bf16.md")),
+        Step("oom", f"{PY} bench/oom.py --hardware {{profile}} --model {model} --quant bf16 --context 8k "
+                    "--ballast-free 10GiB --machine gpu --out {work}", 240, ("oom-gpu.json", "oom-gpu.md")),
+    ]
+
+
+def cpu_smoke_steps() -> list[Step]:
+    """The same steps and files, tiny, on a CPU: how CI and a developer know the script works before GPU time."""
+    return [
+        Step("probe", f"{PY} cli.py probe --save {{work}}/profile-measured.yaml --json > {{work}}/probe.json", 120,
+             ("profile-measured.yaml", "probe.json")),
+        Step("calibrate-a", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml --models qwen2.5-0.5b "
+                            "--quants bf16 --prompts 32,96 --new-tokens 3 --repeats 1 --kv-dtypes quanto-int4 "
+                            "--save-runs {work}/calibration-runs-a.json "
+                            "--save {work}/profile-calibrated-a.yaml --json > {work}/calibrate-a.json", 300,
+             ("calibration-runs-a.json", "profile-calibrated-a.yaml", "calibrate-a.json")),
+        Step("calibrate-b", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml --models qwen3-0.6b "
+                            "--quants bf16 --prompts 32,96 --new-tokens 3 --repeats 1 --kv-dtypes none "
+                            "--add-runs {work}/calibration-runs-a.json "
+                            "--save-runs {work}/calibration-runs.json --save {work}/profile-calibrated.yaml "
+                            "--json > {work}/calibrate.json", 300,
+             ("calibration-runs.json", "profile-calibrated.yaml", "calibrate.json")),
+        Step("accuracy", f"{PY} bench/accuracy.py --hardware {{profile}} --machine smoke --models llama-3.2-1b "
+                         "--quants bf16 --contexts 256 --prompts 64 --new-tokens 4 --repeats 1 --out {work}", 300,
+             ("accuracy-smoke.json", "accuracy-smoke.md", "accuracy-smoke.png")),
+        Step("offload-nf4", f"{PY} bench/offload.py --allow-cpu --model qwen2.5-0.5b --quant bnb-nf4 "
+                            "--offload-fraction 0.5 --context 24 --max-new-tokens 3 --machine smoke-nf4 --out {work}",
+             300, ("offload-smoke-nf4.json", "offload-smoke-nf4.md")),
+        Step("offload-bf16", f"{PY} bench/offload.py --allow-cpu --model qwen2.5-0.5b --quant bf16 "
+                             "--offload-fraction 0.5 --context 24 --max-new-tokens 3 --machine smoke-bf16 "
+                             "--out {work}", 300, ("offload-smoke-bf16.json", "offload-smoke-bf16.md")),
+        Step("oom", f"{PY} bench/oom.py --hardware {{profile}} --machine smoke --out {{work}}", 120,
+             ("oom-smoke.json", "oom-smoke.md")),
+    ]
+
+
+@dataclass
+class Record:
+    name: str
+    status: str  # "ok", "failed", "timeout", "not run: ..."
+    wall_s: float = 0.0
+    returncode: int | None = None
+    command: str = ""
+    outputs: list[str] = field(default_factory=list)
+    log_tail: str = ""
+
+
+def best_profile(work: Path) -> Path | None:
+    for name in ("profile-calibrated.yaml", "profile-calibrated-a.yaml", "profile-measured.yaml"):
+        if (work / name).is_file():
+            return work / name
+    return None
+
+
+def run_step(step: Step, work: Path, remaining_s: float) -> Record:
+    profile = best_profile(work)
+    command = step.command.format(work=shlex.quote(str(work)), profile=shlex.quote(str(profile)) if profile else "")
+    if "{profile}" in step.command and profile is None:
+        return Record(step.name, "not run: no hardware profile yet (run the probe step first)", command=command)
+    if step.timeout_s > remaining_s:
+        return Record(step.name, f"not run: {remaining_s:.0f} s left of the budget, the step may take "
+                                 f"{step.timeout_s} s", command=command)
+    log = work / f"{step.name}.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(command, shell=True, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=step.timeout_s)
+            status = "ok" if rc == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc, status = None, "timeout"
+    tail = log.read_text(errors="replace")[-3000:]
+    outputs = [o for o in step.outputs if (work / o).is_file()]
+    if status == "ok" and len(outputs) < len(step.outputs):
+        status = "failed"
+        tail += f"\n[gpu_validate] missing outputs: {sorted(set(step.outputs) - set(outputs))}"
+    return Record(step.name, status, round(time.perf_counter() - t0, 1), rc, command, outputs, tail)
+
+
+def summary_markdown(records: list[Record], machine: str, mode: str) -> str:
+    lines = [f"# GPU validation ({mode}) on {machine}", "", time.strftime("%Y-%m-%d %H:%M"), "",
+             "| step | status | seconds | outputs |", "|---|---|---|---|"]
+    for r in records:
+        lines.append(f"| {r.name} | {r.status} | {r.wall_s} | {', '.join(r.outputs) or '-'} |")
+    for r in records:
+        if r.status not in ("ok",) and not r.status.startswith("not run"):
+            lines += ["", f"## {r.name}: {r.status}", "", "```", r.log_tail[-1500:].strip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu-smoke", action="store_true", help="the same steps, tiny, on this CPU")
+    ap.add_argument("--steps", default=None, help="comma list of steps (default: all)")
+    ap.add_argument("--work", default=None, help="work directory (default bench/results/gpu-<machine>)")
+    ap.add_argument("--machine", default=None, help="name of the machine in file names (default: the GPU's, or cpu)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help=f"seconds this call may spend; a step whose limit does not fit is not started (default "
+                         f"{DEFAULT_BUDGET_S} on a GPU, one device call; no limit for --cpu-smoke)")
+    args = ap.parse_args(argv)
+    steps = cpu_smoke_steps() if args.cpu_smoke else gpu_steps()
+    known = [s.name for s in steps]
+    wanted = [s.strip() for s in args.steps.split(",")] if args.steps else known
+    unknown = [s for s in wanted if s not in known]
+    if unknown:
+        print(f"unknown steps {unknown}; known: {', '.join(known)}", file=sys.stderr)
+        return 2
+    machine = args.machine or ("cpu-smoke" if args.cpu_smoke else _gpu_name())
+    work = Path(args.work) if args.work else ROOT / "bench" / "results" / f"gpu-{machine}"
+    work.mkdir(parents=True, exist_ok=True)
+    budget_s = args.budget_s if args.budget_s is not None else (float("inf") if args.cpu_smoke else DEFAULT_BUDGET_S)
+    started = time.perf_counter()
+    records = []
+    for step in steps:
+        if step.name not in wanted:
+            continue
+        remaining = budget_s - (time.perf_counter() - started)
+        print(f"[gpu_validate] {step.name} ({remaining:.0f} s left)", flush=True)
+        r = run_step(step, work, remaining)
+        print(f"[gpu_validate] {step.name}: {r.status} in {r.wall_s} s", flush=True)
+        records.append(r)
+    status = {"machine": machine, "mode": "cpu-smoke" if args.cpu_smoke else "gpu", "date": time.strftime("%Y-%m-%d"),
+              "steps": [vars(r) for r in records]}
+    status_path = work / f"status-{'-'.join(r.name for r in records) or 'none'}.json"
+    status_path.write_text(json.dumps(status, indent=2) + "\n")
+    summary = summary_markdown(records, machine, status["mode"])
+    (work / "summary.md").write_text(summary)
+    print(summary)
+    _export(work, status, summary)
+    return 0 if all(r.status == "ok" for r in records) else 1
+
+
+def _gpu_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return "".join(c if c.isalnum() else "-" for c in torch.cuda.get_device_name(0).lower()).strip("-")
+    except ImportError:
+        pass
+    return "cpu"
+
+
+def _export(work: Path, status: dict, summary: str) -> None:
+    """Into $OUT (a device call brings back at most 8 files): one archive of the work directory, the status and
+    the summary."""
+    out = os.environ.get("OUT")
+    if not out:
+        return
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out / f"{work.name}.tar.gz", "w:gz") as tar:
+        tar.add(work, arcname=work.name)
+    (out / "status.json").write_text(json.dumps(status, indent=2) + "\n")
+    (out / "summary.md").write_text(summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,447 @@
+"""Hardware profiles on disk: strict YAML <-> planner.hardware's dataclasses.
+
+On disk a profile is YAML with units in the strings ("24564 MiB", "1008 GB/s",
+"165.2 TFLOPS", "5 us"). Loading is strict: unknown keys, duplicate keys, wrong types,
+missing keys and unitless quantities are refused with the file, the key path and what
+was expected; writing gives the shortest exact spelling of every quantity, so a profile
+round-trips to equal values. Reads only (writing a file is the runtime's: runtime.files).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from .errors import ProfileError, UnitError
+from .hardware import (SCHEMA_VERSION, Calibration, CalibrationEntry, GPUSpec, HardwareProfile, HostSpec, LinkSpec,
+                       Overheads, _FieldError, _is_number)
+from .units import GiB, KiB, MiB, TiB, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
+from .yaml_strict import safe_load_strict
+
+
+# ---------------------------------------------------------------- YAML <-> dataclasses
+#
+# One table per section: YAML key -> (dataclass field, kind, required). Kinds parse a
+# YAML value into the internal unit and format it back exactly.
+
+
+@dataclass(frozen=True)
+class _Kind:
+    expected: str  # for messages: 'a size like "24 GiB"'
+    parse: Callable[[Any], Any]
+    format: Callable[[Any], Any]
+
+
+class _Bad(Exception):
+    """A value that does not fit its kind (turned into a ProfileError with the key path)."""
+
+
+# How much of a bad value an error message quotes: enough to recognise it, never a whole file.
+SHOW_MAX_CHARS = 60
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, str):
+        text = json.dumps(v, ensure_ascii=False)
+        return text if len(text) <= SHOW_MAX_CHARS else f"a string of {len(v)} characters ({text[:SHOW_MAX_CHARS]}...)"
+    if isinstance(v, Mapping):
+        return "a mapping"
+    if isinstance(v, list):
+        return "a list"
+    if v is None:
+        return "null"
+    return repr(v)
+
+
+def _unit_parser(parse: Callable[[str], Any]) -> Callable[[Any], Any]:
+    def run(v: Any) -> Any:
+        if not isinstance(v, str):  # a bare number is refused: the unit lives in the string
+            raise _Bad()
+        try:
+            return parse(v)
+        except UnitError:
+            raise _Bad() from None
+
+    return run
+
+
+def _shortest(x: float) -> list[str]:
+    """Decimal renderings of x, shortest first, without exponents."""
+    texts = []
+    for digits in range(1, 18):
+        t = f"{x:.{digits}g}"
+        if "e" not in t and "n" not in t and t not in texts:
+            texts.append(t)
+    return texts
+
+
+def _exact(value: float, candidates: list[tuple[float, str]], parse: Callable[[str], float]) -> str:
+    """The first unit (in order of preference) with the shortest number that parses back to exactly `value`."""
+    for mult, unit in candidates:
+        for text in _shortest(value / mult):
+            s = f"{text} {unit}"
+            try:
+                if parse(s) == value:
+                    return s
+            except UnitError:
+                break
+    # Exact decimal expansion of the float in the base unit: always parses back bit for bit.
+    return f"{format(Decimal(value), 'f')} {candidates[-1][1]}"
+
+
+def format_bytes_exact(n: int) -> str:
+    """Bytes as the shortest exact string: 24564 MiB, 141 GB, 0 B."""
+    if n == 0:
+        return "0 B"
+    for mult, unit in ((TiB, "TiB"), (GiB, "GiB"), (10**12, "TB"), (10**9, "GB"), (MiB, "MiB"), (10**6, "MB"), (KiB, "KiB"), (10**3, "kB")):
+        if n % mult == 0:
+            return f"{n // mult} {unit}"
+    return f"{n} B"
+
+
+def format_bandwidth_exact(bps: float) -> str:
+    return _exact(bps, [(1e9, "GB/s"), (1e6, "MB/s"), (1.0, "B/s")], parse_bandwidth)
+
+
+def format_flops_exact(fps: float) -> str:
+    cands = [(1e12, "TFLOPS"), (1e9, "GFLOPS"), (1.0, "FLOPS")]
+    return _exact(fps, cands, parse_flops)
+
+
+def format_seconds_exact(s: float) -> str:
+    if s == 0:
+        return "0 us"
+    if s < 1e-3:
+        cands = [(1e-6, "us"), (1e-9, "ns"), (1.0, "s")]
+    elif s < 1.0:
+        cands = [(1e-3, "ms"), (1e-6, "us"), (1.0, "s")]
+    else:
+        cands = [(1e-3, "ms"), (1.0, "s")][::-1]
+    return _exact(s, cands, parse_seconds)
+
+
+def _parse_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _Bad()
+    return v
+
+
+def _parse_number(v: Any) -> float:
+    if not _is_number(v):
+        raise _Bad()
+    return float(v)
+
+
+def _parse_str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise _Bad()
+    return v
+
+
+def _parse_bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _Bad()
+    return v
+
+
+def _parse_opt_str(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, (int, float)) and not isinstance(v, bool):  # compute_capability: 8.9 unquoted
+        raise _Bad()
+    return _parse_str(v)
+
+
+def _ident(v: Any) -> Any:
+    return v
+
+
+SIZE = _Kind('a size like "24 GiB" or "512 MiB"', _unit_parser(lambda s: parse_bytes(s)), format_bytes_exact)
+BANDWIDTH = _Kind('a bandwidth like "1008 GB/s"', _unit_parser(lambda s: parse_bandwidth(s)), format_bandwidth_exact)
+COMPUTE = _Kind('a compute rate like "165.2 TFLOPS"', _unit_parser(lambda s: parse_flops(s)), format_flops_exact)
+TIME = _Kind('a time like "5 us" or "1.2 ms"', _unit_parser(lambda s: parse_seconds(s)), format_seconds_exact)
+INT = _Kind("an integer", _parse_int, _ident)
+NUMBER = _Kind("a number", _parse_number, _ident)
+STR = _Kind("a string", _parse_str, _ident)
+BOOL = _Kind("true or false", _parse_bool, _ident)
+OPT_SIZE = _Kind('a size like "700 MiB" (or null)', lambda v: None if v is None else SIZE.parse(v),
+                 lambda v: None if v is None else SIZE.format(v))
+OPT_NUMBER = _Kind("a number (or null)", lambda v: None if v is None else _parse_number(v), _ident)
+CC = _Kind('a quoted compute capability like "8.9" (or null)', _parse_opt_str, _ident)
+
+# yaml key -> (field, kind, default) ; default _REQUIRED means the key must be present.
+_REQUIRED = object()
+
+_GPU_KEYS: dict[str, tuple[str, _Kind, Any]] = {
+    "name": ("name", STR, _REQUIRED),
+    "count": ("count", INT, 1),
+    "memory": ("memory_bytes", SIZE, _REQUIRED),
+    "memory_bandwidth": ("memory_bandwidth_bytes_per_s", BANDWIDTH, _REQUIRED),
+    "bf16_compute": ("bf16_flops", COMPUTE, _REQUIRED),
+    "compute_capability": ("compute_capability", CC, None),
+}
+_HOST_KEYS = {
+    "ram": ("ram_bytes", SIZE, _REQUIRED),
+    "ram_bandwidth": ("ram_bandwidth_bytes_per_s", BANDWIDTH, _REQUIRED),
+    "cpu_cores": ("cpu_cores", INT, _REQUIRED),
+    "cpu_bf16_compute": ("cpu_bf16_flops", COMPUTE, _REQUIRED),
+}
+_LINK_KEYS = {
+    "name": ("name", STR, _REQUIRED),
+    "h2d_pinned": ("h2d_pinned_bytes_per_s", BANDWIDTH, _REQUIRED),
+    "h2d_pageable": ("h2d_pageable_bytes_per_s", BANDWIDTH, _REQUIRED),
+    "d2h_pinned": ("d2h_pinned_bytes_per_s", BANDWIDTH, _REQUIRED),
+    "d2h_pageable": ("d2h_pageable_bytes_per_s", BANDWIDTH, _REQUIRED),
+}
+_OVERHEAD_KEYS = {
+    "cuda_context": ("cuda_context_bytes", SIZE, _REQUIRED),
+    "allocator_reserve": ("allocator_reserve_bytes", SIZE, _REQUIRED),
+    "kernel_launch": ("kernel_launch_s", TIME, _REQUIRED),
+}
+_ENTRY_KEYS = {
+    "device": ("device", STR, _REQUIRED),
+    "backend": ("backend", STR, _REQUIRED),
+    "quant": ("quant", STR, _REQUIRED),
+    "bandwidth_efficiency": ("bandwidth_efficiency", OPT_NUMBER, None),
+    "compute_efficiency": ("compute_efficiency", OPT_NUMBER, None),
+    "per_layer_overhead": ("per_layer_overhead_s", TIME, 0.0),
+    "per_token_overhead": ("per_token_overhead_s", TIME, 0.0),
+}
+_CALIBRATION_KEYS = {  # versions/entries/residuals are handled by hand
+    "measured_at": ("measured_at", STR, _REQUIRED),
+    "versions": ("versions", None, {}),
+    "entries": ("entries", None, []),
+    "residuals": ("residuals", None, {}),
+    "runtime_ram": ("runtime_ram_bytes", OPT_SIZE, None),
+}
+_PROFILE_KEYS = {
+    "schema_version": ("schema_version", INT, _REQUIRED),
+    "name": ("name", STR, _REQUIRED),
+    "description": ("description", STR, _REQUIRED),
+    "source": ("source", STR, _REQUIRED),
+    "measured": ("measured", BOOL, False),
+    "unified_memory": ("unified_memory", BOOL, False),
+    "gpus": ("gpus", None, _REQUIRED),
+    "host": ("host", None, _REQUIRED),
+    "link": ("link", None, None),
+    "overheads": ("overheads", None, _REQUIRED),
+    "calibration": ("calibration", None, None),
+    "notes": ("notes", None, ()),
+}
+
+
+class _Reader:
+    """Walks a loaded YAML document with a key path, raising ProfileError with file and path."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+
+    def fail(self, path: str, message: str) -> ProfileError:
+        where = f"{self.origin}: {path}: " if path else f"{self.origin}: "
+        return ProfileError(where + message)
+
+    def mapping(self, value: Any, path: str, keys: Mapping[str, tuple[str, Any, Any]]) -> dict[str, Any]:
+        what = path or "the top level"
+        if not isinstance(value, Mapping):
+            raise self.fail(path, f"expected a mapping at {what}, got {_show(value)}")
+        for k in value:
+            if not isinstance(k, str) or k not in keys:
+                close = difflib.get_close_matches(str(k), list(keys), n=1)
+                hint = f'; did you mean "{close[0]}"?' if close else ""
+                raise self.fail(
+                    path, f'unknown key "{k}" (expected one of: {", ".join(keys)}){hint}'
+                )
+        for k, (_f, kind, default) in keys.items():
+            if default is _REQUIRED and k not in value:
+                exp = f" ({kind.expected})" if isinstance(kind, _Kind) else ""
+                raise self.fail(path, f'missing required key "{k}"{exp}')
+        return dict(value)
+
+    def scalars(self, value: Any, path: str, keys: Mapping[str, tuple[str, Any, Any]]) -> dict[str, Any]:
+        """Parse a mapping whose values are all scalar kinds into dataclass kwargs."""
+        d = self.mapping(value, path, keys)
+        kwargs: dict[str, Any] = {}
+        for k, (field, kind, default) in keys.items():
+            if kind is None:
+                continue
+            if k not in d:
+                kwargs[field] = default
+                continue
+            kwargs[field] = self.value(d[k], _join(path, k), kind)
+        return kwargs
+
+    def value(self, v: Any, path: str, kind: _Kind) -> Any:
+        try:
+            return kind.parse(v)
+        except _Bad:
+            raise self.fail(path, f"expected {kind.expected}, got {_show(v)}") from None
+
+    def build(self, cls: type, kwargs: dict[str, Any], path: str, keys: Mapping[str, tuple[str, Any, Any]]) -> Any:
+        try:
+            return cls(**kwargs)
+        except _FieldError as e:
+            yaml_key = next((k for k, (f, _kind, _d) in keys.items() if f == e.field), e.field)
+            raise self.fail(_join(path, yaml_key), e.detail) from None
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _parse_profile(d: Any, r: _Reader) -> HardwareProfile:
+    if not isinstance(d, Mapping):
+        raise r.fail("", f"expected a mapping at the top level, got {_show(d)}")
+    # The schema version first: a future file's other keys would only confuse.
+    if "schema_version" not in d:
+        raise r.fail("", f'missing required key "schema_version" (this vramplan reads {SCHEMA_VERSION})')
+    sv = d["schema_version"]
+    if isinstance(sv, bool) or not isinstance(sv, int):
+        raise r.fail("schema_version", f"expected an integer, got {_show(sv)}")
+    if sv != SCHEMA_VERSION:
+        newer = " (written by a newer vramplan: upgrade)" if sv > SCHEMA_VERSION else ""
+        raise r.fail("schema_version", f"unsupported schema version {sv}: this vramplan reads version {SCHEMA_VERSION}{newer}")
+
+    top = r.mapping(d, "", _PROFILE_KEYS)
+    kwargs = r.scalars(top, "", _PROFILE_KEYS)
+
+    gpus_raw = top["gpus"]
+    if gpus_raw is None:
+        gpus_raw = []
+    if not isinstance(gpus_raw, list):
+        raise r.fail("gpus", f"expected a list of GPUs (or [] for none), got {_show(gpus_raw)}")
+    gpus = []
+    for i, g in enumerate(gpus_raw):
+        p = _join("gpus", i)
+        gpus.append(r.build(GPUSpec, r.scalars(g, p, _GPU_KEYS), p, _GPU_KEYS))
+    kwargs["gpus"] = tuple(gpus)
+
+    kwargs["host"] = r.build(HostSpec, r.scalars(top["host"], "host", _HOST_KEYS), "host", _HOST_KEYS)
+    link_raw = top.get("link")
+    kwargs["link"] = None if link_raw is None else r.build(LinkSpec, r.scalars(link_raw, "link", _LINK_KEYS), "link", _LINK_KEYS)
+    kwargs["overheads"] = r.build(
+        Overheads, r.scalars(top["overheads"], "overheads", _OVERHEAD_KEYS), "overheads", _OVERHEAD_KEYS
+    )
+    cal_raw = top.get("calibration")
+    kwargs["calibration"] = None if cal_raw is None else _parse_calibration(cal_raw, r)
+
+    notes_raw = top.get("notes", [])
+    if notes_raw is None:
+        notes_raw = []
+    if not isinstance(notes_raw, list):
+        raise r.fail("notes", f"expected a list of strings, got {_show(notes_raw)}")
+    for i, n in enumerate(notes_raw):
+        if not isinstance(n, str):
+            raise r.fail(_join("notes", i), f"expected a string, got {_show(n)}")
+    kwargs["notes"] = tuple(notes_raw)
+    return r.build(HardwareProfile, kwargs, "", _PROFILE_KEYS)
+
+
+def _parse_calibration(raw: Any, r: _Reader) -> Calibration:
+    path = "calibration"
+    d = r.mapping(raw, path, _CALIBRATION_KEYS)
+    kwargs = r.scalars(d, path, _CALIBRATION_KEYS)
+    versions = d.get("versions", {}) or {}
+    if not isinstance(versions, Mapping):
+        raise r.fail(_join(path, "versions"), f'expected a mapping like {{torch: "2.5.1"}}, got {_show(versions)}')
+    for k, v in versions.items():
+        if not isinstance(v, str):
+            raise r.fail(_join(_join(path, "versions"), str(k)), f"expected a quoted version string, got {_show(v)}")
+    residuals = d.get("residuals", {}) or {}
+    if not isinstance(residuals, Mapping):
+        raise r.fail(_join(path, "residuals"), f"expected a mapping of name: number, got {_show(residuals)}")
+    for k, v in residuals.items():
+        if not _is_number(v):
+            raise r.fail(_join(_join(path, "residuals"), str(k)), f"expected a number, got {_show(v)}")
+    entries_raw = d.get("entries", []) or []
+    if not isinstance(entries_raw, list):
+        raise r.fail(_join(path, "entries"), f"expected a list, got {_show(entries_raw)}")
+    entries = []
+    for i, e in enumerate(entries_raw):
+        p = _join(_join(path, "entries"), i)
+        entries.append(r.build(CalibrationEntry, r.scalars(e, p, _ENTRY_KEYS), p, _ENTRY_KEYS))
+    kwargs.update(versions=dict(versions), residuals=dict(residuals), entries=tuple(entries))
+    return r.build(Calibration, kwargs, path, _CALIBRATION_KEYS)
+
+
+def profile_from_dict(d: Any, *, origin: str = "<dict>") -> HardwareProfile:
+    """Strictly build a HardwareProfile from a loaded YAML/JSON document."""
+    return _parse_profile(d, _Reader(origin))
+
+
+def _section_to_dict(obj: Any, keys: Mapping[str, tuple[str, Any, Any]]) -> dict[str, Any]:
+    return {k: kind.format(getattr(obj, field)) for k, (field, kind, _d) in keys.items() if kind is not None}
+
+
+def profile_to_dict(p: HardwareProfile) -> dict[str, Any]:
+    """The YAML/JSON form: plain types, units in strings, every key present, fixed order."""
+    cal = None
+    if p.calibration is not None:
+        c = p.calibration
+        cal = {
+            "measured_at": c.measured_at,
+            "versions": dict(c.versions),
+            "entries": [_section_to_dict(e, _ENTRY_KEYS) for e in c.entries],
+            "residuals": dict(c.residuals),
+            "runtime_ram": OPT_SIZE.format(c.runtime_ram_bytes),
+        }
+    return {
+        "schema_version": p.schema_version,
+        "name": p.name,
+        "description": p.description,
+        "source": p.source,
+        "measured": p.measured,
+        "unified_memory": p.unified_memory,
+        "gpus": [_section_to_dict(g, _GPU_KEYS) for g in p.gpus],
+        "host": _section_to_dict(p.host, _HOST_KEYS),
+        "link": None if p.link is None else _section_to_dict(p.link, _LINK_KEYS),
+        "overheads": _section_to_dict(p.overheads, _OVERHEAD_KEYS),
+        "calibration": cal,
+        "notes": list(p.notes),
+    }
+
+
+def loads_profile(text: str, origin: str = "<string>") -> HardwareProfile:
+    """Parse YAML text (strictly) into a HardwareProfile."""
+    try:
+        doc = safe_load_strict(text)
+    except RecursionError:
+        raise ProfileError(f"{origin}: nested too deeply to be a hardware profile") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ProfileError(f"{origin}: not valid YAML{where}: {problem}") from None
+    if doc is None:
+        raise ProfileError(f"{origin}: empty file (expected a hardware profile mapping)")
+    return profile_from_dict(doc, origin=origin)
+
+
+def dumps_profile(p: HardwareProfile) -> str:
+    header = (
+        f"# vramplan hardware profile (schema {SCHEMA_VERSION}). Units live in the strings:\n"
+        '# sizes "24 GiB" (binary) or "24 GB" (decimal), bandwidths "GB/s", compute "TFLOPS", times "us".\n'
+    )
+    body = yaml.safe_dump(profile_to_dict(p), sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+    return header + body
+
+
+def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ProfileError(f"{path}: is a directory, not a profile file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProfileError(f"{path}: cannot read: {e}") from None
+    return loads_profile(text, str(path))

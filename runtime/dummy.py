@@ -1,0 +1,78 @@
+"""Dummy weights: a real architecture built from its config alone, with seeded random weights.
+
+Speed and memory do not depend on weight values, so benchmarks and `vramplan run --dummy-weights`
+measure a model nobody downloaded. The model is built decoder layer by decoder layer and each layer
+is quantized (on its target device) right after its values are drawn, so at most one layer is ever
+held unquantized: a 30B model builds in a fraction of its bf16 size.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from planner.quant import WeightScheme
+from runtime.load import attention_kwargs, decoder_layers
+from runtime.quantize import backend
+from runtime.tensors import release_freed_heap
+
+DEFAULT_INIT_STD = 0.02  # when a config has no initializer_range
+
+
+def build_dummy(config, dtype: torch.dtype, scheme: WeightScheme, device: str, device_map: dict | None, seed: int,
+                trust_remote_code: bool) -> nn.Module:
+    """The architecture with seeded random weights, quantized like a loaded checkpoint.
+
+    Built on the CPU with transformers' ``no_init_weights`` (parameters are allocated but
+    not written, so no slow default init; buffers such as RoPE frequencies are real),
+    then filled decoder layer by decoder layer with ``uniform_`` of the config's init std
+    (faster than ``normal_``) and quantized right away, so that at most one layer is held
+    unquantized at a time. Norm weights get the model's own ``_init_weights`` (ones, or
+    zeros for Gemma's 1 + w norms), biases zeros.
+    """
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code,
+                                                 **attention_kwargs(config))
+    model.tie_weights()  # no_init_weights skips it along with init_weights
+    std = float(getattr(config, "initializer_range", None) or DEFAULT_INIT_STD)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    num_layers = int(config.num_hidden_layers)
+    layers_path, layers = decoder_layers(model, num_layers)
+    done: set[int] = set()
+
+    for index, layer in enumerate(layers):
+        _random_init(model, layer.modules(), std, generator, done)
+        target = device if device_map is None else device_map[f"{layers_path}.{index}"]
+        quantize_here = scheme.quantized and not (device_map is not None and target == "cpu")
+        if quantize_here:
+            backend(scheme).quantize(layer, scheme, dtype, target)
+            release_freed_heap()  # the layer's unquantized weights, before the next layer is touched
+    in_layers = {id(m) for layer in layers for m in layer.modules()}  # after the swaps
+    _random_init(model, (m for m in model.modules() if id(m) not in in_layers), std, generator, done)
+
+    if device_map is not None:
+        from accelerate import dispatch_model
+
+        return dispatch_model(model, device_map=device_map, main_device="cuda:0")
+    return model.to(device) if device != "cpu" else model
+
+
+def _random_init(model, modules, std: float, generator: torch.Generator, done: set[int]) -> None:
+    bound = std * 3**0.5  # uniform(-b, b) has standard deviation b / sqrt(3)
+    with torch.no_grad():
+        for module in modules:
+            params = [p for p in module._parameters.values() if p is not None and id(p) not in done]
+            if not params:
+                continue
+            if all(p.ndim <= 1 for p in module.parameters(recurse=False)):
+                model._init_weights(module)  # norms: ones, or zeros for (1 + w) norms
+            else:
+                for p in params:
+                    if p.ndim >= 2:
+                        p.uniform_(-bound, bound, generator=generator)
+                    else:
+                        p.zero_()  # biases
+            done.update(id(p) for p in params)

@@ -1,0 +1,164 @@
+"""The runtime half of the quantization registry: for each scheme backend of planner.quant, how to quantize.
+
+The planner's WeightScheme carries every layout field (bits, block size, 4-bit variant, double
+quantization, int8 outlier threshold); a backend here turns them into the library's own objects:
+the transformers quantization config used when loading a checkpoint, and the in-place quantization
+of a module (dummy weights, offloaded layers). Both produce the same modules, classes and layouts,
+so a dummy model is laid out like a checkpoint loaded with the same scheme. What is quantized is
+what transformers quantizes: every plain ``nn.Linear`` except ``lm_head``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from planner.errors import VramplanError
+from planner.quant import WeightScheme
+from runtime.measure import is_oom
+
+
+class Backend:
+    """One library. `transformers_config` is what from_pretrained takes; `quantize` swaps a module's layers."""
+
+    name = ""
+
+    def transformers_config(self, scheme: WeightScheme, dtype: torch.dtype, offload: bool):
+        return None
+
+    def quantize(self, module: nn.Module, scheme: WeightScheme, dtype: torch.dtype, device: str) -> None:
+        module.to(device)
+
+    def notes(self, scheme: WeightScheme, offloaded: bool) -> list[str]:
+        return []
+
+
+class Unquantized(Backend):
+    name = "torch"
+
+
+class BitsAndBytes(Backend):
+    name = "bnb"
+
+    def transformers_config(self, scheme, dtype, offload):
+        from transformers import BitsAndBytesConfig
+
+        if scheme.bits == 8:
+            return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=scheme.outlier_threshold,
+                                      llm_int8_enable_fp32_cpu_offload=offload)
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=scheme.variant,
+                                  bnb_4bit_use_double_quant=scheme.double_quant, bnb_4bit_compute_dtype=dtype,
+                                  llm_int8_enable_fp32_cpu_offload=offload)
+
+    def quantize(self, module, scheme, dtype, device):
+        try:
+            _replace_linears_with_bnb(module, scheme, dtype, device)
+        except (RuntimeError, NotImplementedError, ImportError) as exc:
+            if is_oom(exc):
+                raise  # the caller re-plans; not a missing feature
+            raise unsupported(scheme, device, exc) from exc
+
+    def notes(self, scheme, offloaded):
+        out = []
+        if scheme.bits == 8:
+            _quiet_bnb_int8_cast_warning()
+            out.append("bnb-int8 casts activations to fp16 inside its matmul")
+        if offloaded:
+            out.append("offloaded layers stay unquantized in the compute dtype (transformers' bnb cpu offload)")
+        return out
+
+
+class Quanto(Backend):
+    name = "quanto"
+
+    def transformers_config(self, scheme, dtype, offload):
+        from transformers import QuantoConfig
+
+        return QuantoConfig(weights=_quanto_weights(scheme))
+
+    def quantize(self, module, scheme, dtype, device):
+        from optimum.quanto import freeze, qtypes, quantize
+
+        module.to(device)
+        quantize(module, weights=qtypes[_quanto_weights(scheme, prefix="q")])
+        freeze(module)
+        for sub in module.modules():  # transformers' quanto loader leaves these scalars in fp32
+            for name in ("input_scale", "output_scale"):
+                buffer = sub._buffers.get(name)
+                if buffer is not None:
+                    sub._buffers[name] = buffer.float()
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (Unquantized(), BitsAndBytes(), Quanto())}
+
+
+def backend(scheme: WeightScheme) -> Backend:
+    try:
+        return BACKENDS[scheme.backend]
+    except KeyError:
+        raise VramplanError(f"{scheme.name}: no runtime for backend {scheme.backend!r}") from None
+
+
+def _quanto_weights(scheme: WeightScheme, prefix: str = "") -> str:
+    """quanto's name for the weight type: int8 / int4 (qint8 / qint4 in optimum.quanto.qtypes)."""
+    return f"{prefix}int{scheme.bits}"
+
+
+def unsupported(scheme: WeightScheme, device: str, exc: BaseException) -> VramplanError:
+    try:
+        import bitsandbytes
+
+        version = bitsandbytes.__version__
+    except Exception:  # noqa: BLE001 - the reason is what we report
+        version = "(not importable)"
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return VramplanError(f"{scheme.name} is not supported on {device} with bitsandbytes {version}: {reason}")
+
+
+def _replace_linears_with_bnb(module: nn.Module, scheme: WeightScheme, dtype: torch.dtype, device: str) -> None:
+    """Swap every nn.Linear under ``module`` for its bnb layer, quantized on ``device``.
+
+    Same modules, classes and arguments as transformers' bnb loader, so the layout is the
+    one a checkpoint loaded with BitsAndBytesConfig gets.
+    """
+    import bitsandbytes as bnb
+
+    for name, child in list(module.named_children()):
+        if not (isinstance(child, nn.Linear) and type(child) is nn.Linear):
+            _replace_linears_with_bnb(child, scheme, dtype, device)
+            continue
+        has_bias = child.bias is not None
+        if scheme.bits == 8:
+            new = bnb.nn.Linear8bitLt(child.in_features, child.out_features, bias=has_bias,
+                                      has_fp16_weights=False, threshold=scheme.outlier_threshold, device="meta")
+            weight = bnb.nn.Int8Params(child.weight.data, requires_grad=False, has_fp16_weights=False)
+        else:
+            new = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=has_bias, compute_dtype=dtype,
+                                    compress_statistics=scheme.double_quant, quant_type=scheme.variant,
+                                    quant_storage=torch.uint8, device="meta")
+            weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, blocksize=scheme.group_size,
+                                       compress_statistics=scheme.double_quant, quant_type=scheme.variant,
+                                       quant_storage=torch.uint8, module=new)
+        new._parameters["weight"] = weight.to(device)  # .to() quantizes
+        if has_bias:
+            new._parameters["bias"] = nn.Parameter(child.bias.data.to(device), requires_grad=False)
+        new.requires_grad_(False)
+        setattr(module, name, new)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+def _quiet_bnb_int8_cast_warning() -> None:
+    """bnb logs "inputs will be cast ... to float16" on every int8 matmul; it is expected (and noted)."""
+    logger = logging.getLogger("bitsandbytes.autograd._functions")
+    if not any(isinstance(f, _DropMessage) for f in logger.filters):
+        logger.addFilter(_DropMessage("MatMul8bitLt: inputs will be cast"))

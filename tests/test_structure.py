@@ -1,0 +1,100 @@
+"""The shape of the code, checked: the planner is pure (by its imports, lazy ones included, and by what it calls),
+every quantization scheme has a runtime half, and no source file outgrows a reader."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANNER = sorted((ROOT / "planner").rglob("*.py"))
+# What the planner may not import: the heavy libraries, anything that touches hardware or the network, and the
+# layers above it.
+FORBIDDEN_IN_PLANNER = {"torch", "transformers", "bitsandbytes", "optimum", "accelerate", "safetensors",
+                        "huggingface_hub", "pynvml", "psutil", "numpy", "runtime", "cli", "render", "requests",
+                        "urllib", "http", "socket", "subprocess"}
+# Calls that write or move files: pathlib methods, and os / shutil / tempfile functions.
+PATH_WRITES = {"write_text", "write_bytes", "mkdir", "touch", "unlink", "rmdir", "rename", "symlink_to"}
+MODULE_WRITES = {"os": {"replace", "rename", "remove", "unlink", "makedirs", "mkdir", "rmdir", "symlink"},
+                 "shutil": {"copy", "copy2", "copyfile", "copytree", "move", "rmtree"},
+                 "tempfile": {"mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryDirectory"}}
+MAX_LINES = 800
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):  # ast.walk: imports inside functions too
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__":
+            arg = node.args[0] if node.args else None
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                names.add(arg.value.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("path", PLANNER, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_planner_imports_nothing_impure(path):
+    bad = _imports(path) & FORBIDDEN_IN_PLANNER
+    assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", PLANNER, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_planner_writes_no_files(path):
+    _assert_writes_nothing(path)
+
+
+def _assert_writes_nothing(path: Path) -> None:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = getattr(func, "attr", None) or getattr(func, "id", None)
+        owner = getattr(getattr(func, "value", None), "id", None)
+        assert name not in PATH_WRITES and name not in MODULE_WRITES.get(owner, ()), (
+            f"{path}:{node.lineno} calls {owner + '.' if owner else ''}{name}()")
+        if name == "open":
+            mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"),
+                                                                  None)
+            text = mode.value if isinstance(mode, ast.Constant) else "r"
+            assert not set(str(text)) & set("wax+"), f"{path}:{node.lineno} opens for writing"
+
+
+def test_a_planted_impurity_is_caught(tmp_path):
+    """The two checks above can fail: an import inside a function, and a write."""
+    sneaky = tmp_path / "sneaky.py"
+    sneaky.write_text("def f():\n    import torch.nn\n    return __import__('runtime.probe')\n")
+    assert {"torch", "runtime"} <= _imports(sneaky)
+    writer = tmp_path / "writer.py"
+    writer.write_text("import os\ndef f(p):\n    os.replace(p, p + '.bak')\n")
+    with pytest.raises(AssertionError, match="calls os.replace"):
+        _assert_writes_nothing(writer)
+
+
+def test_every_scheme_has_a_runtime_half():
+    pytest.importorskip("torch")
+    from planner.quant import KV_SCHEMES, SCHEMES
+    from runtime.kvcache import BACKENDS as KV_BACKENDS
+    from runtime.quantize import BACKENDS
+
+    assert {s.backend for s in SCHEMES.values()} <= set(BACKENDS)
+    assert {k.backend for k in KV_SCHEMES.values()} <= set(KV_BACKENDS)
+    for s in SCHEMES.values():
+        if s.backend == "bnb" and s.bits == 4:
+            assert s.variant in ("nf4", "fp4") and s.group_size == 64
+        if s.backend == "bnb" and s.bits == 8:
+            assert s.outlier_threshold is not None
+    for k in KV_SCHEMES.values():
+        if k.backend == "quanto":
+            assert k.nbits in (2, 4) and k.group_size and k.residual_tokens
+
+
+def test_no_source_file_outgrows_a_reader():
+    sources = [*PLANNER, *(ROOT / "runtime").rglob("*.py"), *(ROOT / "bench").glob("*.py"), ROOT / "cli.py",
+               ROOT / "render.py"]
+    long = {str(p.relative_to(ROOT)): n for p in sources if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, long
