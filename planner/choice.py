@@ -52,6 +52,12 @@ class Choice:
     offload: OffloadMode  # how the other total_layers - gpu_layers run
     compute_device: ComputeDevice
     embeddings_on_gpu: bool  # the input embedding (lm_head and the final norm always live with the resident layers)
+    # The resident layers split over the GPUs, in device order (the first ones on GPU 0); () means all on GPU 0.
+    gpu_layers_per_device: tuple[int, ...] = ()
+    moe_layers: int = 0  # decoder layers with routed experts (0: a dense model)
+    # Of those, how many keep their routed experts in RAM, computed by the CPU (the first ones, like llama.cpp's
+    # --n-cpu-moe); attention, shared experts and the KV cache of those layers stay where the layer is.
+    expert_layers_on_cpu: int = 0
 
     def __post_init__(self) -> None:
         if self.weight_quant not in SCHEMES:
@@ -72,6 +78,17 @@ class Choice:
         if self.on_gpu and full != (self.offload is OffloadMode.NONE):
             raise PlanError(f"choice: offload {self.offload.value!r} with {self.gpu_layers} of {self.total_layers} "
                             "layers on the GPU (offload is 'none' exactly when every layer is on the GPU)")
+        per = tuple(self.gpu_layers_per_device) or ((self.gpu_layers,) if self.on_gpu else ())
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in per) or sum(per) != self.gpu_layers:
+            raise PlanError(f"choice.gpu_layers_per_device {list(per)} must be non-negative counts summing to "
+                            f"gpu_layers {self.gpu_layers}")
+        object.__setattr__(self, "gpu_layers_per_device", per)
+        for name in ("moe_layers", "expert_layers_on_cpu"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise PlanError(f"choice.{name} must be a non-negative integer, got {v!r}")
+        if self.expert_layers_on_cpu > self.moe_layers:
+            raise PlanError(f"choice: {self.expert_layers_on_cpu} layers' experts in RAM, of {self.moe_layers} MoE layers")
 
     @property
     def on_gpu(self) -> bool:
@@ -85,16 +102,33 @@ class Choice:
     def embeddings_device(self) -> str:
         return self.compute_device.value if self.embeddings_on_gpu else ComputeDevice.CPU.value
 
+    @property
+    def expert_placement(self) -> str | int | None:
+        """Where routed experts live: "gpu" (with their layers), "cpu" (all in RAM), or how many MoE layers keep
+        theirs in RAM; None for a dense model. (Experts of a layer that is itself offloaded go with the layer.)"""
+        if not self.moe_layers:
+            return None
+        if self.expert_layers_on_cpu == 0:
+            return "gpu"
+        return "cpu" if self.expert_layers_on_cpu == self.moe_layers else self.expert_layers_on_cpu
+
     def to_dict(self) -> dict:
         return {"weight_quant": self.weight_quant, "kv_dtype": self.kv_dtype, "gpu_layers": self.gpu_layers,
                 "total_layers": self.total_layers, "offload": self.offload.value,
-                "compute_device": self.compute_device.value, "embeddings_device": self.embeddings_device}
+                "compute_device": self.compute_device.value, "embeddings_device": self.embeddings_device,
+                "gpu_layers_per_device": list(self.gpu_layers_per_device), "moe_layers": self.moe_layers,
+                "expert_placement": self.expert_placement}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Choice":
+        placement = d.get("expert_placement")
+        moe_layers = int(d.get("moe_layers") or 0)
+        on_cpu = moe_layers if placement == "cpu" else (placement if isinstance(placement, int) else 0)
         return cls(weight_quant=d["weight_quant"], kv_dtype=d["kv_dtype"], gpu_layers=d["gpu_layers"],
                    total_layers=d["total_layers"], offload=d["offload"], compute_device=d["compute_device"],
-                   embeddings_on_gpu=d.get("embeddings_device") not in (None, ComputeDevice.CPU.value))
+                   embeddings_on_gpu=d.get("embeddings_device") not in (None, ComputeDevice.CPU.value),
+                   gpu_layers_per_device=tuple(d.get("gpu_layers_per_device") or ()), moe_layers=moe_layers,
+                   expert_layers_on_cpu=on_cpu)
 
 
 def _enum(cls, value, what: str):

@@ -54,13 +54,15 @@ def _choice(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, hw: HardwarePro
             mode: OffloadMode) -> Choice:
     """The placement with the first `n` layers on the GPU and the rest offloaded in `mode`."""
     L = spec.num_layers
+    moe_layers = len(spec.moe.moe_layers) if spec.moe is not None else 0
     if not hw.has_gpu:
         return Choice(weight_quant=scheme.name, kv_dtype=kv.name, gpu_layers=0, total_layers=L,
-                      offload=OffloadMode.NONE, compute_device=ComputeDevice.CPU, embeddings_on_gpu=False)
+                      offload=OffloadMode.NONE, compute_device=ComputeDevice.CPU, embeddings_on_gpu=False,
+                      moe_layers=moe_layers)
     n = min(n, L)
     return Choice(weight_quant=scheme.name, kv_dtype=kv.name, gpu_layers=n, total_layers=L,
                   offload=OffloadMode.NONE if n == L else mode, compute_device=ComputeDevice(hw.accelerator),
-                  embeddings_on_gpu=embeddings_on_gpu(n, L, spec.tie_word_embeddings))
+                  embeddings_on_gpu=embeddings_on_gpu(n, L, spec.tie_word_embeddings), moe_layers=moe_layers)
 
 
 def _footprint(spec, hw, req, scheme, kv, weights: WeightCosts) -> Footprint:
