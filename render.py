@@ -208,19 +208,32 @@ def profiles_list(entries: list[Any], searched: list[tuple[Any, str]]) -> None:
 
 
 # ---------------------------------------------------------------- plan
+def _experts_where(c: dict) -> str:
+    placement = c.get("expert_placement")
+    if placement == "cpu":
+        return ", routed experts in RAM (computed by the CPU)"
+    if isinstance(placement, int):
+        return f", routed experts of the first {placement} of {c['moe_layers']} MoE layers in RAM"
+    return ""
+
+
 def plan(d: dict) -> None:
     """The human report of a plan (its dict form)."""
     m, h, r = d["model"], d["hardware"], d["request"]
-    out.line(f"[bold]{m['id']}[/] on [bold]{h['name']}[/] ({h['gpu'] or 'no GPU'}"
-             f"{', ' + format_bytes(h['gpu_memory_bytes']) if h['gpu'] else ''}, RAM {format_bytes(h['ram_bytes'])}"
+    gpus = h.get("gpus") or ([{"name": h["gpu"], "memory_bytes": h["gpu_memory_bytes"], "count": 1}] if h["gpu"] else [])
+    cards = " + ".join(f"{'%dx ' % g['count'] if g['count'] > 1 else ''}{g['name']}, {format_bytes(g['memory_bytes'])}{' each' if g['count'] > 1 else ''}"
+                       for g in gpus) or "no GPU"
+    out.line(f"[bold]{m['id']}[/] on [bold]{h['name']}[/] ({cards}, RAM {format_bytes(h['ram_bytes'])}"
              f"{', measured' if h['measured'] else ''}{', calibrated' if h['calibrated'] else ''}) - "
              f"context {format_tokens(r['context'])} x batch {r['batch']}, prefer {r['prefer']}")
     c = d["choice"]
     if c:
         where = ("CPU only (no GPU)" if c["compute_device"] == "cpu" else
                  f"{c['gpu_layers']}/{c['total_layers']} layers on the GPU"
+                 + (f"s ({' + '.join(map(str, per))})" if len(per := c.get("gpu_layers_per_device") or []) > 1 else "")
                  + (f", {c['total_layers'] - c['gpu_layers']} offloaded ({c['offload']})" if c["offload"] != "none"
-                    else ""))
+                    else "")
+                 + _experts_where(c))
         pr = d["predicted"]
         out.line(f"[bold green]plan:[/] {c['weight_quant']} weights + {c['kv_dtype']} KV cache, {where}")
         out.line(f"  predicted: decode {pr['decode_tokens_per_s']:.2f} tok/s (at full context "
@@ -247,12 +260,14 @@ def plan(d: dict) -> None:
 
 
 def _memory(mem: dict) -> None:
-    gpu, cpu = mem["gpu"] or {}, mem["cpu"]
+    gpus, cpu = mem.get("gpus") or ([mem["gpu"]] if mem.get("gpu") else []), mem["cpu"]
     summary = ("total_bytes", "capacity_bytes", "free_bytes")
-    keys = list(dict.fromkeys(k for k in [*gpu, *cpu] if k not in summary))
-    rows = [[k.removesuffix("_bytes").replace("_", " "), format_bytes(gpu[k]) if k in gpu else "-",
-             format_bytes(cpu[k]) if k in cpu else "-"] for k in [*keys, *summary]]
-    out.table("memory by device", ["term", "GPU", "RAM"], rows, right={1, 2})
+    keys = list(dict.fromkeys(k for k in [*(k for g in gpus for k in g), *cpu] if k not in summary))
+    columns = [*gpus, cpu] if gpus else [{}, cpu]
+    names = (["GPU"] if len(gpus) <= 1 else [f"GPU{d}" for d in range(len(gpus))]) + ["RAM"]
+    rows = [[k.removesuffix("_bytes").replace("_", " "),
+             *(format_bytes(col[k]) if k in col else "-" for col in columns)] for k in [*keys, *summary]]
+    out.table("memory by device", ["term", *names], rows, right=set(range(1, len(names) + 1)))
 
 
 def _candidates(cands: list[dict]) -> None:

@@ -344,6 +344,11 @@ class HardwareProfile:
         return sum(g.count for g in self.gpus)
 
     @property
+    def devices(self) -> tuple[GPUSpec, ...]:
+        """One entry per GPU device, in device order (a GPUSpec of count n is n devices)."""
+        return tuple(g for g in self.gpus for _ in range(g.count))
+
+    @property
     def gpu_memory_bytes(self) -> int:
         """Memory of one device of the first GPU kind (0 without GPU)."""
         return self.gpus[0].memory_bytes if self.gpus else 0

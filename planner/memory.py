@@ -39,6 +39,7 @@ class WeightCosts:
     layers: tuple[int, ...]  # stored bytes of each decoder layer
     embed_bytes: int  # input embedding (0 when tied: counted in head_bytes)
     head_bytes: int  # lm_head (or the tied embedding) + final norm
+    experts: tuple[int, ...] = ()  # of each layer's bytes, its routed experts' (0 for dense layers)
 
     @property
     def total_bytes(self) -> int:
@@ -55,7 +56,8 @@ def weight_costs(spec: ModelSpec, scheme: WeightScheme) -> WeightCosts:
         else:
             head += b  # lm_head, final norm, tied embedding
     return WeightCosts(layers=tuple(spec.per_layer(lambda ts: scheme.bytes_of(ts, load))), embed_bytes=embed,
-                       head_bytes=head)
+                       head_bytes=head, experts=tuple(spec.per_layer(
+                           lambda ts: scheme.bytes_of([t for t in ts if t.role is Role.EXPERT], load))))
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,14 @@ class LayerCosts:
     kv: tuple[int, ...]  # KV-cache bytes of each layer at the request's context x batch
     embed_bytes: int  # input embedding (0 when tied: counted in head_bytes)
     head_bytes: int  # lm_head (or the tied embedding) + final norm
+    experts: tuple[int, ...] = ()  # of each layer's weights, its routed experts' bytes
 
 
 def layer_costs(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Request,
                 weights: WeightCosts | None = None) -> LayerCosts:
     w = weights if weights is not None else weight_costs(spec, scheme)
     return LayerCosts(weights=w.layers, kv=tuple(kv_bytes_per_layer(spec, kv, req.context, req.batch)),
-                      embed_bytes=w.embed_bytes, head_bytes=w.head_bytes)
+                      embed_bytes=w.embed_bytes, head_bytes=w.head_bytes, experts=w.experts)
 
 
 def _prefix(values: tuple[int, ...]) -> list[int]:
@@ -168,17 +171,27 @@ def _device_dict(m) -> dict:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryBreakdown:
-    """Every byte of one placement, per device; `gpu` is None on a machine without a GPU."""
+    """Every byte of one placement, per device: each GPU (none on a machine without one) and the host RAM."""
 
-    gpu: GPUMemory | None
+    gpus: tuple[GPUMemory, ...]
     cpu: CPUMemory
     workspace_terms: dict  # the workspace's own terms (the same on whichever device computes)
 
     @property
+    def gpu(self) -> GPUMemory | None:
+        """GPU 0 (the JSON's `memory.gpu`, kept for one-GPU readers), or None without a GPU."""
+        return self.gpus[0] if self.gpus else None
+
+    @property
+    def gpu_total_bytes(self) -> int:
+        return sum(g.total_bytes for g in self.gpus)
+
+    @property
     def over(self) -> str | None:
-        """The first device whose total exceeds its capacity ("gpu", then "cpu"), or None when both fit."""
-        if self.gpu is not None and self.gpu.free_bytes < 0:
-            return "gpu"
+        """The first device whose total exceeds its capacity ("gpu", "gpu1", ..., then "cpu"), or None."""
+        for d, g in enumerate(self.gpus):
+            if g.free_bytes < 0:
+                return "gpu" if d == 0 else f"gpu{d}"
         if self.cpu.free_bytes < 0:
             return "cpu"
         return None
@@ -187,20 +200,27 @@ class MemoryBreakdown:
     def fits(self) -> bool:
         return self.over is None
 
+    def device(self, name: str) -> GPUMemory | CPUMemory:
+        """The breakdown `over` names."""
+        return self.cpu if name == "cpu" else self.gpus[int(name[3:] or 0)]
+
     def to_dict(self) -> dict:
-        return {"gpu": self.gpu.to_dict() if self.gpu is not None else None, "cpu": self.cpu.to_dict(),
-                "workspace_terms": dict(self.workspace_terms)}
+        return {"gpu": self.gpu.to_dict() if self.gpu is not None else None, "gpus": [g.to_dict() for g in self.gpus],
+                "cpu": self.cpu.to_dict(), "workspace_terms": dict(self.workspace_terms)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MemoryBreakdown":
-        return cls(gpu=GPUMemory.from_dict(d["gpu"]) if d.get("gpu") else None, cpu=CPUMemory.from_dict(d["cpu"]),
+        gpus = d.get("gpus") or ([d["gpu"]] if d.get("gpu") else [])
+        return cls(gpus=tuple(GPUMemory.from_dict(g) for g in gpus), cpu=CPUMemory.from_dict(d["cpu"]),
                    workspace_terms=dict(d.get("workspace_terms") or {}))
 
 
-def gpu_capacity(hw: HardwareProfile, req: Request) -> int:
-    if req.vram_budget_bytes is not None:
-        return req.vram_budget_bytes
-    return hw.gpu.memory_bytes if hw.gpu is not None else 0
+def gpu_capacity(hw: HardwareProfile, req: Request, device: int = 0) -> int:
+    """What GPU `device` may hold: its memory, or less where the request's budget (per device) says so."""
+    if not hw.gpus:
+        return 0
+    memory = hw.devices[device].memory_bytes
+    return memory if req.vram_budget_bytes is None else min(memory, req.vram_budget_bytes)
 
 
 def ram_capacity(hw: HardwareProfile, req: Request, gpu_total: int = 0) -> int:
@@ -215,12 +235,35 @@ def embeddings_on_gpu(gpu_layers: int, num_layers: int, tied: bool) -> bool:
     return gpu_layers >= num_layers or tied
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where the layers go, as the memory and speed models need it (a Choice without the scheme names).
+
+    split: resident decoder layers per GPU, in device order (layers 0..split[0]-1 on GPU 0, the next split[1] on
+    GPU 1, ...); empty on a machine without a GPU. The other layers are offloaded in `mode`: streamed layers run
+    on GPU 0, and GPU 0 also holds the input embedding (when on a GPU), lm_head and the final norm. experts_on_cpu:
+    how many MoE layers (the first ones) keep their routed experts in RAM, computed by the CPU.
+    """
+
+    split: tuple[int, ...]
+    mode: OffloadMode = OffloadMode.NONE
+    experts_on_cpu: int = 0
+
+    @property
+    def n(self) -> int:
+        return sum(self.split)
+
+    @classmethod
+    def of(cls, c: Choice) -> "Placement":
+        return cls(split=tuple(c.gpu_layers_per_device) if c.on_gpu else (), mode=c.offload,
+                   experts_on_cpu=c.expert_layers_on_cpu)
+
+
 class Footprint:
-    """The bytes of every placement of one scheme x KV dtype x request, per device, in O(1) each.
+    """The bytes of every placement of one scheme x KV dtype x request, per device, in O(devices) each.
 
     The one memory formula: the search checks placements with it and the plan prints its
-    breakdown, so a verdict and the numbers shown beside it cannot disagree. A placement is
-    (gpu_layers, offload mode) on a machine with a GPU, (0, NONE) without one.
+    breakdown, so a verdict and the numbers shown beside it cannot disagree.
     """
 
     def __init__(self, spec: ModelSpec, hw: HardwareProfile, req: Request, costs: LayerCosts, workspace: dict):
@@ -229,54 +272,112 @@ class Footprint:
         self.req = req
         self.costs = costs
         self.tied = spec.tie_word_embeddings
-        self.on_gpu = hw.has_gpu
+        self.gpu_count = len(hw.devices)
         self.workspace = dict(workspace)
         self.ws = sum(workspace.values())
         self.pw = _prefix(costs.weights)
         self.pkv = _prefix(costs.kv)
+        self.px = _prefix(costs.experts or (0,) * self.L)
         suffix = [0] * (self.L + 1)
         for i in range(self.L - 1, -1, -1):
             suffix[i] = max(suffix[i + 1], costs.weights[i])
         self.suffix_max_w = suffix  # the largest layer from i on: what a stream slot must hold
+        moe = sorted(spec.moe.moe_layers) if spec.moe is not None else []
+        self.expert_end = [0] + [i + 1 for i in moe]  # with e layers' experts in RAM: layers before expert_end[e]
         o = hw.overheads
         self.gpu_fixed = (o.cuda_context_bytes, o.allocator_reserve_bytes, req.headroom_bytes)
-        self.gpu_capacity = gpu_capacity(hw, req)
+        self.capacities = tuple(gpu_capacity(hw, req, d) for d in range(self.gpu_count))
+
+    @property
+    def moe_layers(self) -> int:
+        return len(self.expert_end) - 1
 
     def embeddings_on_gpu(self, n: int) -> bool:
-        return self.on_gpu and embeddings_on_gpu(n, self.L, self.tied)
+        return self.gpu_count > 0 and embeddings_on_gpu(n, self.L, self.tied)
 
-    def _gpu_terms(self, n: int, mode: OffloadMode) -> tuple[int, ...]:
-        """GPUMemory.TERMS, in order, for n layers on the GPU."""
-        costs = self.costs
-        stream = mode is OffloadMode.STREAM and n < self.L
-        kv_layers = n if (mode is OffloadMode.CPU and n < self.L) else self.L  # streamed layers keep KV on the GPU
-        weights = self.pw[n] + costs.head_bytes + (costs.embed_bytes if self.embeddings_on_gpu(n) else 0)
-        return (weights, self.pkv[kv_layers], 2 * self.suffix_max_w[n] if stream else 0, self.ws, *self.gpu_fixed)
+    def _experts_in_ram(self, a: int, b: int, e: int) -> int:
+        """Bytes of routed experts in RAM among layers [a, b) when the first e MoE layers keep theirs there."""
+        end = self.expert_end[e]
+        return self.px[min(b, end)] - self.px[min(a, end)]
 
-    def _cpu_terms(self, n: int, mode: OffloadMode) -> tuple[int, ...]:
-        """CPUMemory.TERMS, in order: what the layers from n on (all of them without a GPU) leave in RAM."""
-        costs, L = self.costs, self.L
-        computes_here = not self.on_gpu or (mode is OffloadMode.CPU and n < L)  # these keep KV and activations here
-        weights = (self.pw[L] - self.pw[n] + (0 if self.embeddings_on_gpu(n) else costs.embed_bytes)
-                   + (0 if self.on_gpu else costs.head_bytes))
-        return (weights, self.pkv[L] - self.pkv[n] if computes_here else 0, self.ws if computes_here else 0,
+    def _gpu_terms(self, d: int, start: int, count: int, n: int, mode: OffloadMode, e: int) -> tuple[int, ...]:
+        """GPUMemory.TERMS of GPU d holding layers [start, start + count), of n resident in all."""
+        if d > 0 and count == 0:
+            return (0,) * len(GPUMemory.TERMS)  # a GPU the run does not touch
+        costs, end = self.costs, start + count
+        stream = d == 0 and mode is OffloadMode.STREAM and n < self.L
+        weights = self.pw[end] - self.pw[start] - self._experts_in_ram(start, end, e)
+        kv = self.pkv[end] - self.pkv[start]
+        if d == 0:
+            weights += costs.head_bytes + (costs.embed_bytes if self.embeddings_on_gpu(n) else 0)
+            if stream:
+                kv += self.pkv[self.L] - self.pkv[n]  # streamed layers keep their KV on the GPU they run on
+        return (weights, kv, 2 * self.suffix_max_w[n] if stream else 0, self.ws, *self.gpu_fixed)
+
+    def _cpu_terms(self, p: Placement) -> tuple[int, ...]:
+        """CPUMemory.TERMS, in order: what the offloaded layers (all of them without a GPU) and the experts kept in
+        RAM leave there."""
+        costs, L, n = self.costs, self.L, p.n
+        on_gpu = self.gpu_count > 0
+        computes_here = not on_gpu or (p.mode is OffloadMode.CPU and n < L)  # these keep KV and activations here
+        weights = (self.pw[L] - self.pw[n] + self._experts_in_ram(0, n, p.experts_on_cpu)
+                   + (0 if self.embeddings_on_gpu(n) else costs.embed_bytes) + (0 if on_gpu else costs.head_bytes))
+        activations = computes_here and (n < L or not on_gpu) or p.experts_on_cpu > 0
+        return (weights, self.pkv[L] - self.pkv[n] if computes_here else 0, self.ws if activations else 0,
                 self.req.runtime_base_ram_bytes)
 
-    def over(self, n: int, mode: OffloadMode) -> str | None:
-        """The first device over capacity ("gpu", then "cpu") with n layers on the GPU, or None when it fits."""
-        gpu_total = sum(self._gpu_terms(n, mode)) if self.on_gpu else 0
-        if gpu_total > self.gpu_capacity:
-            return "gpu"
-        if sum(self._cpu_terms(n, mode)) > ram_capacity(self.hw, self.req, gpu_total):
-            return "cpu"
-        return None
+    def _gpus(self, p: Placement) -> tuple[GPUMemory, ...]:
+        out, start = [], 0
+        for d in range(self.gpu_count):
+            count = p.split[d] if d < len(p.split) else 0
+            out.append(GPUMemory(*self._gpu_terms(d, start, count, p.n, p.mode, p.experts_on_cpu),
+                                 capacity_bytes=self.capacities[d]))
+            start += count
+        return tuple(out)
+
+    def split_for(self, n: int, mode: OffloadMode, e: int = 0, *, best_effort: bool = False) -> tuple[int, ...] | None:
+        """The n resident layers over the GPUs, each taking as many as fit in device order (uneven cards get uneven
+        shares), or None when they do not fit. With `best_effort`, layers that fit nowhere go to the last GPU (a
+        split to show how far over it is)."""
+        if self.gpu_count == 0:
+            return () if n == 0 else None
+        split, start, ok = [], 0, True
+        for d in range(self.gpu_count):
+
+            def fits(k: int, d: int = d, start: int = start) -> bool:
+                return sum(self._gpu_terms(d, start, k, n, mode, e)) <= self.capacities[d]
+
+            if not fits(0):
+                ok = False
+                split.append(0)
+                continue
+            lo, hi = 0, n - start  # the most layers this GPU takes: fits() holds up to some k, then fails
+            if fits(hi):
+                lo = hi
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+            split.append(lo)
+            start += lo
+        if ok and start == n:
+            return tuple(split)
+        if not best_effort:
+            return None
+        split[-1] += n - start
+        return tuple(split)
+
+    def over(self, p: Placement) -> str | None:
+        """The first device over capacity ("gpu", "gpu1", ..., then "cpu") for `p`, or None when it fits."""
+        return self.breakdown_of(p).over
+
+    def breakdown_of(self, p: Placement) -> MemoryBreakdown:
+        gpus = self._gpus(p)
+        gpu_total = sum(g.total_bytes for g in gpus)
+        cpu = CPUMemory(*self._cpu_terms(p), capacity_bytes=ram_capacity(self.hw, self.req, gpu_total))
+        return MemoryBreakdown(gpus=gpus, cpu=cpu, workspace_terms=self.workspace)
 
     def breakdown(self, c: Choice) -> MemoryBreakdown:
-        n, mode = (c.gpu_layers, c.offload) if c.on_gpu else (0, OffloadMode.NONE)
-        gpu = GPUMemory(*self._gpu_terms(n, mode), capacity_bytes=self.gpu_capacity) if self.on_gpu else None
-        cpu = CPUMemory(*self._cpu_terms(n, mode),
-                        capacity_bytes=ram_capacity(self.hw, self.req, gpu.total_bytes if gpu is not None else 0))
-        return MemoryBreakdown(gpu=gpu, cpu=cpu, workspace_terms=self.workspace)
+        return self.breakdown_of(Placement.of(c))
 
     def fits(self, c: Choice) -> bool:
         return self.breakdown(c).fits

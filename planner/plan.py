@@ -38,6 +38,7 @@ def hardware_fingerprint(hw: HardwareProfile) -> str:
 def hardware_ref(hw: HardwareProfile) -> dict:
     return {"name": hw.name, "source": hw.source, "gpu": hw.gpu.name if hw.gpu else None,
             "gpu_memory_bytes": hw.gpu.memory_bytes if hw.gpu else 0, "ram_bytes": hw.host.ram_bytes,
+            "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes, "count": g.count} for g in hw.gpus],
             "measured": hw.measured, "calibrated": hw.calibration is not None,
             "fingerprint": hardware_fingerprint(hw)}
 
@@ -67,7 +68,8 @@ class Candidate:
 
     @property
     def vram_bytes(self) -> int | None:
-        return self.memory.gpu.total_bytes if self.memory is not None and self.memory.gpu is not None else None
+        """Every GPU's total together (one number for the table; `memory.gpus` has each)."""
+        return self.memory.gpu_total_bytes if self.memory is not None and self.memory.gpus else None
 
     @property
     def ram_bytes(self) -> int | None:
@@ -77,10 +79,10 @@ class Candidate:
         placement = self.choice.to_dict() if self.choice is not None else {
             "weight_quant": self.weight_quant, "kv_dtype": self.kv_dtype, "gpu_layers": 0, "total_layers": None,
             "offload": OffloadMode.NONE.value, "compute_device": None, "embeddings_device": None}
-        mem = self.memory.to_dict() if self.memory is not None else {"gpu": None, "cpu": None}
+        mem = self.memory.to_dict() if self.memory is not None else {"gpu": None, "gpus": [], "cpu": None}
         return {"fits": self.fits, "fits_on_gpu": self.fits_on_gpu, **placement,
                 "quality_cost_pct": self.quality_cost_pct,
-                "memory": {"gpu": mem["gpu"], "cpu": mem["cpu"]},
+                "memory": {"gpu": mem["gpu"], "gpus": mem["gpus"], "cpu": mem["cpu"]},
                 "vram_bytes": self.vram_bytes, "ram_bytes": self.ram_bytes,
                 "ceiling": _ceiling_dict(self.speed), "predicted": _predicted_dict(self.speed),
                 "max_context_tokens": self.max_context_tokens, "reason": self.reason}

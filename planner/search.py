@@ -16,13 +16,13 @@ from typing import Callable
 from .choice import Choice, ComputeDevice, OffloadMode
 from .errors import PlanError
 from .hardware import HardwareProfile
-from .memory import (Footprint, LayerCosts, MemoryBreakdown, WeightCosts, embeddings_on_gpu, gpu_capacity, layer_costs,
-                     ram_capacity, weight_costs, workspace_bytes)
+from .memory import (Footprint, LayerCosts, MemoryBreakdown, Placement, WeightCosts, embeddings_on_gpu, gpu_capacity,
+                     layer_costs, ram_capacity, weight_costs, workspace_bytes)
 from .modelspec import ModelSpec
 from .plan import Candidate, Plan, hardware_ref, model_ref
 from .quant import KV_SCHEMES, SCHEMES, KVScheme, WeightScheme
 from .request import RUNTIME_BASE_RAM_BYTES, Request
-from .speed import estimate, read_bytes_per_layer
+from .speed import SpeedEstimate, estimate, read_bytes_per_layer
 from .units import format_bytes
 
 # When nothing fits, alternatives are searched with these KV dtypes: full precision and the smallest
@@ -50,52 +50,83 @@ def offload_modes(hw: HardwareProfile, scheme: WeightScheme) -> tuple[OffloadMod
     return (OffloadMode.STREAM, OffloadMode.CPU) if stream else (OffloadMode.CPU,)
 
 
-def _choice(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, hw: HardwareProfile, n: int,
-            mode: OffloadMode) -> Choice:
-    """The placement with the first `n` layers on the GPU and the rest offloaded in `mode`."""
+def _choice(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, hw: HardwareProfile, p: Placement) -> Choice:
+    """The Choice a placement makes, with the scheme names."""
     L = spec.num_layers
     moe_layers = len(spec.moe.moe_layers) if spec.moe is not None else 0
     if not hw.has_gpu:
         return Choice(weight_quant=scheme.name, kv_dtype=kv.name, gpu_layers=0, total_layers=L,
                       offload=OffloadMode.NONE, compute_device=ComputeDevice.CPU, embeddings_on_gpu=False,
                       moe_layers=moe_layers)
-    n = min(n, L)
+    n = p.n
     return Choice(weight_quant=scheme.name, kv_dtype=kv.name, gpu_layers=n, total_layers=L,
-                  offload=OffloadMode.NONE if n == L else mode, compute_device=ComputeDevice(hw.accelerator),
-                  embeddings_on_gpu=embeddings_on_gpu(n, L, spec.tie_word_embeddings), moe_layers=moe_layers)
+                  offload=OffloadMode.NONE if n == L else p.mode, compute_device=ComputeDevice(hw.accelerator),
+                  embeddings_on_gpu=embeddings_on_gpu(n, L, spec.tie_word_embeddings), gpu_layers_per_device=p.split,
+                  moe_layers=moe_layers, expert_layers_on_cpu=p.experts_on_cpu)
 
 
 def _footprint(spec, hw, req, scheme, kv, weights: WeightCosts) -> Footprint:
     return Footprint(spec, hw, req, layer_costs(spec, scheme, kv, req, weights), workspace_bytes(spec, scheme, kv, req))
 
 
+def _placement(fp: Footprint, n: int, mode: OffloadMode, e: int = 0, *, best_effort: bool = False) -> Placement | None:
+    n = min(n, fp.L)
+    split = fp.split_for(n, OffloadMode.NONE if n == fp.L else mode, e, best_effort=best_effort)
+    return None if split is None else Placement(split, OffloadMode.NONE if n == fp.L else mode, e)
+
+
 def _placements(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme,
-                fp: Footprint) -> tuple[list[tuple[int, OffloadMode]], tuple[int, OffloadMode]]:
-    """The placements (gpu layers, offload mode) that fit (for each mode, the most GPU layers), and the one that
-    came closest."""
+                fp: Footprint) -> tuple[list[Placement], Placement]:
+    """The placements that fit (for each offload mode, the most GPU layers; for an MoE, the fewest layers' experts in
+    RAM that let every layer stay on the GPUs), and the one that came closest."""
     L = spec.num_layers
     if not hw.has_gpu:
-        return ([(0, OffloadMode.NONE)] if fp.over(0, OffloadMode.NONE) is None else []), (0, OffloadMode.NONE)
+        p = Placement(())
+        return ([p] if fp.over(p) is None else []), p
     possible = offload_modes(hw, scheme)
     modes = [m for m in ([OffloadMode(req.offload)] if req.offload else possible) if m in possible]
     if req.gpu_layers is not None:
-        n = min(req.gpu_layers, L)
-        tried = [(n, OffloadMode.NONE if n == L else m) for m in modes] or [(L, OffloadMode.NONE)]
-        return [t for t in tried if fp.over(*t) is None], tried[0]
-    if fp.over(L, OffloadMode.NONE) is None:
-        return [(L, OffloadMode.NONE)], (L, OffloadMode.NONE)
-    fitting, closest = [], (L, OffloadMode.NONE)
+        tried = [_placement(fp, req.gpu_layers, m, best_effort=True) for m in modes] or [
+            _placement(fp, L, OffloadMode.NONE, best_effort=True)]
+        return [p for p in tried if fp.over(p) is None], tried[0]
+    full = _placement(fp, L, OffloadMode.NONE)
+    if full is not None and fp.over(full) is None:
+        return [full], full
+    fitting: list[Placement] = []
+    closest = _placement(fp, L, OffloadMode.NONE, best_effort=True)
     for mode in modes:
         for n in range(L - 1, -1, -1):
-            over = fp.over(n, mode)
-            if over == "gpu":
-                continue
-            if over is None:
-                fitting.append((n, mode))
+            p = _placement(fp, n, mode)
+            if p is None:
+                continue  # the GPUs have no room for n layers
+            if fp.over(p) is None:
+                fitting.append(p)
             else:
-                closest = (n, mode)  # the GPU has room; RAM ran out
+                closest = p  # the GPUs have room; RAM ran out
             break  # fewer GPU layers only put more in RAM
+    experts = _experts_in_ram(fp) if not req.offload else None
+    if experts is not None:
+        fitting.append(experts)
     return fitting, closest
+
+
+def _experts_in_ram(fp: Footprint) -> Placement | None:
+    """For an MoE: every layer on the GPUs with the routed experts of the fewest (first) layers in RAM, computed by
+    the CPU (llama.cpp's --n-cpu-moe); None when even all experts in RAM leave too little room."""
+    if not fp.moe_layers:
+        return None
+
+    def fits(e: int) -> Placement | None:
+        p = _placement(fp, fp.L, OffloadMode.NONE, e)
+        return p if p is not None and fp.over(p) is None else None
+
+    if fits(fp.moe_layers) is None:
+        return None
+    lo, hi = 0, fp.moe_layers  # fits(hi); find the smallest e that fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) is not None else (mid, hi)
+    return fits(hi)
 
 
 def _runs(spec, hw, req, scheme, kv, weights: WeightCosts) -> bool:
@@ -119,11 +150,11 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
     fitting, closest = _placements(spec, hw, req, scheme, fp)
     max_ctx = _max_resident_context(spec, hw, req, scheme, kv, weights)
     if not fitting:
-        c = _choice(spec, scheme, kv, hw, *closest)
+        c = _choice(spec, scheme, kv, hw, closest)
         mem = fp.breakdown(c)
         return Candidate(**base, fits=False, choice=c, memory=mem, max_context_tokens=max_ctx,
                          reason=_overflow_reason(mem, c))
-    choices = [_choice(spec, scheme, kv, hw, n, mode) for n, mode in fitting]
+    choices = [_choice(spec, scheme, kv, hw, p) for p in fitting]
     scored = sorted(((estimate(spec, hw, req, scheme, kv, c, fp.costs, read), c) for c in choices),
                     key=lambda sc: -sc[0].decode_tokens_per_s)
     speed, c = scored[0]
@@ -134,13 +165,35 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
 
 def _overflow_reason(mem: MemoryBreakdown, c: Choice) -> str:
     where = mem.over or "cpu"
-    d = mem.gpu if where == "gpu" else mem.cpu
+    d = mem.device(where)
     terms = ", ".join(f"{t.removesuffix('_bytes').replace('_', ' ')} {format_bytes(getattr(d, t))}"
                       for t in d.TERMS if getattr(d, t))
-    device = "GPU" if where == "gpu" else "RAM"
-    layers = (f"with {c.gpu_layers} of {c.total_layers} layers on the GPU ({c.offload.value} offload)"
-              if c.on_gpu else "on the CPU")
+    device = "RAM" if where == "cpu" else ("GPU" if len(mem.gpus) == 1 else f"GPU {where[3:] or 0}")
+    layers = (f"with {c.gpu_layers} of {c.total_layers} layers on the GPU{'s' if len(mem.gpus) > 1 else ''} "
+              f"({c.offload.value} offload)" if c.on_gpu else "on the CPU")
     return f"{device} needs {format_bytes(d.total_bytes)} > capacity {format_bytes(d.capacity_bytes)} {layers}: {terms}"
+
+
+def _gpu_parts(g) -> str:
+    fixed = g.cuda_context_bytes + g.allocator_reserve_bytes + g.headroom_bytes
+    return (f"weights {format_bytes(g.weights_bytes)} + KV {format_bytes(g.kv_cache_bytes)} + workspace "
+            f"{format_bytes(g.workspace_bytes)}"
+            + (f" + stream buffers {format_bytes(g.stream_buffers_bytes)}" if g.stream_buffers_bytes else "")
+            + f" + context/allocator/headroom {format_bytes(fixed)}")
+
+
+def _split_text(c: Choice, mem: MemoryBreakdown) -> str:
+    """Where the resident layers are: "the GPU", or layer ranges per GPU with each one's bytes."""
+    if len(mem.gpus) == 1:
+        return "the GPU"
+    parts, start = [], 0
+    for d, (k, g) in enumerate(zip(c.gpu_layers_per_device, mem.gpus)):
+        if k:
+            parts.append(f"GPU {d}: layers {start}-{start + k - 1}, {format_bytes(g.total_bytes)} of "
+                         f"{format_bytes(g.capacity_bytes)}")
+        start += k
+    return f"{len(mem.gpus)} GPUs ({'; '.join(parts)}; a pipeline across the GPUs: at batch 1 they take turns, " \
+           "so several GPUs hold more, they do not decode faster)"
 
 
 def _placement_reason(c: Choice, mem: MemoryBreakdown, costs: LayerCosts, scored) -> str:
@@ -152,24 +205,34 @@ def _placement_reason(c: Choice, mem: MemoryBreakdown, costs: LayerCosts, scored
                 f"{format_bytes(cpu.kv_cache_bytes)} + workspace {format_bytes(cpu.workspace_bytes)} + runtime "
                 f"{format_bytes(cpu.runtime_base_bytes)})")
     g = mem.gpu
-    if c.offload is OffloadMode.NONE:
-        return f"all {L} layers on the GPU: {format_bytes(g.total_bytes)} of {format_bytes(g.capacity_bytes)}"
-    fixed = g.cuda_context_bytes + g.allocator_reserve_bytes + g.headroom_bytes
-    parts = (f"weights {format_bytes(g.weights_bytes)} + KV {format_bytes(g.kv_cache_bytes)} + workspace "
-             f"{format_bytes(g.workspace_bytes)}"
-             + (f" + stream buffers {format_bytes(g.stream_buffers_bytes)}" if g.stream_buffers_bytes else "")
-             + f" + context/allocator/headroom {format_bytes(fixed)}")
-    n = c.gpu_layers
-    nxt = costs.weights[n] + (costs.kv[n] if c.offload is OffloadMode.CPU else 0)
-    text = (f"layers 0-{n - 1} on the GPU, {n}-{L - 1} offloaded ({c.offload.value}): " if n
-            else f"no layer fits on the GPU; all {L} offloaded ({c.offload.value}): ")
-    text += (f"GPU budget {format_bytes(g.capacity_bytes)} holds {parts}; one more layer needs {format_bytes(nxt)}, "
-             f"{format_bytes(g.free_bytes)} free; RAM {format_bytes(cpu.total_bytes)} of {format_bytes(cpu.capacity_bytes)}")
+    where = _split_text(c, mem)
+    if c.offload is OffloadMode.NONE and c.expert_layers_on_cpu:
+        experts = ("all MoE layers" if c.expert_placement == "cpu"
+                   else f"the first {c.expert_layers_on_cpu} of {c.moe_layers} MoE layers")
+        text = (f"all {L} layers on {where}, with the routed experts of {experts} in RAM, computed by the CPU "
+                f"({format_bytes(cpu.weights_bytes)} in RAM; a token reads only its top-k experts): "
+                f"GPU holds {_gpu_parts(g)}, {format_bytes(g.free_bytes)} free")
+    elif c.offload is OffloadMode.NONE:
+        text = f"all {L} layers on {where}: {format_bytes(g.total_bytes)} of {format_bytes(g.capacity_bytes)}" \
+            if len(mem.gpus) == 1 else f"all {L} layers on {where}"
+    else:
+        n = c.gpu_layers
+        nxt = costs.weights[n] + (costs.kv[n] if c.offload is OffloadMode.CPU else 0)
+        text = (f"layers 0-{n - 1} on {where}, {n}-{L - 1} offloaded ({c.offload.value}): " if n
+                else f"no layer fits on the GPU; all {L} offloaded ({c.offload.value}): ")
+        text += (f"GPU 0 budget {format_bytes(g.capacity_bytes)} holds {_gpu_parts(g)}; one more layer needs "
+                 f"{format_bytes(nxt)}; RAM {format_bytes(cpu.total_bytes)} of {format_bytes(cpu.capacity_bytes)}")
     if len(scored) > 1:
         (best, _), (other_speed, other) = scored[0], scored[1]
-        text += (f"; {c.offload.value} mode predicted {best.decode_tokens_per_s:.2f} tok/s beats {other.offload.value} "
-                 f"mode {other_speed.decode_tokens_per_s:.2f} tok/s ({other.gpu_layers} GPU layers)")
+        text += (f"; predicted {best.decode_tokens_per_s:.2f} tok/s beats {_label(other)} at "
+                 f"{other_speed.decode_tokens_per_s:.2f} tok/s")
     return text
+
+
+def _label(c: Choice) -> str:
+    if c.offload is OffloadMode.NONE and c.expert_layers_on_cpu:
+        return f"experts of {c.expert_layers_on_cpu} layers in RAM"
+    return f"{c.offload.value} offload ({c.gpu_layers} GPU layers)"
 
 
 def bisect_max(ok: Callable[[int], bool], lo: int, hi: int) -> int:
@@ -187,11 +250,10 @@ def bisect_max(ok: Callable[[int], bool], lo: int, hi: int) -> int:
 def _max_resident_context(spec, hw, req, scheme, kv, weights: WeightCosts) -> int:
     """Largest context (up to the model's maximum) with every layer resident: all on the GPU, or in RAM
     on a machine without one; 0 if none."""
-    n = spec.num_layers if hw.has_gpu else 0
-
     def fits(ctx: int) -> bool:
-        r = replace(req, context=ctx, prompt_tokens=None)
-        return _footprint(spec, hw, r, scheme, kv, weights).over(n, OffloadMode.NONE) is None
+        fp = _footprint(spec, hw, replace(req, context=ctx, prompt_tokens=None), scheme, kv, weights)
+        p = _placement(fp, spec.num_layers if hw.has_gpu else 0, OffloadMode.NONE)
+        return p is not None and fp.over(p) is None
 
     return max(0, bisect_max(fits, 1, spec.max_context or req.context))
 
@@ -263,6 +325,17 @@ def _constants(hw: HardwareProfile, req: Request) -> dict:
         "ram_bandwidth_bytes_per_s": {"value": hw.host.ram_bandwidth_bytes_per_s, "from": f"profile {hw.name}: host.ram_bandwidth"},
         "cpu_bf16_flops": {"value": hw.host.cpu_bf16_flops, "from": f"profile {hw.name}: host.cpu_bf16_compute"},
     }
+    entry = 0
+    for g in hw.gpus:  # the other devices, where a profile has several
+        for _ in range(g.count):
+            if entry:
+                where = f"profile {hw.name}: gpus[{hw.gpus.index(g)}]"
+                out[f"gpu{entry}_capacity_bytes"] = {"value": gpu_capacity(hw, req, entry), "from": f"{where}.memory"}
+                out[f"gpu{entry}_memory_bandwidth_bytes_per_s"] = {"value": g.memory_bandwidth_bytes_per_s,
+                                                                   "from": f"{where}.memory_bandwidth"}
+            entry += 1
+    if hw.gpu is not None:
+        out["crossing_sync_launches"] = {"value": sp.CROSSING_SYNC_LAUNCHES, "from": "planner.speed.CROSSING_SYNC_LAUNCHES"}
     if hw.gpu is not None:
         out["gpu_memory_bandwidth_bytes_per_s"] = {"value": hw.gpu.memory_bandwidth_bytes_per_s, "from": f"profile {hw.name}: gpus[0].memory_bandwidth"}
         out["gpu_bf16_flops"] = {"value": hw.gpu.bf16_flops, "from": f"profile {hw.name}: gpus[0].bf16_compute"}
@@ -281,27 +354,40 @@ def check_request(hw: HardwareProfile, req: Request) -> None:
     if req.offload == OffloadMode.STREAM and hw.link is None and hw.has_gpu:
         raise PlanError(f"stream offload needs a host-GPU link; hardware {hw.name!r} has unified memory "
                         "(offloaded layers can only run on the CPU)")
-    if req.vram_budget_bytes is not None and hw.gpu is not None and req.vram_budget_bytes > hw.gpu.memory_bytes:
+    largest = max((g.memory_bytes for g in hw.gpus), default=0)
+    if req.vram_budget_bytes is not None and hw.gpus and req.vram_budget_bytes > largest:
         raise PlanError(f"the GPU memory budget {format_bytes(req.vram_budget_bytes)} exceeds the GPU's "
-                        f"{format_bytes(hw.gpu.memory_bytes)}")
+                        f"{format_bytes(largest)}")
     if req.ram_budget_bytes is not None and req.ram_budget_bytes > hw.host.ram_bytes:
         raise PlanError(f"the RAM budget {format_bytes(req.ram_budget_bytes)} exceeds the host's "
                         f"{format_bytes(hw.host.ram_bytes)} (profile {hw.name!r})")
 
 
+def _measured_runtime(hw: HardwareProfile, req: Request) -> Request:
+    cal = hw.calibration
+    if cal is not None and cal.runtime_ram_bytes is not None and req.runtime_base_ram_bytes == RUNTIME_BASE_RAM_BYTES:
+        return replace(req, runtime_base_ram_bytes=cal.runtime_ram_bytes)  # measured beats the default
+    return req
+
+
+def assess(spec: ModelSpec, hw: HardwareProfile, req: Request, c: Choice) -> tuple[MemoryBreakdown, SpeedEstimate]:
+    """The bytes and the speed of one given choice under `req` (a run's own prompt and context), without a search:
+    the same placement, so a run is compared with the plan it runs."""
+    req = _measured_runtime(hw, req)
+    scheme, kv = SCHEMES[c.weight_quant], KV_SCHEMES[c.kv_dtype]
+    fp = _footprint(spec, hw, req, scheme, kv, weight_costs(spec, scheme))
+    return fp.breakdown(c), estimate(spec, hw, req, scheme, kv, c, fp.costs)
+
+
 def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     """Decide how to run `spec` on `hw` for `req`; pure and fast (< 100 ms for a 405B model)."""
     check_request(hw, req)
-    cal = hw.calibration
-    if cal is not None and cal.runtime_ram_bytes is not None and req.runtime_base_ram_bytes == RUNTIME_BASE_RAM_BYTES:
-        req = replace(req, runtime_base_ram_bytes=cal.runtime_ram_bytes)  # measured beats the default
+    req = _measured_runtime(hw, req)
     schemes = [SCHEMES[q] for q in req.quant] if req.quant else list(SCHEMES.values())
     kvs = [KV_SCHEMES[k] for k in req.kv_dtype] if req.kv_dtype else list(KV_SCHEMES.values())
     warnings: list[str] = []
     if req.context > spec.max_context > 0:
         warnings.append(f"context {req.context} exceeds the model's max_position_embeddings {spec.max_context}")
-    if hw.gpu is not None and hw.gpu.count > 1:
-        warnings.append(f"{hw.gpu.count} GPUs in the profile: plans use one GPU (multi-GPU split is not implemented)")
     cands = []
     for s in schemes:
         weights, read = weight_costs(spec, s), read_bytes_per_layer(spec, s, req.batch)
@@ -327,6 +413,9 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     if c.offload is not OffloadMode.NONE:
         warnings.append(f"{c.offloaded_layers} of {c.total_layers} layers are offloaded ({c.offload.value}): decode "
                         f"is limited by the {'host link' if c.offload is OffloadMode.STREAM else 'CPU'}")
+    if len([k for k in c.gpu_layers_per_device if k]) > 1:
+        warnings.append("the layers are split over several GPUs: a pipeline, so at batch 1 the GPUs take turns; "
+                        "they hold a bigger model, they do not decode faster than one GPU would")
     if spec.moe is not None and SCHEMES[c.weight_quant].quantized:
         warnings.append("transformers 5 stores MoE experts as fused 3D tensors that bitsandbytes and quanto do not "
                         "quantize: the experts stay in bf16 and are counted so")

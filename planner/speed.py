@@ -97,10 +97,10 @@ def cached_elements_per_layer(spec: ModelSpec, context: int, batch: int) -> list
     return [per[a] for a in spec.attention]
 
 
-# cpu offload mode: hidden states cross the host link twice per forward (to the CPU layers and back);
-# each crossing synchronises the GPU stream, costed as this many kernel launches (a default estimate).
-CPU_MODE_LINK_CROSSINGS = 2
-CPU_MODE_SYNC_LAUNCHES = 10
+# Each time the hidden state changes device (GPU to GPU in a multi-GPU pipeline, GPU to CPU and back around cpu-mode
+# layers or routed experts in RAM) it crosses the link (its bytes over the host link) and synchronises, costed as
+# this many kernel launches (a default estimate, the profile's kernel_launch each).
+CROSSING_SYNC_LAUNCHES = 10
 
 # Streamed layers: what fraction of the measured pinned host->device bandwidth the copy engine
 # sustains for a layer's tensors (many medium-sized copies).
@@ -157,41 +157,63 @@ def _active_fraction(spec: ModelSpec, batch: int) -> float:
     return 1.0 - (1.0 - k / e) ** batch
 
 
-def read_bytes_per_layer(spec: ModelSpec, scheme: WeightScheme, batch: int) -> list[float]:
-    """Weight bytes one decode step reads per layer (MoE: only the experts the batch routes to)."""
+@dataclass(frozen=True)
+class ReadBytes:
+    """Weight bytes one decode step reads per layer, and of those the routed experts' (MoE: only the experts the
+    batch routes to)."""
+
+    total: list[float]
+    experts: list[float]
+
+
+def read_bytes_per_layer(spec: ModelSpec, scheme: WeightScheme, batch: int) -> ReadBytes:
     frac = _active_fraction(spec, batch)
 
-    def read(tensors) -> float:
-        return sum(scheme.tensor_bytes(t, scheme.compute_dtype) * (frac if t.role is Role.EXPERT else 1.0)
-                   for t in tensors)
+    def experts(tensors) -> float:
+        return sum(scheme.tensor_bytes(t, scheme.compute_dtype) * frac for t in tensors if t.role is Role.EXPERT)
 
-    return spec.per_layer(read)
+    def total(tensors) -> float:
+        return experts(tensors) + sum(scheme.tensor_bytes(t, scheme.compute_dtype) for t in tensors
+                                      if t.role is not Role.EXPERT)
 
-
-def _matmul_flop_per_token(spec: ModelSpec) -> float:
-    """Matmul FLOPs per token outside attention: 2 x active weights (embedding lookups are free)."""
-    emb = sum(t.numel for t in spec.non_layer_tensors() if t.role is Role.EMBEDDING and not spec.tie_word_embeddings)
-    return 2.0 * (spec.params_active - emb)
+    return ReadBytes(total=spec.per_layer(total), experts=spec.per_layer(experts))
 
 
-def _prefill_attention_flop(spec: ModelSpec, prompt: int) -> float:
-    """QK^T and AV FLOPs for a causal prefill of `prompt` tokens (windows capped)."""
-    total = 0.0
+def _matmul_flop_per_layer(spec: ModelSpec) -> list[float]:
+    """Matmul FLOPs per token in each decoder layer: 2 x its active weights (routed experts: top-k of E)."""
+    frac = spec.moe.experts_per_token / spec.moe.num_experts if spec.moe is not None else 1.0
+    return spec.per_layer(lambda ts: 2.0 * sum(t.numel * (frac if t.role is Role.EXPERT else 1.0) for t in ts
+                                               if t.is_parameter))
+
+
+def _head_flop(spec: ModelSpec) -> float:
+    """lm_head's FLOPs for one position (only the last prompt position goes through it)."""
+    return 2.0 * spec.hidden_size * spec.vocab_size
+
+
+def _prefill_attention_flop_per_layer(spec: ModelSpec, prompt: int) -> list[float]:
+    """QK^T and AV FLOPs for a causal prefill of `prompt` tokens, per layer (windows capped)."""
+    out = []
     for a in spec.attention:
-        width = a.num_heads * a.head_dim
         # sum over positions p of min(p, window): 2 matmuls x 2 FLOPs per MAC
         if a.window is None or prompt <= a.window:
             pairs = prompt * (prompt + 1) / 2
         else:
             w = a.window
             pairs = w * (w + 1) / 2 + (prompt - w) * w
-        total += 4.0 * width * pairs
-    return total
+        out.append(4.0 * a.num_heads * a.head_dim * pairs)
+    return out
+
+
+def prefill_flop_per_layer(spec: ModelSpec, prompt: int, batch: int = 1) -> list[float]:
+    matmul = _matmul_flop_per_layer(spec)
+    attention = _prefill_attention_flop_per_layer(spec, prompt)
+    return [(m * prompt + a) * batch for m, a in zip(matmul, attention)]
 
 
 def prefill_flop(spec: ModelSpec, prompt: int, batch: int = 1) -> float:
-    """FLOPs of a prefill of `prompt` tokens x `batch` sequences."""
-    return (_matmul_flop_per_token(spec) * prompt + _prefill_attention_flop(spec, prompt)) * batch
+    """FLOPs of a prefill of `prompt` tokens x `batch` sequences: every layer, and lm_head for the last position."""
+    return sum(prefill_flop_per_layer(spec, prompt, batch)) + _head_flop(spec) * batch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,6 +221,7 @@ class DecodeWork:
     """What one decode step at one context moves and computes, per layer."""
 
     weights_bytes: list[float]  # read per layer (MoE: the routed experts only)
+    expert_bytes: list[float]  # of those, the routed experts'
     kv_read_bytes: list[float]  # the attention kernel's read of the cache, in the compute dtype
     kv_stored_bytes: list[float]  # the cache as stored (what a bandwidth roofline must read)
     kv_update_bytes: list[float]  # a quantized cache's extra update traffic
@@ -207,12 +230,14 @@ class DecodeWork:
 
 
 def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,
-                costs: LayerCosts, read: list[float] | None = None) -> DecodeWork:
+                costs: LayerCosts, read: ReadBytes | None = None) -> DecodeWork:
+    read = read if read is not None else read_bytes_per_layer(spec, scheme, batch)
     elements = cached_elements_per_layer(spec, context, batch)
     compute_bytes = dtype_bytes(scheme.compute_dtype)
     stored = kv_bytes_per_layer(spec, kv, context, batch)
     return DecodeWork(
-        weights_bytes=read if read is not None else read_bytes_per_layer(spec, scheme, batch),
+        weights_bytes=read.total,
+        expert_bytes=read.experts,
         kv_read_bytes=[e * compute_bytes for e in elements] if kv.dequantizes_whole_layer else [float(b) for b in stored],
         kv_stored_bytes=[float(b) for b in stored],
         kv_update_bytes=[e * kv.update_extra_bytes_per_element for e in elements],
@@ -230,20 +255,30 @@ class DeviceRates:
     weights: Efficiency
     kv: KVEfficiency
 
-    def layer_decode_s(self, w: DecodeWork, i: int) -> float:
+    def weights_s(self, nbytes: float) -> float:
+        return nbytes / (self.bandwidth_bytes_per_s * self.weights.bandwidth)
+
+    def layer_decode_s(self, w: DecodeWork, i: int, *, without_experts: bool = False) -> float:
         bw = self.bandwidth_bytes_per_s
         attention = max(w.kv_read_bytes[i] / (bw * self.kv.read),
                         w.attention_flop[i] / (self.flop_per_s * self.kv.attention_compute))
-        return (w.weights_bytes[i] / (bw * self.weights.bandwidth) + attention
-                + w.kv_update_bytes[i] / (bw * self.kv.update) + self.weights.per_layer_s)
+        weights = w.weights_bytes[i] - (w.expert_bytes[i] if without_experts else 0.0)
+        return (self.weights_s(weights) + attention + w.kv_update_bytes[i] / (bw * self.kv.update)
+                + self.weights.per_layer_s)
+
+    def prefill_s(self, flop: float, chunk_bytes: float, chunks: int) -> float:
+        """A prefill's share on this device: compute-bound, unless re-reading its weights each chunk takes longer."""
+        return max(flop / (self.flop_per_s * self.weights.compute), chunks * self.weights_s(chunk_bytes))
 
 
-def _rates(hw: HardwareProfile, device: str, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme) -> DeviceRates:
-    eff = efficiency(hw, device, scheme)
-    gpu = device == "gpu"
-    return DeviceRates(bandwidth_bytes_per_s=hw.gpu.memory_bandwidth_bytes_per_s if gpu else hw.host.ram_bandwidth_bytes_per_s,
-                       flop_per_s=hw.gpu.bf16_flops if gpu else hw.host.cpu_bf16_flops,
-                       weights=eff, kv=kv_efficiency(hw, device, spec, kv, eff))
+def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme) -> DeviceRates:
+    """The rates of GPU `device` (an index) or of "cpu"."""
+    gpu = device != "cpu"
+    eff = efficiency(hw, "gpu" if gpu else "cpu", scheme)
+    g = hw.devices[device] if gpu else None
+    return DeviceRates(bandwidth_bytes_per_s=g.memory_bandwidth_bytes_per_s if gpu else hw.host.ram_bandwidth_bytes_per_s,
+                       flop_per_s=g.bf16_flops if gpu else hw.host.cpu_bf16_flops,
+                       weights=eff, kv=kv_efficiency(hw, "gpu" if gpu else "cpu", spec, kv, eff))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,81 +298,138 @@ class SpeedEstimate:
                    ceiling_decode_tokens_per_s=float(ceiling["decode_tokens_per_s"]), terms=dict(terms or {}))
 
 
+# Where a layer's work runs: a GPU index, or the CPU.
+CPU_DEVICE = "cpu"
+
+
 class _Model:
-    """One scheme x KV dtype x placement on one machine: decode and prefill times."""
+    """One scheme x KV dtype x placement on one machine: decode and prefill times, layer by layer on the device that
+    runs each (resident layers on their GPU, streamed ones on GPU 0 behind the link, offloaded ones on the CPU,
+    routed experts in RAM on the CPU), plus a crossing each time the hidden state changes device."""
 
     def __init__(self, spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme,
-                 c: Choice, costs: LayerCosts, read: list[float]):
+                 c: Choice, costs: LayerCosts, read: ReadBytes):
         self.spec, self.hw, self.req, self.scheme, self.kv, self.c, self.costs, self.read = (
             spec, hw, req, scheme, kv, c, costs, read)
-        self.main = _rates(hw, "gpu" if c.on_gpu else "cpu", spec, scheme, kv)
-        self.cpu = _rates(hw, "cpu", spec, scheme, kv) if c.offload is OffloadMode.CPU else None
-        self.link_bytes_per_s = (hw.link.h2d_pinned_bytes_per_s * DEFAULT_LINK_EFFICIENCY) if hw.link else None
         L = spec.num_layers
-        self.resident = range(c.gpu_layers if c.offload is not OffloadMode.NONE else L)
-        self.offloaded = range(len(self.resident), L)
+        self.rates = {CPU_DEVICE: _rates(hw, CPU_DEVICE, spec, scheme, kv)}
+        for d in range(len(hw.devices) if c.on_gpu else 0):
+            self.rates[d] = _rates(hw, d, spec, scheme, kv)
+        self.main = self.rates[0] if c.on_gpu else self.rates[CPU_DEVICE]  # where lm_head and the fixed costs are
+        self.link_bytes_per_s = (hw.link.h2d_pinned_bytes_per_s * DEFAULT_LINK_EFFICIENCY) if hw.link else None
+        self.device = self._layer_devices(L)
+        self.streamed = {i for i in range(c.gpu_layers, L)} if c.offload is OffloadMode.STREAM else set()
+        moe = sorted(spec.moe.moe_layers) if spec.moe is not None else []
+        self.experts_on_cpu = set(moe[:c.expert_layers_on_cpu]) if c.on_gpu else set()
+        # the hidden state's path: each layer's device, then lm_head on GPU 0 (the CPU without a GPU)
+        path = [self.device[i] for i in range(L)] + [0 if c.on_gpu else CPU_DEVICE]
+        self.crossings = (sum(1 for a, b in zip(path, path[1:]) if a != b) + 2 * len(self.experts_on_cpu))
+        self.hidden_bytes = spec.hidden_size * dtype_bytes(scheme.compute_dtype) * req.batch  # one token's state
+        self.crossing_s = self._crossing_s(1)
+
+    def _crossing_s(self, tokens: int) -> float:
+        """One change of device for `tokens` positions' hidden states: their bytes over the link, and a sync."""
+        if not self.c.on_gpu:
+            return 0.0
+        move = tokens * self.hidden_bytes / self.link_bytes_per_s if self.link_bytes_per_s else 0.0
+        return move + CROSSING_SYNC_LAUNCHES * self.hw.overheads.kernel_launch_s
+
+    def _layer_devices(self, L: int) -> list:
+        c = self.c
+        if not c.on_gpu:
+            return [CPU_DEVICE] * L
+        devices = [d for d, k in enumerate(c.gpu_layers_per_device) for _ in range(k)]
+        rest = 0 if c.offload is OffloadMode.STREAM else CPU_DEVICE
+        return devices + [rest] * (L - len(devices))
 
     def decode_s(self, context: int) -> tuple[float, dict]:
         w = decode_work(self.spec, self.scheme, self.kv, self.req.batch, context, self.costs, self.read)
-        main, c = self.main, self.c
-        resident_s = sum(main.layer_decode_s(w, i) for i in self.resident)
-        offloaded_s = 0.0
-        if c.offload is OffloadMode.STREAM:
-            # prefetch overlaps the copy of layer i+1 with the compute of layer i: a max, not a sum;
-            # the whole layer (every expert) crosses the link
-            offloaded_s = sum(max(self.costs.weights[i] / self.link_bytes_per_s, main.layer_decode_s(w, i))
-                              for i in self.offloaded)
-        elif c.offload is OffloadMode.CPU:
-            offloaded_s = sum(self.cpu.layer_decode_s(w, i) for i in self.offloaded)
-        head_s = w.head_bytes / (main.bandwidth_bytes_per_s * main.weights.bandwidth)
-        fixed_s = main.weights.per_token_s
-        if c.offload is OffloadMode.CPU:
-            # hidden states cross the link twice per forward (tiny), each with a synchronisation
-            fixed_s += CPU_MODE_LINK_CROSSINGS * CPU_MODE_SYNC_LAUNCHES * self.hw.overheads.kernel_launch_s
-        terms = {"resident_s": resident_s, "offloaded_s": offloaded_s, "lm_head_s": head_s, "fixed_s": fixed_s,
-                 "kv_update_s": sum(w.kv_update_bytes[i] / (self._rates_of(i).bandwidth_bytes_per_s
-                                                            * self._rates_of(i).kv.update)
-                                    for i in range(self.spec.num_layers))}
-        return resident_s + offloaded_s + head_s + fixed_s, terms
-
-    def _rates_of(self, layer: int) -> DeviceRates:
-        return self.cpu if (self.cpu is not None and layer in self.offloaded) else self.main
+        resident_s = offloaded_s = experts_s = 0.0
+        cpu = self.rates[CPU_DEVICE]
+        for i, dev in enumerate(self.device):
+            rates = self.rates[dev]
+            if i in self.streamed:
+                # prefetch overlaps the copy of layer i+1 with the compute of layer i: a max, not a sum;
+                # the whole layer (every expert) crosses the link
+                offloaded_s += max(self.costs.weights[i] / self.link_bytes_per_s, rates.layer_decode_s(w, i))
+            elif dev == CPU_DEVICE and self.c.on_gpu:
+                offloaded_s += rates.layer_decode_s(w, i)
+            elif i in self.experts_on_cpu:
+                resident_s += rates.layer_decode_s(w, i, without_experts=True)
+                experts_s += cpu.weights_s(w.expert_bytes[i]) + cpu.weights.per_layer_s
+            else:
+                resident_s += rates.layer_decode_s(w, i)
+        head_s = self.main.weights_s(w.head_bytes)
+        fixed_s = self.main.weights.per_token_s + self.crossings * self.crossing_s
+        terms = {"resident_s": resident_s, "offloaded_s": offloaded_s, "experts_on_cpu_s": experts_s,
+                 "lm_head_s": head_s, "fixed_s": fixed_s, "crossings": self.crossings,
+                 "kv_update_s": sum(w.kv_update_bytes[i] / (self.rates[d].bandwidth_bytes_per_s * self.rates[d].kv.update)
+                                    for i, d in enumerate(self.device))}
+        return resident_s + offloaded_s + experts_s + head_s + fixed_s, terms
 
     def ceiling_s(self, context: int) -> float:
         """The bytes a step must read over the bandwidth where they live; streamed layers over the link."""
         w = decode_work(self.spec, self.scheme, self.kv, self.req.batch, context, self.costs, self.read)
+        cpu_bw = self.rates[CPU_DEVICE].bandwidth_bytes_per_s
         t = w.head_bytes / self.main.bandwidth_bytes_per_s
-        for i in range(self.spec.num_layers):
-            rates = self._rates_of(i)
-            t_layer = (w.weights_bytes[i] + w.kv_stored_bytes[i]) / rates.bandwidth_bytes_per_s
-            if self.c.offload is OffloadMode.STREAM and i in self.offloaded:
+        for i, dev in enumerate(self.device):
+            bw = self.rates[dev].bandwidth_bytes_per_s
+            if i in self.experts_on_cpu:
+                t_layer = (w.weights_bytes[i] - w.expert_bytes[i] + w.kv_stored_bytes[i]) / bw + w.expert_bytes[i] / cpu_bw
+            else:
+                t_layer = (w.weights_bytes[i] + w.kv_stored_bytes[i]) / bw
+            if i in self.streamed:
                 t_layer = max(t_layer, self.costs.weights[i] / self.link_bytes_per_s)
             t += t_layer
         return t
 
     def prefill_s(self) -> float:
-        """Compute-bound, in chunks; each chunk also reads (or streams) every resident weight once."""
-        c, main, req = self.c, self.main, self.req
+        """Per device, compute-bound unless re-reading its weights each chunk takes longer (a chunk of many tokens
+        touches every expert); the devices take turns. Streamed layers also cross the link once per chunk."""
+        req = self.req
         prompt = req.prompt
-        flop = prefill_flop(self.spec, prompt, req.batch)
         chunks = -(-prompt // req.prefill_chunk)
-        L = self.spec.num_layers
-        if self.cpu is not None:
-            on_cpu = len(self.offloaded) / L
-            compute_s = (flop * (1 - on_cpu) / (main.flop_per_s * main.weights.compute)
-                         + flop * on_cpu / (self.cpu.flop_per_s * self.cpu.weights.compute))
-        else:
-            compute_s = flop / (main.flop_per_s * main.weights.compute)
-        weight_pass_s = (sum(self.read[i] for i in self.resident)
-                         / (main.bandwidth_bytes_per_s * main.weights.bandwidth))
-        stream_pass_s = (sum(self.costs.weights[i] for i in self.offloaded) / self.link_bytes_per_s
-                         if c.offload is OffloadMode.STREAM else 0.0)
-        per_chunk_fixed_s = L * main.weights.per_layer_s + main.weights.per_token_s
-        return max(compute_s, chunks * (weight_pass_s + stream_pass_s)) + chunks * per_chunk_fixed_s
+        flop = prefill_flop_per_layer(self.spec, prompt, req.batch)
+        share = self._expert_flop_share()
+        segments: dict = {}  # device -> [FLOPs, weight bytes per chunk, link bytes per chunk]
+        for i, dev in enumerate(self.device):
+            seg = segments.setdefault(dev, [0.0, 0.0, 0.0])
+            experts = self.costs.experts[i] if self.costs.experts else 0
+            if i in self.experts_on_cpu:
+                cpu = segments.setdefault(CPU_DEVICE, [0.0, 0.0, 0.0])
+                cpu[0] += flop[i] * share[i]
+                cpu[1] += experts
+                seg[0] += flop[i] * (1 - share[i])
+                seg[1] += self.costs.weights[i] - experts
+            else:
+                seg[0] += flop[i]
+                seg[1 if i not in self.streamed else 2] += self.costs.weights[i]
+        head = segments.setdefault(0 if self.c.on_gpu else CPU_DEVICE, [0.0, 0.0, 0.0])
+        head[0] += _head_flop(self.spec) * req.batch
+        total = 0.0
+        for dev, (f, chunk_bytes, link_bytes) in segments.items():
+            t = self.rates[dev].prefill_s(f, chunk_bytes, chunks)
+            if link_bytes:
+                t = max(t, chunks * link_bytes / self.link_bytes_per_s)
+            total += t
+        main = self.main.weights
+        per_chunk_fixed_s = (self.spec.num_layers * main.per_layer_s + main.per_token_s
+                             + self.crossings * self._crossing_s(min(req.prefill_chunk, prompt)))
+        return total + chunks * per_chunk_fixed_s
+
+    def _expert_flop_share(self) -> list[float]:
+        """Of each layer's prefill FLOPs, the routed experts' share (their matmuls; attention stays with the layer)."""
+        spec = self.spec
+        if spec.moe is None:
+            return [0.0] * spec.num_layers
+        frac = spec.moe.experts_per_token / spec.moe.num_experts
+        experts = spec.per_layer(lambda ts: 2.0 * frac * sum(t.numel for t in ts if t.role is Role.EXPERT))
+        matmul = _matmul_flop_per_layer(spec)
+        return [e / m if m else 0.0 for e, m in zip(experts, matmul)]
 
 
 def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme,
-             c: Choice, costs: LayerCosts, read: list[float] | None = None) -> SpeedEstimate:
+             c: Choice, costs: LayerCosts, read: ReadBytes | None = None) -> SpeedEstimate:
     """Decode tokens/s at the start and at the full context, TTFT and the ceiling of one placement."""
     m = _Model(spec, hw, req, scheme, kv, c, costs, read if read is not None else read_bytes_per_layer(spec, scheme, req.batch))
     start = min(req.prompt, req.context)

@@ -21,6 +21,7 @@ from planner.hardware import HardwareProfile
 from planner.modelspec import ModelSpec
 from planner.plan import Plan, hardware_fingerprint, model_ref
 from planner.quant import KV_SCHEMES, SCHEMES
+from planner.search import assess
 from planner.search import plan as make_plan
 from planner.sources import ModelSource
 
@@ -125,15 +126,14 @@ def predicted_for_run(p: Plan, spec: ModelSpec, hw: HardwareProfile, prompt_toke
     c = p.choice
     context = max(1, min(total_tokens, p.request.context))
     req = replace(p.request, context=context, prompt_tokens=min(prompt_tokens, context), quant=(c.weight_quant,),
-                  kv_dtype=(c.kv_dtype,), gpu_layers=c.gpu_layers if c.on_gpu else None,
-                  offload=c.offload if c.offload is not OffloadMode.NONE else None)
-    again = make_plan(spec, hw, req)
-    src = again.chosen if again.fits else p.chosen
-    gpu = src.memory.gpu
-    return Metrics(decode_tokens_per_s=src.speed.decode_tokens_per_s, ttft_s=src.speed.ttft_s,
-                   # what the process will hold at its peak: everything planned except the free headroom
+                  kv_dtype=(c.kv_dtype,))
+    memory, speed = assess(spec, hw, req, c)
+    gpu = memory.gpu
+    return Metrics(decode_tokens_per_s=speed.decode_tokens_per_s, ttft_s=speed.ttft_s,
+                   # what the process will hold at its peak: everything planned except the free headroom (GPU 0,
+                   # the one the sampler reads)
                    peak_vram_bytes=(gpu.total_bytes - gpu.headroom_bytes) if gpu else None,
-                   peak_ram_bytes=src.memory.cpu.total_bytes)
+                   peak_ram_bytes=memory.cpu.total_bytes)
 
 
 class _Contention:
@@ -249,6 +249,9 @@ class _Attempt:
         report, c = self.report, self.report.plan.choice
         if c.on_gpu and not torch.cuda.is_available():
             raise VramplanError("the plan runs on a GPU but torch sees no CUDA device here")
+        if c.on_gpu and len(c.gpu_layers_per_device) > torch.cuda.device_count():
+            raise VramplanError(f"the plan splits layers over {len(c.gpu_layers_per_device)} GPUs; torch sees "
+                                f"{torch.cuda.device_count()} here")
         device = "cuda" if c.on_gpu else "cpu"
         report.device = device
         holder: dict = {}
@@ -281,8 +284,10 @@ class _Attempt:
         self.say(f"loading {spec.name} ({c.weight_quant}{'' if self.use_checkpoint else ', dummy weights'}) on "
                  f"{device}")
         t0 = time.perf_counter()
-        offloaded = c.on_gpu and c.offload is not OffloadMode.NONE
-        # offloaded plans load on the CPU, then the offload engine places them (stream or cpu mode)
+        devices = [device] if device == "cpu" else [f"cuda:{d}" for d in range(len(c.gpu_layers_per_device))]
+        offloaded = c.on_gpu and (c.offload is not OffloadMode.NONE or len(devices) > 1 or c.expert_layers_on_cpu > 0)
+        # offloaded plans (and those over several GPUs, or with experts in RAM) load on the CPU, then the offload
+        # engine places them
         loaded = holder["loaded"] = load_model(
             self.source.path if self.use_checkpoint else self.source.config, scheme=SCHEMES[c.weight_quant],
             dummy_weights=not self.use_checkpoint,
@@ -291,8 +296,9 @@ class _Attempt:
         if offloaded:
             from .offload import apply_offload
 
-            engine = holder["engine"] = apply_offload(loaded.model, gpu_layers=c.gpu_layers, mode=c.offload.value,
-                                                      device=device)
+            engine = holder["engine"] = apply_offload(
+                loaded.model, gpu_layers=c.gpu_layers, mode=c.offload.value, device=devices[0], devices=devices,
+                gpu_layers_per_device=c.gpu_layers_per_device, experts_on_cpu=c.expert_layers_on_cpu)
             report.notes.append(f"offload engine ({c.offload}): {engine.summary()}")
         report.measured.load_s = time.perf_counter() - t0
         report.notes.extend(n for n in loaded.notes if n not in report.notes)

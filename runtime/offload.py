@@ -58,23 +58,38 @@ _SCALAR_TYPES = (bool, int, float, str, type(None))
 # Public API
 
 
-def apply_offload(model: nn.Module, *, gpu_layers: int, mode: str,
-                  device: str | torch.device) -> "OffloadEngine":
+def apply_offload(model: nn.Module, *, gpu_layers: int, mode: str, device: str | torch.device,
+                  gpu_layers_per_device: tuple[int, ...] | None = None, devices: list | None = None,
+                  experts_on_cpu: int = 0) -> "OffloadEngine":
     """Place ``model`` (a CausalLM entirely on the CPU) with ``gpu_layers`` decoder layers on
-    ``device`` and the rest offloaded in ``mode`` ("stream" or "cpu"); see the module docstring."""
-    if mode not in MODES:
-        raise VramplanError(f"unknown offload mode {mode!r}; one of {', '.join(MODES)}")
+    ``device`` and the rest offloaded in ``mode`` ("stream" or "cpu"); see the module docstring.
+
+    Several GPUs: ``devices`` (the first is ``device``) and ``gpu_layers_per_device`` (layer counts in device
+    order, summing to ``gpu_layers``) split the resident layers, the first ones on the first device; everything
+    outside the decoder layers, and streamed layers, stay on the first. ``experts_on_cpu``: the routed experts of
+    the first that many MoE layers stay in RAM and compute on the CPU, the rest of those layers on their GPU."""
+    if mode not in (*MODES, "none"):
+        raise VramplanError(f"unknown offload mode {mode!r}; one of {', '.join(MODES)}, or none")
     device = _resolve_device(device)
+    devices = [device] + [_resolve_device(d) for d in (devices or [device])[1:]]
+    split = tuple(gpu_layers_per_device) if gpu_layers_per_device else (gpu_layers,)
+    if len(split) > len(devices) or sum(split) != gpu_layers:
+        raise VramplanError(f"gpu_layers_per_device {list(split)} must sum to gpu_layers={gpu_layers} over at most "
+                            f"{len(devices)} devices")
     if any(isinstance(m, OffloadedLayer) for m in model.modules()):
         raise VramplanError("this model is already offloaded: detach() its engine first")
     layers_path, layers = decoder_layers(model, int(model.config.get_text_config(decoder=True).num_hidden_layers))
     if isinstance(gpu_layers, bool) or not isinstance(gpu_layers, int) or not 0 <= gpu_layers <= len(layers):
         raise VramplanError(f"gpu_layers={gpu_layers!r} is outside 0..{len(layers)} (the model's decoder layers)")
+    if mode == "none" and gpu_layers != len(layers):
+        raise VramplanError(f"offload mode none places every layer: gpu_layers={gpu_layers} of {len(layers)}")
     elsewhere = sorted(set(count_tensor_bytes(model)) - {"cpu"})
     if elsewhere:
         raise VramplanError(f"apply_offload takes a model loaded entirely on the CPU; this one has tensors on "
                             f"{', '.join(elsewhere)}")
-    engine = OffloadEngine(model, layers, layers_path, mode=mode, gpu_layers=gpu_layers, device=device)
+    engine = OffloadEngine(model, layers, layers_path, mode=mode, gpu_layers=gpu_layers, device=device,
+                           layer_devices=[devices[d] for d, k in enumerate(split) for _ in range(k)],
+                           experts_on_cpu=experts_on_cpu)
     engine.attach()
     return engine
 
@@ -114,11 +129,15 @@ class OffloadEngine:
     """
 
     def __init__(self, model: nn.Module, layers: nn.ModuleList, layers_path: str, *, mode: str,
-                 gpu_layers: int, device: torch.device):
+                 gpu_layers: int, device: torch.device, layer_devices: list[torch.device] | None = None,
+                 experts_on_cpu: int = 0):
         self.model = model
         self.mode = mode
         self.gpu_layers = gpu_layers
         self.device = device
+        self.layer_devices: list[torch.device] = layer_devices or [device] * gpu_layers  # of the resident layers
+        experts = [(i, m) for i in range(gpu_layers) if (m := _routed_experts(layers[i])) is not None]
+        self._experts_on_cpu: dict[int, nn.Module] = dict(experts[:experts_on_cpu])
         self.offloaded_layers: tuple[int, ...] = tuple(range(gpu_layers, len(layers)))
         self.input_embedding_on_host = False
         self.host_bytes = 0
@@ -180,7 +199,7 @@ class OffloadEngine:
         self._hooks = []
         for index, layer in self._originals.items():
             self._layers[index] = layer
-        if self.device.type != "cpu":
+        if self.device.type != "cpu" or any(d.type != "cpu" for d in self.layer_devices):
             for module, recurse in self._resident:
                 _move(module, CPU, recurse=recurse)
         if self._copy_stream is not None:
@@ -208,20 +227,28 @@ class OffloadEngine:
             "host_bytes": self.host_bytes, "host_buffer_bytes": self.host_buffer_bytes,
             "pinned_bytes": self.pinned_bytes, "slot_bytes": self.slot_bytes,
             "layer_buffer_bytes": self.layer_buffer_bytes, "h2d_bytes_last_forward": self.h2d_bytes_last_forward,
+            "layer_devices": [str(d) for d in self.layer_devices], "experts_on_cpu": sorted(self._experts_on_cpu),
             "notes": list(self.notes),
         }
 
     # --- placement ---------------------------------------------------------------------
 
     def _place_resident(self) -> None:
-        """Everything but the offloaded layers (and an untied input embedding) goes to ``device``."""
+        """Everything but the offloaded layers (and an untied input embedding) goes to ``device``; resident layers to
+        their own device, without the routed experts kept in RAM."""
         embedding = self.model.get_input_embeddings()
         self.input_embedding_on_host = not _embeddings_tied(self.model)
         keep_on_host = [embedding] if self.input_embedding_on_host else []
-        self._resident = list(_modules_outside(self.model, self._layers, keep_on_host))
-        self._resident += [(self._layers[i], True) for i in range(self.gpu_layers)]
-        for module, recurse in self._resident:
-            _move(module, self.device, recurse=recurse)
+        moved = [(m, r, self.device) for m, r in _modules_outside(self.model, self._layers, keep_on_host)]
+        for i in range(self.gpu_layers):
+            layer, experts = self._layers[i], self._experts_on_cpu.get(i)
+            if experts is None:
+                moved.append((layer, True, self.layer_devices[i]))
+            else:
+                moved += [(m, r, self.layer_devices[i]) for m, r in _modules_outside(layer, experts, [])]
+        self._resident = [(m, r) for m, r, _ in moved]
+        for module, recurse, device in moved:
+            _move(module, device, recurse=recurse)
 
     def _install_wrappers(self) -> None:
         for index in self.offloaded_layers:
@@ -237,6 +264,25 @@ class OffloadEngine:
             embedding.register_forward_hook(partial(_output_to, self.device)),
             base.register_forward_pre_hook(partial(_kwargs_to, self.device), with_kwargs=True),
         ]
+        # several GPUs: a resident layer on another device gets its inputs there (the decoder stack's kwargs are
+        # shared by every layer: one copy per device and forward); the final norm and lm_head get theirs back
+        elsewhere = [i for i in range(self.gpu_layers) if self.layer_devices[i] != self.device]
+        for i in elsewhere:
+            self._hooks.append(self._layers[i].register_forward_pre_hook(
+                partial(self._inputs_to, self.layer_devices[i], i == elsewhere[0]), with_kwargs=True))
+        if any(d != self.device for d in self.layer_devices):
+            for module in (getattr(base, "norm", None), self.model.get_output_embeddings()):
+                if module is not None:
+                    self._hooks.append(module.register_forward_pre_hook(partial(_args_to, self.device)))
+        # routed experts in RAM: their inputs go to the CPU, their output back to their layer's device
+        for i, experts in self._experts_on_cpu.items():
+            self._hooks.append(experts.register_forward_pre_hook(partial(_all_to, CPU), with_kwargs=True))
+            self._hooks.append(experts.register_forward_hook(partial(_output_to, self.layer_devices[i])))
+
+    def _inputs_to(self, device: torch.device, first: bool, module: nn.Module, args: tuple, kwargs: dict):
+        if first:
+            self._boundary.clear()
+        return self._boundary.move((args, kwargs), device)
 
     # --- stream mode: setup ------------------------------------------------------------
 
@@ -350,6 +396,8 @@ class OffloadEngine:
     def _run_streamed(self, index: int, args: tuple, kwargs: dict):
         if index == self.offloaded_layers[0]:
             self.h2d_bytes_last_forward = 0
+            if any(d != self.device for d in self.layer_devices):  # the hidden state comes from another GPU
+                args, kwargs = self._boundary.move((args, kwargs), self.device)
         slot = self._slot_holding(index) or self._load(index, self._free_slot())
         self._prefetch(self._next_offloaded(index), busy=slot)
         if slot.copied is not None:
@@ -600,7 +648,9 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     except (RuntimeError, TypeError) as exc:
         raise VramplanError(f"unsupported device {device!r}: {exc}") from None
     if device.type == "cpu":
-        return CPU
+        # cpu:N (N > 0) is the CPU too, but a device of its own to the engine: the multi-GPU hooks and boundaries run
+        # on a machine without GPUs (tests)
+        return CPU if not device.index else device
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise VramplanError(f"device {str(device)!r} asked for, but torch {torch.__version__} sees no CUDA GPU")
@@ -684,7 +734,7 @@ class _Boundary:
     (position embeddings, mask, positions) is copied the first time, then the copy is reused."""
 
     def __init__(self):
-        self._copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._copies: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def clear(self) -> None:
         self._copies.clear()
@@ -693,9 +743,10 @@ class _Boundary:
         if isinstance(value, torch.Tensor):
             if value.device == device:
                 return value
-            hit = self._copies.get(id(value))
+            key = (id(value), device)
+            hit = self._copies.get(key)
             if hit is None or hit[0] is not value:
-                hit = self._copies[id(value)] = (value, value.to(device))
+                hit = self._copies[key] = (value, value.to(device))
             return hit[1]
         if isinstance(value, tuple) and not hasattr(value, "_fields"):
             return tuple(self.move(v, device) for v in value)
@@ -714,6 +765,23 @@ def _ids_to_weight_device(module: nn.Module, args: tuple):
 
 def _output_to(device: torch.device, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
     return output.to(device)
+
+
+def _args_to(device: torch.device, module: nn.Module, args: tuple):
+    return _to(args, device)
+
+
+def _all_to(device: torch.device, module: nn.Module, args: tuple, kwargs: dict):
+    return _to(args, device), {k: _to(v, device) for k, v in kwargs.items()}
+
+
+def _routed_experts(layer: nn.Module) -> nn.Module | None:
+    """The module holding a decoder layer's routed experts (``mlp.experts``, ``block_sparse_moe.experts``, ...), or
+    None for a dense layer: the submodule named ``experts`` (not ``shared_experts``), fused or a list, quantized or not."""
+    for name, module in layer.named_modules():
+        if name.rpartition(".")[2] == "experts":
+            return module
+    return None
 
 
 def _kwargs_to(device: torch.device, module: nn.Module, args: tuple, kwargs: dict):

@@ -300,3 +300,68 @@ def test_gpu_copies_run_on_a_side_stream_while_layers_compute(tmp_path):
                    if c.device_resource_id() != k.device_resource_id()
                    and c.start_ns() < k.end_ns() and k.start_ns() < c.end_ns()]
     assert overlapping
+
+
+# ---------------------------------------------------------------- several devices, experts in RAM
+# On a machine without GPUs "cpu:1" is a device of its own to the engine: the per-device placement, the hooks that
+# carry the hidden state and the shared kwargs across, and the final norm/lm_head's way back all run; only the copies
+# are no-ops. What real GPUs add (peer copies, per-device caches and streams) is owed to a multi-GPU machine.
+
+@pytest.mark.parametrize("mode,gpu_layers,split", [("none", 3, (1, 2)), ("stream", 2, (1, 1)), ("cpu", 2, (2, 0))])
+def test_layers_split_over_devices_give_identical_logits_and_tokens(reference, mode, gpu_layers, split):
+    model, ref_logits, ref_tokens = reference("llama", "bf16")
+    with apply_offload(model, gpu_layers=gpu_layers, mode=mode, device="cpu", devices=["cpu", "cpu:1"],
+                       gpu_layers_per_device=split) as engine:
+        expected = ["cpu"] * split[0] + ["cpu:1"] * split[1]
+        assert engine.summary()["layer_devices"] == expected
+        crossings = [h for h in engine._hooks if getattr(h, "id", None) is not None]
+        assert len(crossings) >= 2 + (split[1] > 0) * split[1]  # embedding, base kwargs, each layer on cpu:1
+        assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
+        assert _greedy(model) == ref_tokens
+
+
+def test_split_hooks_really_carry_the_inputs_to_the_other_device(reference, monkeypatch):
+    """The layers on the second device get their inputs through the engine's boundary, once per layer and forward."""
+    model, ref_logits, _ = reference("llama", "bf16")
+    with apply_offload(model, gpu_layers=3, mode="none", device="cpu", devices=["cpu", "cpu:1"],
+                       gpu_layers_per_device=(1, 2)) as engine:
+        moved = []
+        real = engine._boundary.move
+        def spy(value, device):  # the boundary recurses: count the calls with a layer's (args, kwargs)
+            if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
+                moved.append(device)
+            return real(value, device)
+
+        monkeypatch.setattr(engine._boundary, "move", spy)
+        first_logits(model, PROMPT[:, :4], 4)
+        assert moved == [torch.device("cpu", 1)] * 2  # layers 1 and 2, one forward
+
+
+def test_bad_device_splits_are_clear_errors(reference):
+    model, _, _ = reference("llama", "bf16")
+    with pytest.raises(VramplanError, match="must sum to gpu_layers=3"):
+        apply_offload(model, gpu_layers=3, mode="none", device="cpu", devices=["cpu", "cpu:1"],
+                      gpu_layers_per_device=(1, 1))
+    with pytest.raises(VramplanError, match="over at most 1 devices"):
+        apply_offload(model, gpu_layers=3, mode="none", device="cpu", gpu_layers_per_device=(1, 2))
+    with pytest.raises(VramplanError, match="offload mode none places every layer"):
+        apply_offload(model, gpu_layers=2, mode="none", device="cpu")
+    assert not any(isinstance(m, OffloadedLayer) for m in model.modules())
+
+
+def test_experts_kept_in_ram_compute_on_the_cpu(reference):
+    """Mixtral with the first two layers' routed experts in RAM: the experts get their own hooks (inputs to the CPU,
+    output back to the layer's device), the rest of each layer stays with its device; same logits and tokens."""
+    model, ref_logits, ref_tokens = reference("mixtral", "bf16")
+    with apply_offload(model, gpu_layers=NUM_LAYERS, mode="none", device="cpu", devices=["cpu", "cpu:1"],
+                       gpu_layers_per_device=(1, 2), experts_on_cpu=2) as engine:
+        assert engine.summary()["experts_on_cpu"] == [0, 1]
+        experts = engine._experts_on_cpu[1]
+        assert experts is _decoder_layers(model)[1].mlp.experts
+        assert experts._forward_pre_hooks and experts._forward_hooks
+        assert not _decoder_layers(model)[2].mlp.experts._forward_pre_hooks
+        resident = {id(m) for m, _ in engine._resident}
+        assert id(experts) not in resident and id(_decoder_layers(model)[1].self_attn) in resident
+        assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
+        assert _greedy(model) == ref_tokens
+    assert not _decoder_layers(model)[1].mlp.experts._forward_pre_hooks
