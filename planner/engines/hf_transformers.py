@@ -24,13 +24,11 @@ ENGINE = "transformers"
 _LAYER_RE = re.compile(r"^(?P<prefix>.+)\.(?P<index>\d+)\.")
 
 
-def _module_names(spec: ModelSpec) -> tuple[str, str, str | None, str | None]:
-    """(decoder layers path, its parent, input embedding module, lm_head module) from the tensor names."""
+def _module_names(spec: ModelSpec) -> tuple[str, str | None]:
+    """(decoder layers path, input embedding module) from the tensor names."""
     first = next(t.name for t in spec.tensors if t.layer == 0)
-    layers = _LAYER_RE.match(first)["prefix"]
     embed = next((t.name.removesuffix(".weight") for t in spec.non_layer_tensors() if t.role is Role.EMBEDDING), None)
-    head = next((t.name.removesuffix(".weight") for t in spec.non_layer_tensors() if t.role is Role.LM_HEAD), None)
-    return layers, layers.rpartition(".")[0], embed, head
+    return _LAYER_RE.match(first)["prefix"], embed
 
 
 def _quantization(scheme: str) -> tuple[str, list[str]]:
@@ -51,11 +49,12 @@ def _device_map(spec: ModelSpec, p: Plan) -> list[str]:
     c = p.choice
     if not c.on_gpu:
         return ['device_map = "cpu"']
-    layers, parent, embed, _ = _module_names(spec)
+    layers, embed = _module_names(spec)
     per = list(c.gpu_layers_per_device) or [c.gpu_layers]
-    if len(per) == 1 and c.offload is OffloadMode.NONE:
+    experts = _experts_module(spec) if c.expert_layers_on_cpu else None
+    if len(per) == 1 and c.offload is OffloadMode.NONE and not experts:
         return ['device_map = {"": 0}']
-    lines = [f'device_map = {{"": 0, "{parent}": 0}}' if parent else 'device_map = {"": 0}']
+    lines = ['device_map = {"": 0}  # later, longer entries override earlier ones']
     start = 0
     for device, n in enumerate(per):
         if device and n:
@@ -65,7 +64,20 @@ def _device_map(spec: ModelSpec, p: Plan) -> list[str]:
         lines.append(f'device_map |= {{f"{layers}.{{i}}": "cpu" for i in range({start}, {c.total_layers})}}')
         if embed and not c.embeddings_on_gpu:
             lines.append(f'device_map["{embed}"] = "cpu"')
+    if experts:
+        n = min(c.expert_layers_on_cpu, c.gpu_layers)
+        lines.append(f'device_map |= {{f"{layers}.{{i}}.{experts}": "cpu" for i in range({n})}}  '
+                     "# routed experts in RAM")
     return lines
+
+
+def _experts_module(spec: ModelSpec) -> str | None:
+    """The routed experts' module inside a decoder layer ("mlp.experts"), from a layer's expert tensor name."""
+    t = next((t for t in spec.tensors if t.role is Role.EXPERT and t.layer is not None), None)
+    if t is None:
+        return None
+    inside = t.name.split(f".{t.layer}.", 1)[1]
+    return inside.rpartition(".")[0] if ".experts" in inside else None
 
 
 def _cache_lines(kv: str) -> list[str]:
@@ -103,6 +115,9 @@ def export_transformers(spec: ModelSpec, p: Plan) -> Export:
                          "plain transformers can run this scheme only with every layer on the GPU (or run the plan "
                          "with `vramplan run`)")
         body += ["quantization_config = " + config[0], *config[1:], ")"]
+    if c.expert_layers_on_cpu:
+        notes.append(f"the experts of {c.expert_layers_on_cpu} layers are mapped to the CPU: accelerate copies them "
+                     "to the GPU on every forward, where vramplan's runtime computes them on the CPU")
     if offloads:
         mode = ("streamed to the GPU with prefetch" if c.offload is OffloadMode.STREAM else "computed by the CPU")
         notes.append(f"the {c.offloaded_layers} CPU-mapped layers are copied to the GPU on every forward by accelerate "

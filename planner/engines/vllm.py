@@ -214,10 +214,10 @@ class VLLMModel:
     def _rank_weights(self, tp: int, layers: range, first: bool, last: bool) -> int:
         spec = self.spec
         total = sum(self.fmt.tensor_bytes(t) * _tp_fraction(spec, t, tp) for i in layers for t in self.layer_tensors[i])
-        for t in spec.non_layer_tensors():
-            embedding = t.role is Role.EMBEDDING
-            tied_head = embedding and spec.tie_word_embeddings
-            if (embedding and first) or ((not embedding or tied_head) and last):
+        for t in spec.non_layer_tensors():  # the embedding on the first stage; lm_head (a tied embedding) and norm last
+            on_first = t.role is Role.EMBEDDING
+            on_last = t.role is not Role.EMBEDDING or spec.tie_word_embeddings
+            if (on_first and first) or (on_last and last):
                 total += self.fmt.tensor_bytes(t) * _tp_fraction(spec, t, tp)
         return int(total)
 
@@ -321,8 +321,7 @@ def export_vllm(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
         why = "has no GPU" if not hw.has_gpu else f"has a {hw.accelerator} GPU"
         notes = [f"vLLM: hardware {hw.name!r} {why}; vramplan plans vLLM on CUDA GPUs only (vLLM's CPU and Apple "
                  "backends are not planned)"]
-        return Export(engine=ENGINE, fits=False, text=commented(notes, "# no vllm serve command"), notes=tuple(notes),
-                      constants=consts)
+        return Export(engine=ENGINE, fits=False, text=commented(notes, "# no vllm serve command"), notes=tuple(notes))
     scheme, kv = _scheme_and_kv(p)
     fmt = weight_format(scheme)
     kv_cache = "fp8" if kv == "fp8" else "auto"
@@ -343,6 +342,7 @@ def export_vllm(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
     if lay is None:
         notes.append(f"vLLM: no layout of up to {MAX_NODES_SEARCHED} nodes of {hw.name} holds {spec.name} at "
                      f"{req.context} tokens x {req.batch}")
+        notes += assumption_notes(consts)
         return Export(engine=ENGINE, fits=False, text=commented(notes, "# no vllm serve command"), notes=tuple(notes),
                       constants=consts, details={"nodes_needed": None})
     if lay.cpu_offload_bytes == 0 and lay.nodes > req.nodes:
