@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from ..hardware import HardwareProfile
+from ..modelspec import ModelSpec
 from ..units import GiB, format_bytes
 
 # The engines `--emit` writes for.
@@ -94,5 +95,14 @@ def device_memories(hw: HardwareProfile) -> list[int]:
     return [g.memory_bytes for g in hw.gpus for _ in range(g.count)]
 
 
-def pad_to(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
+
+def first_moe_layers(spec: ModelSpec, count: int) -> list[int]:
+    """The indices of the first `count` decoder layers with routed experts (a Choice's expert_layers_on_cpu)."""
+    return sorted(spec.moe.moe_layers)[:count] if spec.moe is not None else []
+
+
+def index_range(indices: list[int]) -> str:
+    """Python for a list of layer indices: `range(a, b)` when they are consecutive."""
+    if indices and indices == list(range(indices[0], indices[-1] + 1)):
+        return f"range({indices[0]}, {indices[-1] + 1})" if indices[0] else f"range({indices[-1] + 1})"
+    return repr(indices)

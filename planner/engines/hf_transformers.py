@@ -12,23 +12,20 @@ The layer and module names come from the model's tensor names. Pure: this writes
 
 from __future__ import annotations
 
-import re
-
 from ..choice import OffloadMode
 from ..modelspec import ModelSpec, Role
 from ..plan import Plan
 from ..quant import KV_SCHEMES, SCHEMES
-from .common import Export, commented
+from .common import Export, commented, first_moe_layers, index_range
 
 ENGINE = "transformers"
-_LAYER_RE = re.compile(r"^(?P<prefix>.+)\.(?P<index>\d+)\.")
 
 
 def _module_names(spec: ModelSpec) -> tuple[str, str | None]:
     """(decoder layers path, input embedding module) from the tensor names."""
     first = next(t.name for t in spec.tensors if t.layer == 0)
     embed = next((t.name.removesuffix(".weight") for t in spec.non_layer_tensors() if t.role is Role.EMBEDDING), None)
-    return _LAYER_RE.match(first)["prefix"], embed
+    return first.split(".0.", 1)[0], embed
 
 
 def _quantization(scheme: str) -> tuple[str, list[str]]:
@@ -65,8 +62,8 @@ def _device_map(spec: ModelSpec, p: Plan) -> list[str]:
         if embed and not c.embeddings_on_gpu:
             lines.append(f'device_map["{embed}"] = "cpu"')
     if experts:
-        n = min(c.expert_layers_on_cpu, c.gpu_layers)
-        lines.append(f'device_map |= {{f"{layers}.{{i}}.{experts}": "cpu" for i in range({n})}}  '
+        resident = [i for i in first_moe_layers(spec, c.expert_layers_on_cpu) if i < c.gpu_layers]
+        lines.append(f'device_map |= {{f"{layers}.{{i}}.{experts}": "cpu" for i in {index_range(resident)}}}  '
                      "# routed experts in RAM")
     return lines
 

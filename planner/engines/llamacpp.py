@@ -25,7 +25,7 @@ from ..search import bisect_max
 from ..speed import estimate
 from ..units import format_bytes
 from . import llamacpp_rules as rules
-from .common import Export, assumption_notes, commented, device_memories, shell_command
+from .common import Export, assumption_notes, commented, device_memories, first_moe_layers, shell_command
 
 ENGINE = "llama.cpp"
 SPEED_LABEL = "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"
@@ -91,7 +91,7 @@ def _choice(spec: ModelSpec, hw: HardwareProfile, fp: rules.LlamaCppFootprint, p
                           compute_device=ComputeDevice(hw.accelerator) if on_gpu else ComputeDevice.CPU,
                           embeddings_on_gpu=False, gpu_layers_per_device=tuple(per_device) if on_gpu else (),
                           moe_layers=len(spec.moe.moe_layers) if spec.moe is not None else 0,
-                          expert_layers_on_cpu=min(p.cpu_moe, len(spec.moe.moe_layers)) if spec.moe else 0)
+                          expert_layers_on_cpu=sum(1 for i in spec.moe.moe_layers if i < p.cpu_moe) if spec.moe else 0)
 
 
 def _breakdown(hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.Placement) -> MemoryBreakdown:
@@ -143,18 +143,21 @@ def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str) -> Candidate
                 quality_cost_pct=rules.quality_cost_pct(model.file_type, kv_type), choice=choice, memory=mem,
                 max_context_tokens=_max_resident_context(spec, hw, req, model, kv_type))
     if placement is None:
-        return Candidate(**base, fits=False, reason=_overflow_reason(fp, p))
+        return Candidate(**base, fits=False, reason=_overflow_reason(fp, p, req.gpu_layers))
     speed = estimate(spec, hw, req, SPEED_SCHEME, kv_scheme(kv_type), choice, _costs(fp),
                      _read_bytes(spec, model, req.batch))
     return Candidate(**base, fits=True, speed=speed, reason=_placement_reason(fp, p))
 
 
-def _overflow_reason(fp: rules.LlamaCppFootprint, p: rules.Placement) -> str:
+def _overflow_reason(fp: rules.LlamaCppFootprint, p: rules.Placement, forced: int | None) -> str:
     host = fp.host_total(p)
     if host > fp.ram_capacity:
         return (f"RAM needs {format_bytes(host)} > {format_bytes(fp.ram_capacity)} with -ngl {p.ngl} "
                 f"({p.gpu_layers} of {fp.L} layers on the GPU)")
-    return f"not even the output layer fits on a GPU ({format_bytes(max(fp.usable, default=0))} usable per device)"
+    usable = format_bytes(max(fp.usable, default=0))
+    if forced is not None:
+        return f"{min(forced, fp.L)} layers and the output layer do not fit the GPUs ({usable} usable per device)"
+    return f"the GPUs cannot hold even the output layer ({usable} usable per device)"
 
 
 def _placement_reason(fp: rules.LlamaCppFootprint, p: rules.Placement) -> str:
@@ -225,8 +228,8 @@ def llama_server_command(spec: ModelSpec, p: Plan) -> list[str]:
     argv += ["-ngl", str(sum(slots) if c.on_gpu else 0)]
     if len(slots) > 1:
         argv += ["-ts", ",".join(str(n) for n in slots)]
-    if c.expert_layers_on_cpu:
-        argv += ["--n-cpu-moe", str(c.expert_layers_on_cpu)]
+    if c.expert_layers_on_cpu:  # --n-cpu-moe N counts every layer up to the last one whose experts stay in RAM
+        argv += ["--n-cpu-moe", str(first_moe_layers(spec, c.expert_layers_on_cpu)[-1] + 1)]
     argv += ["-fa", "on"]
     if c.kv_dtype != "f16":
         argv += ["-ctk", c.kv_dtype, "-ctv", c.kv_dtype]
@@ -263,7 +266,7 @@ def export_from_llamacpp_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, ext
                   constants=consts, details={"argv": argv, "gguf_file": name, "gguf_file_type": c.weight_quant,
                                              "gguf_file_bytes": gguf_file_bytes(spec, c.weight_quant),
                                              "kv_cache_type": c.kv_dtype, "ngl": int(argv[argv.index("-ngl") + 1]),
-                                             "n_cpu_moe": c.expert_layers_on_cpu})
+                                             "expert_layers_on_cpu": c.expert_layers_on_cpu})
 
 
 def mapped_request(p: Plan) -> tuple[Request, list[str]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..gguf import GGML_TYPES, GGUF_FILE_TYPES, GGUFTensor, gguf_tensors
+from ..gguf import GGML_TYPES, GGUFTensor, gguf_tensors
 from ..modelspec import ModelSpec
 from ..request import LLAMA_CPP_KV_DTYPES, Request
 from ..units import MiB

@@ -24,7 +24,7 @@ from ..modelspec import Kind, ModelSpec, Role, TensorSpec, dtype_bytes
 from ..plan import Plan
 from ..quant import SCHEMES
 from ..request import Request
-from ..units import GiB, MiB, format_bytes
+from ..units import GiB, format_bytes
 from .common import EngineConstant, Export, assumption_notes, commented, floor_to, gib, shell_command
 
 ENGINE = "vllm"
