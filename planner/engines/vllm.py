@@ -31,25 +31,35 @@ ENGINE = "vllm"
 VLLM = "vllm-project/vllm"
 GPU_WORKER = f"{VLLM} vllm/v1/worker/gpu_worker.py @ 35d5cda123ec28581759b6d34cde8052314fb1e6"
 CACHE_PY = f"{VLLM} vllm/config/cache.py @ c1d86421174a87056edc90a41dc9942391509e84"
+CUDA_PY = f"{VLLM} vllm/platforms/cuda.py @ 1c0d9ecf5bad600df3e001bf642dd48c5ed25cc6"
+ARG_UTILS = f"{VLLM} vllm/engine/arg_utils.py @ 99d7eb5d6a512cfcc5a2b104f24ebf2d6cda772b"
+VOCAB_PY = (f"{VLLM} vllm/model_executor/layers/vocab_parallel_embedding.py @ "
+            "7f5d141a0abde5fdedc220f55d9f19831c9a5b9e")
+DIST_UTILS = f"{VLLM} vllm/distributed/utils.py @ 5a6541db9bfa77756459722f69e8c89a0b47a14d"
+KV_INTERFACE = f"{VLLM} vllm/v1/kv_cache_interface.py @ bc8282e61df21719b12b391c3a976b1c900dfbb4"
+KV_UTILS = f"{VLLM} vllm/v1/core/kv_cache_utils.py @ bbf906a88ba1a39104884c88c9811a4f968e4659"
+ENVS_PY = f"{VLLM} vllm/envs.py @ f218f9c24d224800e0ea4488aa71bd8215c8bdcd"
+BNB_LOADER = f"{VLLM} vllm/model_executor/model_loader/bitsandbytes_loader.py @ c9e9c484932eb025a29752972a29047802bc1bbb"
 
 # Fraction of each GPU's memory vLLM may use unless told (CacheConfig.gpu_memory_utilization default).
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-# Tokens per KV block on CUDA (Platform.check_and_update_config sets block_size 16 when unset:
-# vllm/platforms/cuda.py and rocm.py).
+# Tokens per KV block on CUDA (CUDA_PY check_and_update_config: block_size 16 when unset; MLA models get 64 for
+# the FlashMLA backend below compute capability 10).
 BLOCK_SIZE = 16
-# EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py), usage context OPENAI_API_SERVER: GPUs with at least
+BLOCK_SIZE_MLA = 64
+# EngineArgs.get_batch_defaults (ARG_UTILS), usage context OPENAI_API_SERVER: GPUs with at least
 # 70 GiB that are not A100s get 8192 batched tokens and 1024 sequences, others 2048 and 256.
 LARGE_GPU_BYTES = 70 * GiB
 BATCHED_TOKENS = {"large": 8192, "other": 2048}
 MAX_NUM_SEQS = {"large": 1024, "other": 256}
 # Embeddings and lm_head are vocab-parallel, each rank holding its share of the vocabulary padded to a multiple
-# of this (vllm/model_executor/layers/vocab_parallel_embedding.py: DEFAULT_VOCAB_PADDING_SIZE).
+# of this (VOCAB_PY: DEFAULT_VOCAB_PADDING_SIZE, pad_vocab_size).
 VOCAB_PADDING = 64
 # Bytes per element of the KV cache: "auto" is the model dtype, "fp8" (= fp8_e4m3) one byte (CacheConfig.cache_dtype).
 KV_CACHE_BYTES = {"auto": 2, "fp8": 1}
 # Nodes to try before saying a model needs more.
 MAX_NODES_SEARCHED = 64
-# In-flight quantization: bitsandbytes quantizes to NF4 with double quantization (bitsandbytes_loader.py:
+# In-flight quantization: bitsandbytes quantizes to NF4 with double quantization (BNB_LOADER:
 # quantize_4bit(..., compress_statistics=True, quant_type="nf4")); only pre-quantized checkpoints load 8-bit bnb
 # (docs.vllm.ai/en/latest/features/quantization/bnb/). --quantization fp8 quantizes every Linear but lm_head to
 # FP8 E4M3 with a per-tensor scale (docs.vllm.ai/en/stable/features/quantization/fp8/; runs as W8A16 Marlin below
@@ -77,23 +87,26 @@ CUDAGRAPH_BYTES_ASSUMED = 1 * GiB
 def constants(hw: HardwareProfile) -> dict[str, EngineConstant]:
     return {
         "default_gpu_memory_utilization": EngineConstant(DEFAULT_GPU_MEMORY_UTILIZATION, f"{CACHE_PY}: CacheConfig"),
-        "block_size": EngineConstant(BLOCK_SIZE, f"{VLLM} vllm/platforms/cuda.py: check_and_update_config"),
-        "max_num_batched_tokens": EngineConstant(_batched_tokens(hw), f"{VLLM} vllm/engine/arg_utils.py: "
-                                                 "get_batch_defaults (OPENAI_API_SERVER)"),
-        "max_num_seqs": EngineConstant(_max_num_seqs(hw), f"{VLLM} vllm/engine/arg_utils.py: get_batch_defaults"),
-        "vocab_padding": EngineConstant(VOCAB_PADDING, f"{VLLM} vllm/model_executor/layers/"
-                                        "vocab_parallel_embedding.py: DEFAULT_VOCAB_PADDING_SIZE"),
+        "block_size": EngineConstant(BLOCK_SIZE, f"{CUDA_PY}: check_and_update_config"),
+        "max_num_batched_tokens": EngineConstant(_batched_tokens(hw), f"{ARG_UTILS}: get_batch_defaults "
+                                                 "(OPENAI_API_SERVER)"),
+        "max_num_seqs": EngineConstant(_max_num_seqs(hw), f"{ARG_UTILS}: get_batch_defaults"),
+        "vocab_padding": EngineConstant(VOCAB_PADDING, f"{VOCAB_PY}: DEFAULT_VOCAB_PADDING_SIZE"),
         "cuda_context_bytes": EngineConstant(hw.overheads.cuda_context_bytes if hw.has_gpu else 0,
                                              f"profile {hw.name}: overheads.cuda_context"),
         "profile_run_copies": EngineConstant(f"{PROFILE_HIDDEN_COPIES_ASSUMED} hidden, {PROFILE_MLP_COPIES_ASSUMED} "
                                              f"MLP, {PROFILE_LOGITS_COPIES_ASSUMED} fp32 logits rows per token",
                                              "estimate of vLLM's measured profile-run activation peak",
                                              assumption=True),
-        "non_torch_bytes": EngineConstant(NON_TORCH_SINGLE_GPU_BYTES, "vLLM start-up logs (single GPU)"),
+        "non_torch_bytes": EngineConstant(NON_TORCH_SINGLE_GPU_BYTES, "vLLM start-up logs (single GPU): "
+                                          "kubernetes-sigs/gateway-api-inference-extension#550, "
+                                          "generative-computing/mellea#416"),
         "non_torch_distributed_bytes": EngineConstant(NON_TORCH_DISTRIBUTED_BYTES_ASSUMED, "NCCL buffers between "
                                                       "ranks, measured by vLLM at start-up", assumption=True),
         "cudagraph_bytes": EngineConstant(CUDAGRAPH_BYTES_ASSUMED, "CUDA graph pool per GPU, measured by vLLM "
-                                          "(capture_model)", assumption=True),
+                                          "(capture_model), outside gpu_memory_utilization unless "
+                                          f"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 ({ENVS_PY}; default 0)",
+                                          assumption=True),
     }
 
 
@@ -161,7 +174,7 @@ def _tp_fraction(spec: ModelSpec, t: TensorSpec, tp: int) -> float:
 
 
 def pp_partitions(num_layers: int, pp: int) -> list[int]:
-    """vllm/distributed/utils.py get_pp_indices: even split, the remainder to the stages before the last."""
+    """DIST_UTILS get_pp_indices: an even split, the remainder to the stages before the last."""
     parts = [num_layers // pp] * pp
     for i in range(2, num_layers % pp + 2):
         parts[-i] += 1
@@ -231,19 +244,21 @@ class VLLMModel:
         return int(T * rows * act + logits)
 
     def _page(self, tp: int, i: int) -> int:
-        """AttentionSpec.real_page_size_bytes of layer i on one rank (MLA: one latent row, no K/V pair)."""
+        """KV_INTERFACE AttentionSpec.real_page_size_bytes of layer i on one rank (MLA: one latent row, no K/V pair)."""
         a = self.spec.attention[i]
         b = KV_CACHE_BYTES[self.kv_cache]
         if a.kind == "mla":
-            return BLOCK_SIZE * a.kv_elements_per_token * b
+            return BLOCK_SIZE_MLA * a.kv_elements_per_token * b
         return 2 * BLOCK_SIZE * max(1, a.num_kv_heads // tp) * a.head_dim * b
 
     def _blocks_per_sequence(self, i: int) -> int:
-        """FullAttentionSpec / SlidingWindowSpec.max_memory_usage_bytes in blocks for one max_model_len request."""
+        """KV_INTERFACE Full/SlidingWindowSpec.max_memory_usage_bytes, in blocks, for one max_model_len request
+        (what KV_UTILS check_enough_kv_cache_memory requires, besides the null block)."""
         a, ctx = self.spec.attention[i], self.req.context
+        block = BLOCK_SIZE_MLA if a.kind == "mla" else BLOCK_SIZE
         if a.window is None:
-            return math.ceil(ctx / BLOCK_SIZE)
-        return math.ceil(min(a.window - 1 + self.tokens, ctx) / BLOCK_SIZE) + 1
+            return math.ceil(ctx / block)
+        return math.ceil(min(a.window - 1 + self.tokens, ctx) / block) + 1
 
     def layout(self, tp: int, pp: int, nodes: int, cpu_offload_bytes: int = 0) -> Layout:
         """The fullest pipeline stage's rank decides."""
@@ -379,7 +394,8 @@ def _differences(spec, hw, p: Plan, m: VLLMModel, lay: Layout, fmt: WeightFormat
            f"{format_bytes(lay.kv_pool_bytes)}; the rest holds the CUDA context "
            f"{format_bytes(hw.overheads.cuda_context_bytes)}, CUDA graphs {format_bytes(CUDAGRAPH_BYTES_ASSUMED)} and "
            f"your headroom {format_bytes(req.headroom_bytes)}",
-           f"the KV pool is cut in {BLOCK_SIZE}-token blocks; {format_bytes(lay.kv_needed_bytes)} hold {req.batch} "
+           f"the KV pool is cut in {BLOCK_SIZE_MLA if spec.attention[0].kind == 'mla' else BLOCK_SIZE}-token blocks; "
+           f"{format_bytes(lay.kv_needed_bytes)} hold {req.batch} "
            f"sequence(s) of {req.context} tokens; the pool holds about {lay.max_concurrency}",
            "vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures "
            "above are estimates (see the assumptions)"]
