@@ -64,6 +64,13 @@ VramOpt = Annotated[Optional[str], typer.Option("--vram-budget", help="GPU memor
 RamOpt = Annotated[Optional[str], typer.Option("--ram-budget", help="Host RAM to plan for, e.g. 64GiB.")]
 HeadroomOpt = Annotated[Optional[str], typer.Option("--headroom", help="GPU memory kept free (default 512MiB).")]
 ChunkOpt = Annotated[Optional[int], typer.Option("--prefill-chunk", help="Prefill chunk in tokens (default 2048).")]
+EmitOpt = Annotated[Optional[str], typer.Option("--emit", help="Also write the plan for another engine: vllm, "
+                    "llama.cpp, ollama or transformers (printed to stdout; with --json, as an \"emit\" object).")]
+EngineOpt = Annotated[Optional[str], typer.Option("--engine", help="Whose memory rules to plan by: vramplan (its own "
+                      "runtime, default) or llama.cpp (GGUF file types x llama.cpp KV caches; --quant takes GGUF "
+                      "types such as Q4_K_M, --kv-dtype f16, q8_0 or q4_0).")]
+NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help="Machines of this profile an engine that scales out "
+                     "may use (vLLM over Ray; default 1).")]
 
 
 def _split(v: str | None, flag: str) -> tuple[str, ...]:
@@ -92,7 +99,8 @@ def _save_path(save: str | None) -> str | None:
 
 def build_request(context: str | None, batch: int | None, prompt_tokens: int | None, prefer: str | None,
                   quant: str | None, kv_dtype: str | None, gpu_layers: int | None, offload: str | None,
-                  vram_budget: str | None, ram_budget: str | None, headroom: str | None, prefill_chunk: int | None):
+                  vram_budget: str | None, ram_budget: str | None, headroom: str | None, prefill_chunk: int | None,
+                  *, nodes: int | None = None, engine: str | None = None):
     from planner.request import DEFAULT_HEADROOM_BYTES, DEFAULT_PREFILL_CHUNK, Request
     from planner.units import parse_bytes, parse_context
 
@@ -104,6 +112,7 @@ def build_request(context: str | None, batch: int | None, prompt_tokens: int | N
         ram_budget_bytes=parse_bytes(ram_budget, what="--ram-budget") if ram_budget is not None else None,
         headroom_bytes=parse_bytes(headroom, what="--headroom") if headroom is not None else DEFAULT_HEADROOM_BYTES,
         prefill_chunk=prefill_chunk if prefill_chunk is not None else DEFAULT_PREFILL_CHUNK,
+        nodes=1 if nodes is None else nodes, engine=(engine or "vramplan").lower(),
     )
 
 
@@ -267,33 +276,51 @@ def plan_cmd(
     ram_budget: RamOpt = None,
     headroom: HeadroomOpt = None,
     prefill_chunk: ChunkOpt = None,
+    emit: EmitOpt = None,
+    engine: EngineOpt = None,
+    nodes: NodesOpt = None,
     as_json: JsonOpt = False,
     as_yaml: YamlOpt = False,
     save: Annotated[Optional[str], typer.Option("--save", help="Write the plan (YAML) for `vramplan run "
                                                 "--plan`.")] = None,
 ) -> None:
     """Will it fit, how, and how fast: quantization, KV dtype and GPU/CPU split for a target context."""
-    from planner.search import plan
+    from planner.engines import EMIT_ENGINES, check_emit
+    from planner.engines import emit as write_for
+    from planner.engines import plan_for_engine
     from planner.sources import model_spec
 
     fmt = _format(as_json, as_yaml)
     path = _save_path(save)
     req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
-                        ram_budget, headroom, prefill_chunk)
+                        ram_budget, headroom, prefill_chunk, nodes=nodes, engine=engine)
+    target = emit.lower() if emit is not None else None
+    if target is not None:
+        if target not in EMIT_ENGINES:
+            raise UsageError(f"--emit {emit!r}: choose one of {', '.join(EMIT_ENGINES)} (see `vramplan plan --help`)")
+        check_emit(target, req.engine)
     spec = model_spec(model)
-    p = plan(spec, resolve_hardware(hardware), req)
+    hw = resolve_hardware(hardware)
+    p = plan_for_engine(spec, hw, req)
+    export = write_for(target, spec, hw, p) if target is not None else None
     d = p.to_dict()
     if path:
         from runtime.files import save_yaml
 
         save_yaml(path, d)
+    if export is not None:
+        d["emit"] = export.to_dict()
     if fmt:
         out.data(d, fmt)
+    elif export is not None:
+        out.raw(export.text)
+        out.info(f"{target} export of {spec.name}: {'fits' if export.fits else 'does not fit'} "
+                 f"(the plan itself: `vramplan plan` without --emit)")
     else:
         render.plan(d)
-        if path:
-            out.info(f"plan saved to {path}")
-    if not p.fits:
+    if path and not fmt:
+        out.info(f"plan saved to {path}")
+    if not (export.fits if export is not None else p.fits):
         raise typer.Exit(EXIT_NOTHING_FITS)
 
 

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 
 from .choice import OFFLOAD_MODES, OffloadMode, StrEnum
 from .errors import PlanError
+from .gguf import GGUF_FILE_TYPES
 from .quant import KV_SCHEMES, SCHEMES
 from .units import MAX_CONTEXT_TOKENS, GiB, MiB
 
@@ -31,6 +32,13 @@ BALANCED_SPEED_FRACTION = 0.5
 # its libraries. The calibration may replace it.
 RUNTIME_BASE_RAM_BYTES = 1 * GiB
 MAX_BATCH = 4096
+# The engines a plan can be made for: vramplan's own runtime, or llama.cpp's rules (planner/engines/llamacpp.py).
+PLANNING_ENGINES = ("vramplan", "llama.cpp")
+# What --quant / --kv-dtype name for an engine with its own formats: llama.cpp plans GGUF file types
+# (planner.gguf) and its own KV cache types (common/arg.cpp kv_cache_types; the three llama.cpp users pick).
+LLAMA_CPP_KV_DTYPES = ("f16", "q8_0", "q4_0")
+# Nodes of the profile's machine type a scale-out export (vLLM over Ray) may use; more is a typo.
+MAX_NODES = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +57,8 @@ class Request:
     headroom_bytes: int = DEFAULT_HEADROOM_BYTES
     runtime_base_ram_bytes: int = RUNTIME_BASE_RAM_BYTES
     balanced_speed_fraction: float = BALANCED_SPEED_FRACTION
+    nodes: int = 1  # machines of the profile's type available to an engine that scales out (vLLM over Ray)
+    engine: str = "vramplan"  # whose memory rules the plan follows: one of PLANNING_ENGINES
 
     def __post_init__(self) -> None:
         _int(self, "context", 1, MAX_CONTEXT_TOKENS, "the context")
@@ -63,13 +73,22 @@ class Request:
                 _int(self, name, 0, None, name.replace("_", " "))
         _int(self, "headroom_bytes", 0, None, "the GPU headroom")
         _int(self, "runtime_base_ram_bytes", 0, None, "the runtime's base RAM")
+        _int(self, "nodes", 1, MAX_NODES, "the number of nodes")
         if self.prefer not in PREFERENCES:
             raise PlanError(f"the preference must be one of {', '.join(PREFERENCES)}, got {self.prefer!r}")
         object.__setattr__(self, "prefer", Preference(self.prefer))
-        for name, known, what in (("quant", SCHEMES, "weight quantization"), ("kv_dtype", KV_SCHEMES, "KV-cache dtype")):
+        if self.engine not in PLANNING_ENGINES:
+            raise PlanError(f"the engine must be one of {', '.join(PLANNING_ENGINES)}, got {self.engine!r}")
+        llama_cpp = self.engine == "llama.cpp"
+        for name, known, what in (("quant", GGUF_FILE_TYPES if llama_cpp else SCHEMES,
+                                   "GGUF file type" if llama_cpp else "weight quantization"),
+                                  ("kv_dtype", LLAMA_CPP_KV_DTYPES if llama_cpp else KV_SCHEMES,
+                                   "llama.cpp KV cache type" if llama_cpp else "KV-cache dtype")):
             values = getattr(self, name)
             if isinstance(values, str) or not all(isinstance(v, str) for v in values):
                 raise PlanError(f"{name} must be a list of names, got {values!r}")
+            if llama_cpp and name == "quant":
+                values = [v.upper() for v in values]
             object.__setattr__(self, name, tuple(values))
             for v in values:
                 if v not in known:

@@ -1,0 +1,108 @@
+"""What every engine export shares: the Export record, named engine constants, and a few formatting helpers.
+
+An Export is what `vramplan plan --emit ENGINE` prints: the text to paste (a command, a Modelfile,
+a Python snippet) whose leading comment lines say where the engine's plan differs from vramplan's,
+plus the engine constants it used (value and source) and engine-specific plain data. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, field
+
+from ..hardware import HardwareProfile
+from ..modelspec import ModelSpec
+from ..units import GiB, format_bytes
+
+# The engines `--emit` writes for.
+EMIT_ENGINES = ("vllm", "llama.cpp", "ollama", "transformers")
+
+
+@dataclass(frozen=True)
+class EngineConstant:
+    """One of an engine's own rules: its value and where it comes from (file + commit, or a doc URL).
+    `assumption` marks a value no source gives; the export says so."""
+
+    value: int | float | str
+    source: str
+    assumption: bool = False
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "from": self.source, "assumption": self.assumption}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Export:
+    """A plan written for another engine."""
+
+    engine: str
+    fits: bool  # the emitted configuration fits the hardware it names
+    text: str  # what to paste: comment lines (the notes) then the command / Modelfile / snippet
+    notes: tuple[str, ...] = ()  # where the engine's plan differs from vramplan's, and every assumption used
+    constants: dict = field(default_factory=dict)  # name -> EngineConstant
+    details: dict = field(default_factory=dict)  # engine-specific plain data (layout, memory per device)
+
+    def to_dict(self) -> dict:
+        return {"engine": self.engine, "fits": self.fits, "text": self.text, "notes": list(self.notes),
+                "constants": {k: c.to_dict() for k, c in self.constants.items()}, "details": dict(self.details)}
+
+
+def assumption_notes(constants: dict) -> list[str]:
+    """One note per constant that no source gives."""
+    return [f"assumption: {name} = {_show(c.value)} ({c.source})" for name, c in constants.items() if c.assumption]
+
+
+def _show(v) -> str:
+    return format_bytes(v) if isinstance(v, int) and v >= 1 << 20 else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def commented(notes, body: str, prefix: str = "# ") -> str:
+    """The notes as comment lines above the body: the whole text stays pasteable."""
+    lines = [f"{prefix}{n}" for n in notes]
+    return "\n".join([*lines, body]) + "\n"
+
+
+def shell_command(argv: list[str]) -> str:
+    """A command line, one option per continuation line after the program and its positional arguments."""
+    head, opts = [], []
+    for a in argv:
+        (opts if (opts or a.startswith("-")) else head).append(a)
+    groups, cur = [], []
+    for a in opts:
+        if a.startswith("-") and cur:
+            groups.append(cur)
+            cur = []
+        cur.append(a)
+    if cur:
+        groups.append(cur)
+    parts = [" ".join(shlex.quote(x) for x in head)] + ["  " + " ".join(shlex.quote(x) for x in g) for g in groups]
+    return " \\\n".join(parts)
+
+
+def gib(n: int, decimals: int = 2) -> str:
+    return f"{n / GiB:.{decimals}f} GiB"
+
+
+def floor_to(x: float, step: float) -> float:
+    """x rounded down to a multiple of step (a float like 0.01), without binary noise."""
+    digits = max(0, -int(math.floor(math.log10(step))))
+    return round(math.floor(x / step + 1e-9) * step, digits)
+
+
+def device_memories(hw: HardwareProfile) -> list[int]:
+    """Every GPU device's memory, one entry per device (a GPUSpec with count 2 is two entries)."""
+    return [g.memory_bytes for g in hw.gpus for _ in range(g.count)]
+
+
+
+def first_moe_layers(spec: ModelSpec, count: int) -> list[int]:
+    """The indices of the first `count` decoder layers with routed experts (a Choice's expert_layers_on_cpu)."""
+    return sorted(spec.moe.moe_layers)[:count] if spec.moe is not None else []
+
+
+def index_range(indices: list[int]) -> str:
+    """Python for a list of layer indices: `range(a, b)` when they are consecutive."""
+    if indices and indices == list(range(indices[0], indices[-1] + 1)):
+        return f"range({indices[0]}, {indices[-1] + 1})" if indices[0] else f"range({indices[-1] + 1})"
+    return repr(indices)

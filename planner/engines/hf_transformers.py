@@ -1,0 +1,130 @@
+"""Plain transformers: the from_pretrained snippet closest to a vramplan plan, with comments where it differs.
+
+vramplan's runtime is transformers + bitsandbytes / optimum-quanto plus its own offload engine; plain
+transformers has no such engine, so a split plan becomes an accelerate device_map:
+- layers mapped to "cpu" are copied to the GPU on every forward (accelerate's hooks, pageable memory, no
+  prefetch): neither vramplan's prefetching stream mode nor its CPU-compute mode;
+- with bitsandbytes, `llm_int8_enable_fp32_cpu_offload=True` keeps the CPU-mapped layers unquantized in
+  the load dtype (2 B/param in bf16), so they take more RAM and move more bytes than the plan's;
+- transformers' quanto loader refuses a device_map with CPU entries (runtime/load.py says the same).
+The layer and module names come from the model's tensor names. Pure: this writes text, imports nothing.
+"""
+
+from __future__ import annotations
+
+from ..choice import OffloadMode
+from ..modelspec import ModelSpec, Role
+from ..plan import Plan
+from ..quant import KV_SCHEMES, SCHEMES
+from .common import Export, commented, first_moe_layers, index_range
+
+ENGINE = "transformers"
+
+
+def _module_names(spec: ModelSpec) -> tuple[str, str | None]:
+    """(decoder layers path, input embedding module) from the tensor names."""
+    first = next(t.name for t in spec.tensors if t.layer == 0)
+    embed = next((t.name.removesuffix(".weight") for t in spec.non_layer_tensors() if t.role is Role.EMBEDDING), None)
+    return first.split(".0.", 1)[0], embed
+
+
+def _quantization(scheme: str) -> tuple[str, list[str]]:
+    """(import name, config lines) for a vramplan scheme."""
+    s = SCHEMES[scheme]
+    if s.backend == "bnb" and s.bits == 8:
+        return "BitsAndBytesConfig", ["BitsAndBytesConfig(", "    load_in_8bit=True,",
+                                      f"    llm_int8_threshold={s.outlier_threshold},"]
+    if s.backend == "bnb":
+        return "BitsAndBytesConfig", ["BitsAndBytesConfig(", "    load_in_4bit=True,",
+                                      f'    bnb_4bit_quant_type="{s.variant}",',
+                                      f"    bnb_4bit_use_double_quant={s.double_quant},",
+                                      "    bnb_4bit_compute_dtype=torch.bfloat16,"]
+    return "QuantoConfig", ["QuantoConfig(", f'    weights="int{s.bits}",']
+
+
+def _device_map(spec: ModelSpec, p: Plan) -> list[str]:
+    c = p.choice
+    if not c.on_gpu:
+        return ['device_map = "cpu"']
+    layers, embed = _module_names(spec)
+    per = list(c.gpu_layers_per_device) or [c.gpu_layers]
+    experts = _experts_module(spec) if c.expert_layers_on_cpu else None
+    if len(per) == 1 and c.offload is OffloadMode.NONE and not experts:
+        return ['device_map = {"": 0}']
+    lines = ['device_map = {"": 0}  # later, longer entries override earlier ones']
+    start = 0
+    for device, n in enumerate(per):
+        if device and n:
+            lines.append(f'device_map |= {{f"{layers}.{{i}}": {device} for i in range({start}, {start + n})}}')
+        start += n
+    if c.offload is not OffloadMode.NONE:
+        lines.append(f'device_map |= {{f"{layers}.{{i}}": "cpu" for i in range({start}, {c.total_layers})}}')
+        if embed and not c.embeddings_on_gpu:
+            lines.append(f'device_map["{embed}"] = "cpu"')
+    if experts:
+        resident = [i for i in first_moe_layers(spec, c.expert_layers_on_cpu) if i < c.gpu_layers]
+        lines.append(f'device_map |= {{f"{layers}.{{i}}.{experts}": "cpu" for i in {index_range(resident)}}}  '
+                     "# routed experts in RAM")
+    return lines
+
+
+def _experts_module(spec: ModelSpec) -> str | None:
+    """The routed experts' module inside a decoder layer ("mlp.experts"), from a layer's expert tensor name."""
+    t = next((t for t in spec.tensors if t.role is Role.EXPERT and t.layer is not None), None)
+    if t is None:
+        return None
+    inside = t.name.split(f".{t.layer}.", 1)[1]
+    return inside.rpartition(".")[0] if ".experts" in inside else None
+
+
+def _cache_lines(kv: str) -> list[str]:
+    k = KV_SCHEMES[kv]
+    if k.backend == "dynamic":
+        return []
+    call = ('QuantizedCache(backend="fp8", config=model.config)' if k.backend == "fp8" else
+            f'QuantizedCache(backend="quanto", config=model.config, nbits={k.nbits}, q_group_size={k.group_size}, '
+            f"residual_length={k.residual_tokens})")
+    return ["", f"# the plan's {kv} KV cache: pass it to generate(..., past_key_values=cache)",
+            "from transformers.cache_utils import QuantizedCache", f"cache = {call}"]
+
+
+def export_transformers(spec: ModelSpec, p: Plan) -> Export:
+    if not p.fits:
+        notes = ["transformers: vramplan's plan found nothing that fits; no snippet"]
+        return Export(engine=ENGINE, fits=False, text=commented(notes, "# no snippet"), notes=tuple(notes))
+    c = p.choice
+    s = SCHEMES[c.weight_quant]
+    notes, fits = [], True
+    dtype = "torch.float16" if s.compute_dtype == "float16" else "torch.bfloat16"
+    offloads = c.on_gpu and c.offload is not OffloadMode.NONE
+    imports = ["AutoModelForCausalLM"]
+    body = []
+    if s.quantized:
+        name, config = _quantization(c.weight_quant)
+        imports.append(name)
+        if offloads and s.backend == "bnb":
+            config.append("    llm_int8_enable_fp32_cpu_offload=True,")
+            notes.append("transformers' bitsandbytes offload keeps the CPU-mapped layers unquantized (bf16) in RAM, "
+                         f"unlike vramplan's runtime, which keeps all {c.total_layers} layers quantized")
+        if offloads and s.backend == "quanto":
+            fits = False
+            notes.append("transformers' quanto loader refuses a device_map with CPU entries: this snippet raises; "
+                         "plain transformers can run this scheme only with every layer on the GPU (or run the plan "
+                         "with `vramplan run`)")
+        body += ["quantization_config = " + config[0], *config[1:], ")"]
+    if c.expert_layers_on_cpu:
+        notes.append(f"the experts of {c.expert_layers_on_cpu} layers are mapped to the CPU: accelerate copies them "
+                     "to the GPU on every forward, where vramplan's runtime computes them on the CPU")
+    if offloads:
+        mode = ("streamed to the GPU with prefetch" if c.offload is OffloadMode.STREAM else "computed by the CPU")
+        notes.append(f"the {c.offloaded_layers} CPU-mapped layers are copied to the GPU on every forward by accelerate "
+                     f"(no prefetch); vramplan's runtime has them {mode}")
+    body += _device_map(spec, p)
+    args = [f'    "{spec.name}",']
+    if s.quantized:
+        args.append("    quantization_config=quantization_config,")
+    args += ["    device_map=device_map,", f"    dtype={dtype},"]
+    body += ["model = AutoModelForCausalLM.from_pretrained(", *args, ")", *_cache_lines(c.kv_dtype)]
+    code = "\n".join(["import torch", f"from transformers import {', '.join(imports)}", "", *body])
+    return Export(engine=ENGINE, fits=fits, text=commented(notes, code), notes=tuple(notes),
+                  details={"weight_quant": c.weight_quant, "kv_dtype": c.kv_dtype})

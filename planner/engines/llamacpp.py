@@ -1,0 +1,294 @@
+"""Planning for llama.cpp and writing its command: GGUF file type x KV cache type, -ngl, --n-cpu-moe, -ts.
+
+`plan_llamacpp(spec, hw, req)` returns a normal Plan (the same JSON contract as vramplan's) whose every
+byte follows llama.cpp's rules (llamacpp_rules.py) and whose sizes are planner/gguf.py's exact GGUF
+bytes. Its speed comes from vramplan's roofline over those bytes, labelled as uncalibrated for
+llama.cpp. `export_llamacpp` turns a llama.cpp plan, or a vramplan plan mapped to its closest GGUF
+file and cache types, into a `llama-server` command. Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from ..choice import Choice, ComputeDevice, OffloadMode
+from ..errors import PlanError
+from ..gguf import GGUF_FILE_TYPES, gguf_file_bytes
+from ..hardware import HardwareProfile
+from ..memory import CPUMemory, GPUMemory, LayerCosts, MemoryBreakdown
+from ..modelspec import ModelSpec
+from ..plan import Candidate, Plan, hardware_ref, model_ref
+from ..quant import SCHEMES, KVScheme, QualityCost
+from ..request import LLAMA_CPP_KV_DTYPES, Request
+from ..search import _choose as choose_by_preference  # vramplan's preference rule, applied to any candidates
+from ..search import bisect_max
+from ..speed import estimate
+from ..units import format_bytes
+from . import llamacpp_rules as rules
+from .common import Export, assumption_notes, commented, device_memories, first_moe_layers, shell_command
+
+ENGINE = "llama.cpp"
+SPEED_LABEL = "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"
+# The speed model reads efficiencies by scheme name; llama.cpp's kernels get the defaults of unquantized weights
+# under backend "llama.cpp", so a calibration with entries for that backend applies and none other does.
+SPEED_SCHEME = replace(SCHEMES["bf16"], backend="llama.cpp", description="GGUF weights run by llama.cpp")
+# Closest GGUF file type and llama.cpp cache type to each of vramplan's schemes.
+GGUF_FOR_SCHEME = {"bf16": "BF16", "fp16": "F16", "bnb-int8": "Q8_0", "quanto-int8": "Q8_0", "bnb-nf4": "Q4_K_M",
+                   "bnb-nf4-dq": "Q4_K_M", "bnb-fp4": "Q4_K_M", "bnb-fp4-dq": "Q4_K_M", "quanto-int4": "Q4_K_M"}
+CACHE_FOR_KV = {"bf16": "f16", "fp16": "f16", "fp8": "q8_0", "quanto-int4": "q4_0", "quanto-int2": "q4_0"}
+# The conventional name of a community GGUF repository (stated as a convention: it may not exist).
+GGUF_REPO_CONVENTION = "bartowski/{name}-GGUF"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlamaCppChoice(Choice):
+    """A Choice in llama.cpp's own names: a GGUF file type and a llama.cpp KV cache type. Choice's placement rules
+    apply unchanged; the decoder layers on the GPUs are the LAST gpu_layers ones (llama.cpp's -ngl)."""
+
+    engine: str = ENGINE
+
+    def __post_init__(self) -> None:
+        if self.weight_quant not in GGUF_FILE_TYPES:
+            raise PlanError(f"choice.weight_quant: unknown GGUF file type {self.weight_quant!r}")
+        if self.kv_dtype not in LLAMA_CPP_KV_DTYPES:
+            raise PlanError(f"choice.kv_dtype: unknown llama.cpp KV cache type {self.kv_dtype!r}")
+        names = {f.name for f in fields(Choice)}
+        stand_in = Choice(**{n: getattr(self, n) for n in names} | {"weight_quant": "bf16", "kv_dtype": "bf16"})
+        for n in names - {"weight_quant", "kv_dtype"}:
+            object.__setattr__(self, n, getattr(stand_in, n))
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "engine": self.engine}
+
+
+def kv_scheme(kv_type: str) -> KVScheme:
+    t = rules.KV_GGML_TYPES[kv_type]
+    return KVScheme(name=kv_type, description=f"llama.cpp {kv_type} KV cache ({t.block_bytes} B per {t.block_elements})",
+                    bytes_per_element=t.block_bytes / t.block_elements,
+                    quality=QualityCost(ppl_increase_pct=rules.KV_QUALITY_PCT_ASSUMED[kv_type],
+                                        source="assumption (no published table)"))
+
+
+def _capacities(hw: HardwareProfile, req: Request) -> list[int]:
+    return [req.vram_budget_bytes if req.vram_budget_bytes is not None else m for m in device_memories(hw)]
+
+
+def footprint(spec, hw, req, model, kv_type, margin_bytes=rules.FIT_TARGET_MARGIN_BYTES):
+    ram = req.ram_budget_bytes if req.ram_budget_bytes is not None else hw.host.ram_bytes
+    cuda = hw.overheads.cuda_context_bytes if hw.has_gpu else 0
+    return rules.LlamaCppFootprint(spec, model, kv_type, req, _capacities(hw, req), cuda, ram, margin_bytes)
+
+
+def _choice(spec: ModelSpec, hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.Placement) -> LlamaCppChoice:
+    L = spec.num_layers
+    per_device = list(p.per_device)
+    if p.per_device:  # the output slot is no decoder layer
+        last = max(i for i, n in enumerate(per_device) if n)
+        per_device[last] -= 1
+    on_gpu = hw.has_gpu
+    return LlamaCppChoice(weight_quant=fp.model.file_type, kv_dtype=fp.kv_type, gpu_layers=p.gpu_layers if on_gpu else 0,
+                          total_layers=L, offload=OffloadMode.CPU if on_gpu and p.gpu_layers < L else OffloadMode.NONE,
+                          compute_device=ComputeDevice(hw.accelerator) if on_gpu else ComputeDevice.CPU,
+                          embeddings_on_gpu=False, gpu_layers_per_device=tuple(per_device) if on_gpu else (),
+                          moe_layers=len(spec.moe.moe_layers) if spec.moe is not None else 0,
+                          expert_layers_on_cpu=sum(1 for i in spec.moe.moe_layers if i < p.cpu_moe) if spec.moe else 0)
+
+
+def _breakdown(hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.Placement) -> MemoryBreakdown:
+    """GPU terms summed over the devices (one device: exact), host terms, and the compute buffers apart."""
+    host = fp.host_bytes(p)
+    devices = fp.device_bytes(p) if p.per_device else []
+    n_dev = len(fp.usable)
+    gpu = None
+    if hw.has_gpu:
+        gpu = GPUMemory(weights_bytes=sum(d.weights for d in devices), kv_cache_bytes=sum(d.kv for d in devices),
+                        stream_buffers_bytes=0, workspace_bytes=sum(d.compute for d in devices),
+                        cuda_context_bytes=fp.cuda_context_bytes * n_dev, allocator_reserve_bytes=0,
+                        headroom_bytes=fp.margin_bytes * n_dev, capacity_bytes=sum(_capacities(hw, fp.req)))
+    cpu = CPUMemory(weights_bytes=host.weights, kv_cache_bytes=host.kv, workspace_bytes=host.compute,
+                    runtime_base_bytes=rules.PROCESS_BASE_RAM_ASSUMED, capacity_bytes=fp.ram_capacity)
+    return MemoryBreakdown(gpu=gpu, cpu=cpu, workspace_terms={
+        "compute_buffers_gpu": sum(d.compute for d in devices), "compute_buffer_host": host.compute})
+
+
+def _costs(fp: rules.LlamaCppFootprint) -> LayerCosts:
+    return LayerCosts(weights=fp.model.layers, kv=tuple(fp.kv), embed_bytes=fp.model.token_embd_bytes,
+                      head_bytes=fp.model.output_bytes)
+
+
+def _read_bytes(spec: ModelSpec, model: rules.GGUFModel, batch: int) -> list[float]:
+    """GGUF bytes a decode step reads per layer: routed experts only for the experts the batch routes to."""
+    frac = 1.0
+    if spec.moe is not None:
+        frac = 1.0 - (1.0 - spec.moe.experts_per_token / spec.moe.num_experts) ** batch
+    return [(w - e) + e * frac for w, e in zip(model.layers, model.experts)]
+
+
+def _max_resident_context(spec, hw, req, model, kv_type) -> int:
+    """The longest context with every layer (and, on a GPU, the output layer) resident on the GPUs or in RAM."""
+    def fits(ctx: int) -> bool:
+        fp = footprint(spec, hw, replace(req, context=ctx, prompt_tokens=None), model, kv_type)
+        p = fp.pack(spec.num_layers, 0) if hw.has_gpu else rules.Placement(gpu_layers=0, cpu_moe=0, per_device=())
+        return p is not None and fp.fits_host(p)
+
+    return max(0, bisect_max(fits, 1, spec.max_context or req.context))
+
+
+def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str) -> Candidate:
+    fp = footprint(spec, hw, req, model, kv_type)
+    placement, closest = fp.place(req.gpu_layers)
+    p = placement or closest
+    choice, mem = _choice(spec, hw, fp, p), _breakdown(hw, fp, p)
+    base = dict(weight_quant=model.file_type, kv_dtype=kv_type,
+                quality_cost_pct=rules.quality_cost_pct(model.file_type, kv_type), choice=choice, memory=mem,
+                max_context_tokens=_max_resident_context(spec, hw, req, model, kv_type))
+    if placement is None:
+        return Candidate(**base, fits=False, reason=_overflow_reason(fp, p, req.gpu_layers))
+    speed = estimate(spec, hw, req, SPEED_SCHEME, kv_scheme(kv_type), choice, _costs(fp),
+                     _read_bytes(spec, model, req.batch))
+    return Candidate(**base, fits=True, speed=speed, reason=_placement_reason(fp, p))
+
+
+def _overflow_reason(fp: rules.LlamaCppFootprint, p: rules.Placement, forced: int | None) -> str:
+    host = fp.host_total(p)
+    if host > fp.ram_capacity:
+        return (f"RAM needs {format_bytes(host)} > {format_bytes(fp.ram_capacity)} with -ngl {p.ngl} "
+                f"({p.gpu_layers} of {fp.L} layers on the GPU)")
+    usable = format_bytes(max(fp.usable, default=0))
+    if forced is not None:
+        return f"{min(forced, fp.L)} layers and the output layer do not fit the GPUs ({usable} usable per device)"
+    return f"the GPUs cannot hold even the output layer ({usable} usable per device)"
+
+
+def _placement_reason(fp: rules.LlamaCppFootprint, p: rules.Placement) -> str:
+    L = fp.L
+    if not fp.usable:
+        return f"all {L} layers computed by the CPU (no GPU): RAM {format_bytes(fp.host_total(p))} of {format_bytes(fp.ram_capacity)}"
+    devices = fp.device_bytes(p) if p.per_device else []
+    per_dev = "; ".join(f"GPU {i}: {format_bytes(d.weights + d.kv + d.compute)} of {format_bytes(u)} usable "
+                        f"(weights {format_bytes(d.weights)} + KV {format_bytes(d.kv)} + compute {format_bytes(d.compute)})"
+                        for i, (d, u) in enumerate(zip(devices, fp.usable)) if p.per_device[i])
+    where = (f"all {L} layers and the output layer on the GPU (-ngl {p.ngl})" if p.gpu_layers == L else
+             f"layers {L - p.gpu_layers}-{L - 1} and the output layer on the GPU, 0-{L - p.gpu_layers - 1} computed "
+             f"by the CPU (-ngl {p.ngl})" if p.gpu_layers else f"every layer computed by the CPU (-ngl {p.ngl})")
+    moe = f", experts of the first {p.cpu_moe} layers in RAM (--n-cpu-moe {p.cpu_moe})" if p.cpu_moe else ""
+    usable = (f"usable = memory - CUDA context {format_bytes(fp.cuda_context_bytes)} - --fit margin "
+              f"{format_bytes(fp.margin_bytes)}")
+    return f"{where}{moe}: {per_dev or 'nothing on the GPU'} ({usable}); RAM {format_bytes(fp.host_total(p))} of {format_bytes(fp.ram_capacity)}"
+
+
+def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
+    """Decide how llama.cpp runs `spec` on `hw` for `req`: the GGUF file type, the KV cache type and -ngl."""
+    if req.offload is OffloadMode.STREAM:
+        raise PlanError("llama.cpp computes the layers it does not offload on the CPU: it has no stream mode "
+                        "(drop --offload stream)")
+    if not hw.has_gpu and (req.gpu_layers or req.vram_budget_bytes is not None):
+        raise PlanError(f"GPU layers or a GPU budget were given, but hardware {hw.name!r} has no GPU")
+    types = req.quant or rules.PLANNED_FILE_TYPES
+    caches = req.kv_dtype or LLAMA_CPP_KV_DTYPES
+    cands = []
+    for ft in types:
+        model = rules.gguf_model(spec, ft)
+        cands.extend(_candidate(spec, hw, req, model, kv) for kv in caches)
+    consts = rules.constants(hw.name, hw.overheads.cuda_context_bytes if hw.has_gpu else 0, types, caches)
+    common = dict(model=model_ref(spec), hardware=hardware_ref(hw), request=req, candidates=cands,
+                  constants={k: {"value": c.value, "from": c.source + (" (assumption)" if c.assumption else "")}
+                             for k, c in consts.items()})
+    warnings = [SPEED_LABEL, *assumption_notes(consts)]
+    n_dev = len(device_memories(hw))
+    if n_dev > 1:
+        warnings.append(f"memory.gpu sums the {n_dev} GPUs (capacity, context and --fit margin of each); the reason "
+                        "gives each device's share")
+    if not any(c.fits for c in cands):
+        first = cands[0]
+        return Plan(**common, chosen=None, warnings=warnings,
+                    reasons=[f"nothing fits llama.cpp's rules: {first.weight_quant} + {first.kv_dtype} KV: {first.reason}"])
+    chosen, reasons = choose_by_preference(cands, req)
+    if chosen.choice.expert_layers_on_cpu:
+        warnings.append("the speed prediction does not price the experts kept in RAM (--n-cpu-moe): "
+                        "vramplan's speed model prices whole layers only")
+    file_bytes = gguf_file_bytes(spec, chosen.weight_quant)
+    reasons.append(f"GGUF {chosen.weight_quant}: {file_bytes:,} B file ({format_bytes(file_bytes)}; planner/gguf.py, "
+                   "llama-quantize's tensor types)")
+    return Plan(**common, chosen=chosen, reasons=reasons, warnings=warnings)
+
+
+# ---------------------------------------------------------------- the command
+def gguf_file_name(spec: ModelSpec, file_type: str) -> str:
+    return f"{spec.name.rstrip('/').split('/')[-1]}-{file_type}.gguf"
+
+
+def llama_server_command(spec: ModelSpec, p: Plan) -> list[str]:
+    c, r = p.choice, p.request
+    argv = ["llama-server", "-m", gguf_file_name(spec, c.weight_quant), "-c", str(r.context * r.batch)]
+    slots = list(c.gpu_layers_per_device)
+    if c.on_gpu:
+        last = max((i for i, n in enumerate(slots) if n), default=0)
+        slots[last] += 1  # the output layer rides with the last decoder layers
+    argv += ["-ngl", str(sum(slots) if c.on_gpu else 0)]
+    if len(slots) > 1:
+        argv += ["-ts", ",".join(str(n) for n in slots)]
+    if c.expert_layers_on_cpu:  # --n-cpu-moe N counts every layer up to the last one whose experts stay in RAM
+        argv += ["--n-cpu-moe", str(first_moe_layers(spec, c.expert_layers_on_cpu)[-1] + 1)]
+    argv += ["-fa", "on"]
+    if c.kv_dtype != "f16":
+        argv += ["-ctk", c.kv_dtype, "-ctv", c.kv_dtype]
+    if r.batch > 1:
+        argv += ["-np", str(r.batch)]
+    return argv
+
+
+def export_from_llamacpp_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, extra_notes=()) -> Export:
+    """The llama-server command for a plan made by llama.cpp's rules."""
+    consts = rules.constants(hw.name, hw.overheads.cuda_context_bytes if hw.has_gpu else 0,
+                             (p.choice.weight_quant,) if p.fits else (), (p.choice.kv_dtype,) if p.fits else ())
+    if not p.fits:
+        text = commented([*extra_notes, f"llama.cpp: {p.reasons[0]}"], "# no llama-server command: nothing fits")
+        return Export(engine=ENGINE, fits=False, text=text, notes=tuple([*extra_notes, *p.reasons]), constants=consts)
+    c = p.choice
+    name = gguf_file_name(spec, c.weight_quant)
+    repo = GGUF_REPO_CONVENTION.format(name=spec.name.rstrip("/").split("/")[-1])
+    notes = [*extra_notes,
+             f"GGUF {c.weight_quant}: {name}, {gguf_file_bytes(spec, c.weight_quant):,} B "
+             f"({format_bytes(gguf_file_bytes(spec, c.weight_quant))}; planner/gguf.py: llama-quantize's tensor types)",
+             f"where to get it: GGUF repositories are conventionally named like {repo} (a naming convention, not a "
+             f"promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> {name} "
+             f"{c.weight_quant}",
+             p.chosen.reason,
+             "-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); "
+             "the plan sized the cache with it"]
+    if c.on_gpu and c.gpu_layers < c.total_layers:
+        notes.append(f"llama.cpp computes the {c.total_layers - c.gpu_layers} layers left in RAM on the CPU (it "
+                     "does not stream them to the GPU)")
+    notes += [SPEED_LABEL, *assumption_notes(consts)]
+    argv = llama_server_command(spec, p)
+    return Export(engine=ENGINE, fits=True, text=commented(notes, shell_command(argv)), notes=tuple(notes),
+                  constants=consts, details={"argv": argv, "gguf_file": name, "gguf_file_type": c.weight_quant,
+                                             "gguf_file_bytes": gguf_file_bytes(spec, c.weight_quant),
+                                             "kv_cache_type": c.kv_dtype, "ngl": int(argv[argv.index("-ngl") + 1]),
+                                             "expert_layers_on_cpu": c.expert_layers_on_cpu})
+
+
+def mapped_request(p: Plan) -> tuple[Request, list[str]]:
+    """The llama.cpp request closest to a vramplan plan: its scheme and cache mapped, nothing else forced."""
+    r = p.request
+    quant = (GGUF_FOR_SCHEME[p.choice.weight_quant],) if p.fits else ()
+    kv = (CACHE_FOR_KV[p.choice.kv_dtype],) if p.fits else ()
+    notes = []
+    if p.fits:
+        notes.append(f"vramplan's plan: {p.choice.weight_quant} + {p.choice.kv_dtype} KV, {p.choice.gpu_layers}/"
+                     f"{p.choice.total_layers} layers on the GPU; llama.cpp runs GGUF: closest file type {quant[0]}, "
+                     f"cache {kv[0]}, placed by llama.cpp's own rules")
+        if p.choice.kv_dtype == "quanto-int2":
+            notes.append("llama.cpp has no 2-bit KV cache: q4_0 is its smallest of the three planned")
+    else:
+        notes.append("vramplan's plan found nothing that fits: llama.cpp's rules choose the file type themselves")
+    return replace(r, engine=ENGINE, quant=quant, kv_dtype=kv, offload=None, gpu_layers=None), notes
+
+
+def export_llamacpp(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
+    """--emit llama.cpp: from a llama.cpp plan as it is, from a vramplan plan through the closest GGUF types."""
+    if p.request.engine == ENGINE:
+        return export_from_llamacpp_plan(spec, hw, p)
+    req, notes = mapped_request(p)
+    return export_from_llamacpp_plan(spec, hw, plan_llamacpp(spec, hw, req), notes)

@@ -1,0 +1,80 @@
+"""`vramplan plan --emit / --engine / --nodes`: stdout is the export (or JSON with an "emit" object), bad values are
+one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import cli
+from planner.engines import emit, plan_for_engine
+from planner.profiles import resolve_profile
+from planner.request import Request
+from planner.sources import model_spec
+
+
+def main(capsys, *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("VRAMPLAN_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.delenv("VRAMPLAN_PROFILES", raising=False)
+
+
+PLAN = ("plan", "--model", "llama-3.1-8b", "-H", "rtx-4090", "--context", "8k")
+
+
+def test_engine_llamacpp_json_is_a_plan(capsys):
+    code, out, _ = main(capsys, *PLAN, "--engine", "llama.cpp", "--quant", "Q4_K_M", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["fits"] and d["request"]["engine"] == "llama.cpp"
+    assert d["choice"]["weight_quant"] == "Q4_K_M" and d["choice"]["engine"] == "llama.cpp"
+    assert [c["kv_dtype"] for c in d["candidates"]] == ["f16", "q8_0", "q4_0"]
+    assert d["memory"]["gpu"]["headroom_bytes"] == 1024**3  # llama.cpp's --fit margin, not vramplan's headroom
+    assert d["predicted"]["decode_tokens_per_s"] > 0 and "emit" not in d
+    assert d["constants"]["fit_target_margin_bytes"]["value"] == 1024**3
+
+
+def test_emit_prints_the_export_alone(capsys):
+    code, out, err = main(capsys, *PLAN, "--emit", "VLLM")
+    spec, hw = model_spec("llama-3.1-8b"), resolve_profile("rtx-4090")[0]
+    expected = emit("vllm", spec, hw, plan_for_engine(spec, hw, Request(context=8192))).text
+    assert code == 0 and out == expected and "vllm serve meta-llama/Llama-3.1-8B" in out
+    assert "vllm export of meta-llama/Llama-3.1-8B: fits" in err
+
+
+def test_emit_with_json_adds_an_emit_object(capsys):
+    code, out, _ = main(capsys, *PLAN, "--engine", "llama.cpp", "--emit", "ollama", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["emit"]["engine"] == "ollama" and d["emit"]["fits"]
+    assert d["emit"]["text"].splitlines()[-3] == f"FROM {d['emit']['details']['tag']}"
+    assert d["emit"]["constants"]["minimum_memory_bytes"]["value"] == 457 * 1024**2
+
+
+def test_emit_exit_code_follows_the_export(capsys):
+    code, out, _ = main(capsys, "plan", "--model", "llama-3.1-8b", "-H", "cpu-epyc-server", "--emit", "vllm")
+    assert code == 1 and out.startswith("# vLLM: hardware 'cpu-epyc-server' has no GPU")
+
+
+@pytest.mark.parametrize("extra, says", [
+    (("--engine", "tgi"), "the engine must be one of vramplan, llama.cpp, got 'tgi'"),
+    (("--nodes", "0"), "the number of nodes must be between 1 and 1024, got 0"),
+    (("--emit", "tgi"), "--emit 'tgi': choose one of vllm, llama.cpp, ollama, transformers"),
+    (("--engine", "llama.cpp", "--emit", "vllm"), "--emit vllm needs vramplan's plan"),
+    (("--engine", "llama.cpp", "--emit", "transformers"), "--emit transformers needs vramplan's plan"),
+    (("--engine", "llama.cpp", "--quant", "bnb-nf4"), "unknown GGUF file type 'BNB-NF4'"),
+    (("--engine", "llama.cpp", "--kv-dtype", "fp8"), "unknown llama.cpp KV cache type 'fp8'"),
+    (("--engine", "llama.cpp", "--offload", "stream"), "it has no stream mode"),
+])
+def test_bad_engine_options_are_one_line_exit_2(capsys, extra, says):
+    code, out, err = main(capsys, *PLAN, *extra)
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and out == "" and len(errors) == 1 and "Traceback" not in err
+    assert says in " ".join(err.split()), err
