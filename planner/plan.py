@@ -172,6 +172,10 @@ class Plan:
         """A saved plan back; anything malformed (a hand edit, another tool's file) is a PlanError."""
         if not isinstance(d, dict) or d.get("schema_version") != PLAN_SCHEMA_VERSION:
             raise PlanError(f"not a vramplan plan (schema_version {PLAN_SCHEMA_VERSION} expected)")
+        engine = (d.get("request") or {}).get("engine", "vramplan") if isinstance(d.get("request"), dict) else None
+        if engine not in (None, "vramplan"):
+            raise PlanError(f"this plan follows {engine}'s rules (request.engine): run it with {engine} (`vramplan "
+                            f"plan ... --engine {engine} --emit {engine}` prints the command), not with vramplan run")
         try:
             chosen = None
             if d.get("fits"):

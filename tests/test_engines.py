@@ -38,7 +38,7 @@ def hand_plan(model: str, hw, req: Request, **choice) -> tuple:
     """A vramplan plan whose chosen placement is `choice` (memory and speed are not what exports read)."""
     spec = model_spec(model)
     c = Choice(total_layers=spec.num_layers, **choice)
-    mem = MemoryBreakdown(gpu=None, cpu=CPUMemory(weights_bytes=0, kv_cache_bytes=0, workspace_bytes=0,
+    mem = MemoryBreakdown(gpus=(), cpu=CPUMemory(weights_bytes=0, kv_cache_bytes=0, workspace_bytes=0,
                                                   runtime_base_bytes=0, capacity_bytes=1), workspace_terms={})
     speed = SpeedEstimate(decode_tokens_per_s=1.0, decode_tokens_per_s_full_context=1.0, ttft_s=1.0,
                           prefill_tokens_per_s=1.0, ceiling_decode_tokens_per_s=1.0, terms={})

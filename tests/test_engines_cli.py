@@ -4,6 +4,7 @@ one-line errors with exit 2."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,7 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.delenv("VRAMPLAN_PROFILES", raising=False)
 
 
+ROOT = Path(__file__).resolve().parents[1]
 PLAN = ("plan", "--model", "llama-3.1-8b", "-H", "rtx-4090", "--context", "8k")
 
 
@@ -78,3 +80,31 @@ def test_bad_engine_options_are_one_line_exit_2(capsys, extra, says):
     errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert code == 2 and out == "" and len(errors) == 1 and "Traceback" not in err
     assert says in " ".join(err.split()), err
+
+
+def test_a_saved_llamacpp_plan_is_refused_by_run_in_one_line(capsys, tmp_path):
+    saved = tmp_path / "llama.yaml"
+    code, _, _ = main(capsys, *PLAN, "--engine", "llama.cpp", "--quant", "Q4_K_M", "--save", str(saved))
+    assert code == 0 and saved.is_file()
+    code, out, err = main(capsys, "run", "--model", "llama-3.1-8b", "--plan", str(saved), "--dummy-weights",
+                      "--prompt", "hello")
+    last = err.strip().splitlines()[-1]
+    assert code == 2, err
+    assert last.startswith("error: ") and "follows llama.cpp's rules" in last and "Traceback" not in err
+
+
+def test_llamacpp_plan_on_two_gpus_has_a_breakdown_per_gpu(capsys, tmp_path):
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "profiles" / "rtx-4090.yaml").read_text())
+    doc["name"], doc["gpus"][0]["count"] = "two-4090s", 2
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    code, out, _ = main(capsys, "plan", "--model", "llama-3.1-70b", "-H", str(tmp_path / "two.yaml"), "--context",
+                        "8k", "--engine", "llama.cpp", "--quant", "Q4_K_M", "--json")
+    d = json.loads(out)
+    gpus = d["memory"]["gpus"]
+    assert code == 0 and d["choice"]["gpu_layers"] == 80 and len(gpus) == 2 and d["memory"]["gpu"] == gpus[0]
+    per = d["choice"]["gpu_layers_per_device"]
+    assert len(per) == 2 and all(per) and sum(per) == 80
+    for g in gpus:
+        assert g["total_bytes"] <= g["capacity_bytes"] and g["headroom_bytes"] == 1024**3  # --fit margin per device

@@ -22,7 +22,7 @@ from ..quant import SCHEMES, KVScheme, QualityCost
 from ..request import LLAMA_CPP_KV_DTYPES, Request
 from ..search import _choose as choose_by_preference  # vramplan's preference rule, applied to any candidates
 from ..search import bisect_max
-from ..speed import estimate
+from ..speed import ReadBytes, estimate
 from ..units import format_bytes
 from . import llamacpp_rules as rules
 from .common import Export, assumption_notes, commented, device_memories, first_moe_layers, shell_command
@@ -95,19 +95,19 @@ def _choice(spec: ModelSpec, hw: HardwareProfile, fp: rules.LlamaCppFootprint, p
 
 
 def _breakdown(hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.Placement) -> MemoryBreakdown:
-    """GPU terms summed over the devices (one device: exact), host terms, and the compute buffers apart."""
+    """Each GPU's terms (its layers, their KV, its compute buffer, its context and --fit margin), the host's, and the
+    compute buffers apart."""
     host = fp.host_bytes(p)
+    capacities = _capacities(hw, fp.req) if hw.has_gpu else []
     devices = fp.device_bytes(p) if p.per_device else []
-    n_dev = len(fp.usable)
-    gpu = None
-    if hw.has_gpu:
-        gpu = GPUMemory(weights_bytes=sum(d.weights for d in devices), kv_cache_bytes=sum(d.kv for d in devices),
-                        stream_buffers_bytes=0, workspace_bytes=sum(d.compute for d in devices),
-                        cuda_context_bytes=fp.cuda_context_bytes * n_dev, allocator_reserve_bytes=0,
-                        headroom_bytes=fp.margin_bytes * n_dev, capacity_bytes=sum(_capacities(hw, fp.req)))
+    devices += [rules.DeviceBytes(weights=0, kv=0, compute=0)] * (len(capacities) - len(devices))
+    gpus = tuple(GPUMemory(weights_bytes=d.weights, kv_cache_bytes=d.kv, stream_buffers_bytes=0,
+                           workspace_bytes=d.compute, cuda_context_bytes=fp.cuda_context_bytes,
+                           allocator_reserve_bytes=0, headroom_bytes=fp.margin_bytes, capacity_bytes=cap)
+                 for d, cap in zip(devices, capacities))
     cpu = CPUMemory(weights_bytes=host.weights, kv_cache_bytes=host.kv, workspace_bytes=host.compute,
                     runtime_base_bytes=rules.PROCESS_BASE_RAM_ASSUMED, capacity_bytes=fp.ram_capacity)
-    return MemoryBreakdown(gpu=gpu, cpu=cpu, workspace_terms={
+    return MemoryBreakdown(gpus=gpus, cpu=cpu, workspace_terms={
         "compute_buffers_gpu": sum(d.compute for d in devices), "compute_buffer_host": host.compute})
 
 
@@ -116,12 +116,13 @@ def _costs(fp: rules.LlamaCppFootprint) -> LayerCosts:
                       head_bytes=fp.model.output_bytes)
 
 
-def _read_bytes(spec: ModelSpec, model: rules.GGUFModel, batch: int) -> list[float]:
+def _read_bytes(spec: ModelSpec, model: rules.GGUFModel, batch: int) -> ReadBytes:
     """GGUF bytes a decode step reads per layer: routed experts only for the experts the batch routes to."""
     frac = 1.0
     if spec.moe is not None:
         frac = 1.0 - (1.0 - spec.moe.experts_per_token / spec.moe.num_experts) ** batch
-    return [(w - e) + e * frac for w, e in zip(model.layers, model.experts)]
+    return ReadBytes(total=[(w - e) + e * frac for w, e in zip(model.layers, model.experts)],
+                     experts=[e * frac for e in model.experts])
 
 
 def _max_resident_context(spec, hw, req, model, kv_type) -> int:
@@ -195,18 +196,11 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
                   constants={k: {"value": c.value, "from": c.source + (" (assumption)" if c.assumption else "")}
                              for k, c in consts.items()})
     warnings = [SPEED_LABEL, *assumption_notes(consts)]
-    n_dev = len(device_memories(hw))
-    if n_dev > 1:
-        warnings.append(f"memory.gpu sums the {n_dev} GPUs (capacity, context and --fit margin of each); the reason "
-                        "gives each device's share")
     if not any(c.fits for c in cands):
         first = cands[0]
         return Plan(**common, chosen=None, warnings=warnings,
                     reasons=[f"nothing fits llama.cpp's rules: {first.weight_quant} + {first.kv_dtype} KV: {first.reason}"])
     chosen, reasons = choose_by_preference(cands, req)
-    if chosen.choice.expert_layers_on_cpu:
-        warnings.append("the speed prediction does not price the experts kept in RAM (--n-cpu-moe): "
-                        "vramplan's speed model prices whole layers only")
     file_bytes = gguf_file_bytes(spec, chosen.weight_quant)
     reasons.append(f"GGUF {chosen.weight_quant}: {file_bytes:,} B file ({format_bytes(file_bytes)}; planner/gguf.py, "
                    "llama-quantize's tensor types)")
