@@ -146,7 +146,7 @@ def test_hf_cache_lookup_offline(tmp_path, monkeypatch):
 @pytest.mark.parametrize("content,match", [
     ('{"model_type": "llama", "hidden_size": 64', "not valid JSON"),
     ('{"model_type": "llama"}', "missing required field"),
-    ('{"model_type": "gpt_neox", "hidden_size": 64}', "unsupported architecture"),
+    ('{"model_type": "acme_lm", "hidden_size": 64}', "unsupported architecture"),
     ('[1, 2, 3]', "expected a JSON object"),
     ('{"hidden_size": 64}', "no model_type"),
 ])
