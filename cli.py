@@ -39,7 +39,10 @@ class UsageError(VramplanError):
 
 # ---------------------------------------------------------------- shared options
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="A local model directory (config.json), a Hugging Face "
-                                       "id in the local cache, or a catalog name (see `vramplan models`).")]
+                                       "id in the local cache, a catalog name (see `vramplan models`), or any hub id "
+                                       "(org/name: config.json and safetensors headers only, never weights).")]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="The hub revision (branch, tag or commit) of "
+                                                    "--model org/name.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 YamlOpt = Annotated[bool, typer.Option("--yaml", help="Print YAML instead of tables.")]
 HardwareOpt = Annotated[Optional[str], typer.Option(
@@ -107,6 +110,16 @@ def build_request(context: str | None, batch: int | None, prompt_tokens: int | N
     )
 
 
+def resolve_model(model: str, revision: str | None):
+    """--model and --revision: where the model comes from (a directory, the HF cache, the catalog, the hub) and its
+    exact inventory."""
+    from runtime.hub import resolve
+    from runtime.inventory import load_spec
+
+    source = resolve(model, revision=revision)
+    return source, load_spec(source)
+
+
 def resolve_hardware(hardware: str | None):
     """The profile named or at a path; without --hardware, this machine's cached quick probe."""
     if hardware is not None:
@@ -137,11 +150,9 @@ def models_cmd(as_json: JsonOpt = False) -> None:
 
 
 @app.command("inspect")
-def inspect_cmd(model: ModelOpt, as_json: JsonOpt = False) -> None:
+def inspect_cmd(model: ModelOpt, revision: RevisionOpt = None, as_json: JsonOpt = False) -> None:
     """A model's exact facts: parameters by role, bytes per dtype, KV cache per token."""
-    from planner.sources import model_spec
-
-    spec = model_spec(model)
+    _, spec = resolve_model(model, revision)
     if as_json:
         out.data(spec.summary())
     else:
@@ -254,6 +265,7 @@ def profiles_validate_cmd(
 @app.command("plan")
 def plan_cmd(
     model: ModelOpt,
+    revision: RevisionOpt = None,
     context: ContextOpt = None,
     hardware: HardwareOpt = None,
     batch: BatchOpt = None,
@@ -274,13 +286,12 @@ def plan_cmd(
 ) -> None:
     """Will it fit, how, and how fast: quantization, KV dtype and GPU/CPU split for a target context."""
     from planner.search import plan
-    from planner.sources import model_spec
 
     fmt = _format(as_json, as_yaml)
     path = _save_path(save)
     req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
                         ram_budget, headroom, prefill_chunk)
-    spec = model_spec(model)
+    _, spec = resolve_model(model, revision)
     p = plan(spec, resolve_hardware(hardware), req)
     d = p.to_dict()
     if path:
@@ -354,6 +365,7 @@ def calibrate_cmd(
 @app.command("run")
 def run_cmd(
     model: ModelOpt,
+    revision: RevisionOpt = None,
     plan_file: Annotated[Optional[str], typer.Option("--plan", help="Run a plan saved by `vramplan plan "
                                                      "--save`.")] = None,
     context: ContextOpt = None,
@@ -384,7 +396,6 @@ def run_cmd(
     """Run the model as planned, stream the text, and report predicted versus measured."""
     from planner.plan import load_plan
     from planner.search import plan
-    from planner.sources import load_spec, resolve_model
 
     if max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
@@ -401,11 +412,10 @@ def run_cmd(
             raise UsageError(f"--plan fixes the configuration; drop {', '.join(given)} (or plan again without --plan)")
     text = _prompt_text(prompt, prompt_file, prompt_tokens)
     path = _save_path(save)
-    source = resolve_model(model)
-    if source.path is None and not dummy_weights:
+    source, spec = resolve_model(model, revision)
+    if not source.has_weights and not dummy_weights:
         raise UsageError(f"{source.id} has no weights here ({source.origin}); add --dummy-weights to measure its "
                          "speed and memory with random weights")
-    spec = load_spec(source)
     hw = resolve_hardware(hardware)
     if plan_file is not None:
         p = load_plan(plan_file)
