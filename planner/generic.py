@@ -62,7 +62,8 @@ def refuse_unmodelled_state(config: dict, where: str) -> None:
     keys = [k for k in STATE_CONFIG_KEYS if config.get(k) is not None]
     if mt in STATEFUL_MODEL_TYPES or other or keys:
         why = (f"model_type {mt!r} keeps" if mt in STATEFUL_MODEL_TYPES else
-               f"layer types {', '.join(map(str, other))} keep" if other else f"config fields {', '.join(keys)} describe")
+               f"layer types {', '.join(map(str, other))} keep" if other else
+               f"config fields {', '.join(keys)} describe")
         raise UnsupportedArchitectureError(
             f"{where}: {why} a recurrent / state-space state, not a KV cache; vramplan does not model that state, "
             "so it cannot plan this model")
@@ -272,8 +273,8 @@ def spec_from_headers(config: dict, header: Mapping, *, name: str, source: str, 
 
 def spec_from_tensors(config: dict, tensors: Sequence[TensorSpec], *, name: str, source: str, where: str,
                       inventory: str, architecture: str, tied: bool) -> ModelSpec:
-    """A ModelSpec from a tensor list (layers, roles and kinds set) and the config's sizes and KV layout."""
-    refuse_unmodelled_state(config, where)
+    """A ModelSpec from a tensor list (layers, roles and kinds set) and the config's sizes and KV layout; the
+    callers have refused models with unmodelled state (refuse_unmodelled_state) first."""
     c = Cfg(config, where)
     n = config_int(c, LAYER_KEYS)
     hidden = config_int(c, HIDDEN_KEYS)
@@ -333,4 +334,5 @@ def _moe(c: Cfg, tensors: Sequence[TensorSpec], hidden: int) -> MoEInfo | None:
     if k > count:
         raise ConfigError(f"{c.where}: {k} experts per token but {count} experts")
     return MoEInfo(num_experts=count, experts_per_token=k, num_shared_experts=shared,
-                   moe_layers=tuple(sorted({t.layer for t in experts})), expert_intermediate_size=min(widths, default=hidden))
+                   moe_layers=tuple(sorted({t.layer for t in experts})),
+                   expert_intermediate_size=min(widths, default=hidden))

@@ -307,7 +307,8 @@ def safetensors_header_length(first8: bytes, file_size: int, where: str) -> int:
     """The header length the first 8 bytes declare, checked against the file's size."""
     (n,) = struct.unpack("<Q", first8)
     if n > MAX_SAFETENSORS_HEADER_BYTES or n + 8 > file_size:
-        raise CheckpointError(f"{where}: corrupt safetensors header (declared length {n} bytes, file {file_size} bytes)")
+        raise CheckpointError(f"{where}: corrupt safetensors header (declared length {n} bytes, file {file_size} "
+                              "bytes)")
     return n
 
 
@@ -334,7 +335,8 @@ def parse_safetensors_header(raw: bytes, data_len: int, where: str) -> list[Head
         for d in shape:
             numel *= d
         if end < start or end > data_len or end - start != int(numel * dtype_bytes(dtype)):
-            raise CheckpointError(f"{where}: tensor {name!r} has data offsets that do not fit its shape or the file (truncated?)")
+            raise CheckpointError(f"{where}: tensor {name!r} has data offsets that do not fit its shape or the file "
+                                  "(truncated?)")
         out.append(HeaderTensor(name, dtype, shape, end - start))
     return out
 
@@ -368,7 +370,8 @@ def apply_headers(spec: ModelSpec, headers: Iterable[HeaderTensor], where: str) 
             continue
         if h.shape != t.shape and not prequantized:
             raise CheckpointError(
-                f"{where}: tensor {t.name} has shape {list(h.shape)} in the checkpoint but the config implies {list(t.shape)}"
+                f"{where}: tensor {t.name} has shape {list(h.shape)} in the checkpoint but the config implies "
+                f"{list(t.shape)}"
             )
         matched += 1
         bytes_by_dtype[h.dtype] = bytes_by_dtype.get(h.dtype, 0) + h.nbytes

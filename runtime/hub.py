@@ -71,17 +71,18 @@ def resolve(name: str, *, revision: str | None = None) -> ModelSource:
 
 
 # ------------------------------------------------------------------ vramplan's cache of headers
-def header_cache_path(repo: str, commit: str) -> Path:
+def header_cache_path(snapshot: Path) -> Path:
+    """Where the headers of an HF-cache snapshot (…/models--{org}--{name}/snapshots/{commit}) are cached."""
     from runtime.this_machine import cache_dir
 
-    return cache_dir() / "hub" / ("models--" + repo.replace("/", "--")) / f"{commit}.json"
+    return cache_dir() / "hub" / snapshot.parent.parent.name / f"{snapshot.name}.json"
 
 
 def with_cached_headers(source: ModelSource) -> ModelSource:
     """An HF-cache snapshot without weight files, with the headers vramplan cached for its commit (if any)."""
     if source.kind != "hf-cache" or source.path is None or source.has_weights:
         return source
-    path = header_cache_path(source.id, source.path.name)
+    path = header_cache_path(source.path)
     if not path.is_file():
         return source
     return replace(source, headers=load_headers(path), origin=f"{source.origin}; safetensors headers cached in {path}")
@@ -151,7 +152,7 @@ def _fetch(repo: str, revision: str | None, endpoint: str) -> ModelSource:
     if not weights or weight_files(snapshot):  # no weights on the hub, or downloaded earlier: read them here
         return source
     headers = fetch_headers(repo, commit, weights, endpoint)
-    unsaved = save_headers(header_cache_path(repo, commit), repo, commit, headers)
+    unsaved = save_headers(header_cache_path(snapshot), repo, commit, headers)
     origin = source.origin + (f" (headers not cached: {unsaved})" if unsaved else "")
     return replace(source, headers=tuple(t for ts in headers.values() for t in ts), origin=origin)
 
@@ -171,10 +172,11 @@ def _refuse_other_weights(repo: str, files: list[str]) -> None:
     pickle = [f for f in files if f.endswith(PICKLE_SUFFIXES)]
     if gguf or pickle:
         kinds = " and ".join(k for k, fs in (("GGUF", gguf), ("pickle (.bin/.pt)", pickle)) if fs)
+        named = ", ".join((gguf + pickle)[:3]) + (", ..." if len(gguf + pickle) > 3 else "")
         raise CheckpointError(
-            f"{repo} has only {kinds} weight files ({', '.join((gguf + pickle)[:3])}{', ...' if len(gguf + pickle) > 3 else ''}), "
-            "no safetensors: vramplan counts a model from config.json and safetensors headers and never downloads "
-            "weights; plan the safetensors repo it was converted from")
+            f"{repo} has only {kinds} weight files ({named}), no safetensors: vramplan counts a model from "
+            "config.json and safetensors headers and never downloads weights; plan the safetensors repo it was "
+            "converted from")
 
 
 def fetch_headers(repo: str, commit: str, files: list[str], endpoint: str) -> dict[str, list[HeaderTensor]]:
@@ -188,21 +190,22 @@ def fetch_headers(repo: str, commit: str, files: list[str], endpoint: str) -> di
 def remote_header(repo: str, commit: str, filename: str, endpoint: str) -> list[HeaderTensor]:
     """One file's header: its 8-byte length, then exactly that many bytes."""
     where = f"{endpoint}/{repo}/{filename}"
-    first8, size = _read_range(repo, commit, filename, 0, 8, where)
+    first8, size = _read_range(repo, commit, filename, endpoint, 0, 8, where)
     if len(first8) < 8:
         raise CheckpointError(f"{where}: not a safetensors file (shorter than 8 bytes)")
     n = safetensors_header_length(first8, size, where)
-    raw, _ = _read_range(repo, commit, filename, 8, n, where)
+    raw = _read_range(repo, commit, filename, endpoint, 8, n, where)[0] if n else b""
     return parse_safetensors_header(raw, size - 8 - n, where)
 
 
-def _read_range(repo: str, commit: str, filename: str, start: int, length: int, where: str) -> tuple[bytes, int]:
+def _read_range(repo: str, commit: str, filename: str, endpoint: str, start: int, length: int,
+                where: str) -> tuple[bytes, int]:
     """`length` bytes from `start` and the file's size. Streamed and closed after those bytes: a server that sends
     the whole file (200 instead of 206) is cut off there."""
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-    url = hf_hub_url(repo, filename, revision=commit)
+    url = hf_hub_url(repo, filename, revision=commit, endpoint=endpoint)
     headers = {**build_hf_headers(), "Range": f"bytes={start}-{start + length - 1}"}
     with get_session().stream("GET", url, headers=headers, timeout=HUB_TIMEOUT_S) as r:
         if r.status_code >= 400:

@@ -24,8 +24,9 @@ from planner.sources import load_spec as planner_load_spec
 
 # Config attributes read through the config object (attribute_map aliases, defaults, values its __init__ derives).
 RESOLVED_KEYS = (*LAYER_KEYS, *HEAD_KEYS, *KV_HEAD_KEYS, *HIDDEN_KEYS, *INTERMEDIATE_KEYS, *CONTEXT_KEYS, *TOP_K_KEYS,
-                 "head_dim", "vocab_size", "layer_types", "sliding_window", "use_sliding_window", "attention_chunk_size",
-                 "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "multi_query", "new_decoder_architecture")
+                 "head_dim", "vocab_size", "layer_types", "sliding_window", "use_sliding_window",
+                 "attention_chunk_size", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "multi_query",
+                 "new_decoder_architecture")
 
 
 def runtime_installed() -> bool:

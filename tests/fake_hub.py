@@ -26,6 +26,7 @@ class Repo:
     refs: dict[str, str] = field(default_factory=dict)  # branch or tag -> commit
     gated: bool = False
     tokens: tuple[str, ...] = ()  # tokens with access to a gated repo
+    ignore_range: bool = False  # answer range requests with the whole file (200), as a plain file server would
 
 
 @dataclass
@@ -35,7 +36,8 @@ class Request:
     range: str | None
     auth: str | None
     status: int = 0
-    body_bytes: int = 0
+    body_bytes: int = 0  # bytes of body the client took
+    aborted: bool = False  # the client closed the connection before the whole body was sent
 
 
 class FakeHub:
@@ -68,9 +70,10 @@ class FakeHub:
         self.server.server_close()
 
     def add(self, repo_id: str, files: dict[str, bytes], *, refs: dict[str, str] | None = None, gated: bool = False,
-            tokens: tuple[str, ...] = ()) -> Repo:
+            tokens: tuple[str, ...] = (), ignore_range: bool = False) -> Repo:
         sha = hashlib.sha1(repo_id.encode() + b"".join(files[f] for f in sorted(files))).hexdigest()
-        repo = Repo(files=files, sha=sha, refs={"main": sha, **(refs or {})}, gated=gated, tokens=tokens)
+        repo = Repo(files=files, sha=sha, refs={"main": sha, **(refs or {})}, gated=gated, tokens=tokens,
+                    ignore_range=ignore_range)
         self.repos[repo_id] = repo
         return repo
 
@@ -125,7 +128,7 @@ class FakeHub:
             return self._send(h, req, 404, b"", {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": commit}, head)
         headers = {"X-Repo-Commit": commit, "ETag": f'"{hashlib.sha256(data).hexdigest()}"', "Accept-Ranges": "bytes"}
         m = re.fullmatch(r"bytes=(\d+)-(\d+)", req.range or "")
-        if m and not head:
+        if m and not head and not repo.ignore_range:
             start, end = int(m.group(1)), min(int(m.group(2)), len(data) - 1)
             headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
             return self._send(h, req, 206, data[start:end + 1], headers)
@@ -138,8 +141,14 @@ class FakeHub:
             h.send_header(k, v)
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
-        if not head:
+        if head:
+            return
+        try:
             h.wfile.write(body)
+            h.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            req.aborted = True
+        else:
             req.body_bytes = len(body)
 
 

@@ -30,8 +30,8 @@ TINY_LLAMA = {
 TINY_NEOX = {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "hidden_size": 64,
              "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128,
              "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
-HUB_ENV_VARS = ("HF_TOKEN", "HF_HUB_DISABLE_IMPLICIT_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE",
-                "HF_ENDPOINT", "HF_HOME", "XDG_CACHE_HOME")
+HUB_ENV_VARS = ("HF_TOKEN", "HF_HUB_DISABLE_IMPLICIT_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE",
+                "HUGGINGFACE_HUB_CACHE", "HF_ENDPOINT", "HF_HOME", "XDG_CACHE_HOME")
 
 
 def llama_files(shards: int = 1) -> tuple[dict[str, bytes], dict[str, int]]:
@@ -99,7 +99,8 @@ def test_a_hub_model_plans_in_one_command_with_exact_bytes(hub, env, tmp_path):
     r = cli(env, "plan", "--model", "acme/tiny-llama", "--context", "32k", "-H", "rtx-4090", "--json")
     assert r.returncode == 0, r.stderr
     model = json.loads(r.stdout)["model"]
-    assert model["id"] == "acme/tiny-llama" and model["source"].startswith(f"Hugging Face hub {hub.url}/acme/tiny-llama")
+    assert model["id"] == "acme/tiny-llama"
+    assert model["source"].startswith(f"Hugging Face hub {hub.url}/acme/tiny-llama")
     assert model["inventory"] == "hand-written (planner/architectures)"
     # exactly these requests, in this order: model info, config.json into the cache, two range reads of the header
     assert [(q.method, q.path, q.range) for q in hub.log] == [
@@ -164,14 +165,17 @@ def test_a_model_type_without_a_builder_is_counted_from_its_hub_headers(hub, env
                         f"{p}.attention.query_key_value.weight": ("BF16", (192, 64)),
                         f"{p}.attention.query_key_value.bias": ("BF16", (192,)),
                         f"{p}.attention.dense.weight": ("BF16", (64, 64)), f"{p}.attention.dense.bias": ("BF16", (64,)),
-                        f"{p}.mlp.dense_h_to_4h.weight": ("BF16", (256, 64)), f"{p}.mlp.dense_h_to_4h.bias": ("BF16", (256,)),
-                        f"{p}.mlp.dense_4h_to_h.weight": ("BF16", (64, 256)), f"{p}.mlp.dense_4h_to_h.bias": ("BF16", (64,))})
+                        f"{p}.mlp.dense_h_to_4h.weight": ("BF16", (256, 64)),
+                        f"{p}.mlp.dense_h_to_4h.bias": ("BF16", (256,)),
+                        f"{p}.mlp.dense_4h_to_h.weight": ("BF16", (64, 256)),
+                        f"{p}.mlp.dense_4h_to_h.bias": ("BF16", (64,))})
     data, _ = safetensors_bytes(tensors)
     hub.add("acme/tiny-neox", {"config.json": json.dumps(TINY_NEOX).encode(), "model.safetensors": data})
     facts = inspect(env, "acme/tiny-neox")
     numel = {n: _prod(shape) for n, (_, shape) in tensors.items()}
     assert facts["inventory"] == "safetensors headers"
-    assert facts["params_total"] == sum(numel.values()) and facts["weight_bytes"]["checkpoint"] == 2 * sum(numel.values())
+    assert facts["params_total"] == sum(numel.values())
+    assert facts["weight_bytes"]["checkpoint"] == 2 * sum(numel.values())
     assert facts["params_by_role"]["lm_head"] == 128 * 64 and facts["params_by_role"]["embedding"] == 128 * 64
     assert facts["params_by_role"]["attention"] == 2 * (192 * 64 + 192 + 64 * 64 + 64)
     assert facts["kv_bytes_per_token"] == 2 * 2 * 64 * 2  # 2 layers x K and V x 4 heads x 16 x bf16
@@ -205,6 +209,9 @@ def test_not_found(hub, env):
     err = one_line_error(cli(env, "plan", "--model", "acme/no-such-model", "-H", "rtx-4090"))
     assert "no model 'acme/no-such-model'" in err and "not in the catalog" in err and "no such repo on the hub" in err
     assert "HF_TOKEN" in err
+    asked = len(hub.log)
+    err = one_line_error(cli(env, "inspect", "--model", "meta-llama/llama-3.1"))
+    assert "ambiguous" in err and len(hub.log) == asked  # a catalog ambiguity is not a hub question
 
 
 def test_gated_says_how_to_get_access(hub, env):
@@ -245,6 +252,19 @@ def test_no_network_is_said_fast(env):
     assert r.elapsed < 5.0
 
 
+def test_a_hub_that_never_answers_times_out_in_under_10_s(env):
+    """A listening socket that never answers (a black hole): the configured timeout, not huggingface_hub's none."""
+    from runtime.hub import HUB_TIMEOUT_S
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        r = cli(env, "inspect", "--model", "acme/tiny-llama", HF_ENDPOINT=f"http://127.0.0.1:{s.getsockname()[1]}")
+    err = one_line_error(r)
+    assert "cannot reach the Hugging Face hub" in err and "Timeout" in err
+    assert HUB_TIMEOUT_S <= r.elapsed < 10.0
+
+
 @pytest.mark.parametrize("weights,kind", [({"model-q4_k_m.gguf": b"GGUF" + bytes(60)}, "GGUF"),
                                           ({"pytorch_model.bin": bytes(64), "config.json": b"{}"}, "pickle")])
 def test_repos_without_safetensors_are_refused(hub, env, weights, kind):
@@ -267,25 +287,58 @@ def test_malformed_header_is_one_line(hub, env):
         ["bytes=0-7"]  # a declared length beyond the file is not read
 
 
+# ------------------------------------------------------------------ a server that ignores Range
+def test_a_server_that_ignores_range_still_sends_no_weights(hub):
+    """A 200 with the whole file instead of a 206: the client takes the header's bytes and hangs up."""
+    from runtime.hub import remote_header
+
+    tensors = {"w": ("BF16", (4096, 2560))}  # 20 MiB of data behind a short header
+    data, n = safetensors_bytes(tensors)
+    repo = hub.add("acme/plain", {"model.safetensors": data}, ignore_range=True)
+    header = remote_header("acme/plain", repo.sha, "model.safetensors", hub.url)
+    assert [(t.name, t.dtype, t.shape, t.nbytes) for t in header] == [("w", "bfloat16", (4096, 2560), 4096 * 2560 * 2)]
+    reads = hub.requests(file="model.safetensors")
+    assert [q.range for q in reads] == ["bytes=0-7", f"bytes=8-{7 + n}"] and all(q.status == 200 for q in reads)
+    deadline = time.monotonic() + 10
+    while not all(q.aborted for q in reads) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(q.aborted for q in reads)  # the 20 MiB were never taken
+
+
 # ------------------------------------------------------------------ no torch, and fast
-NO_TORCH = """
+PLANNER_ONLY = """
 import sys, time
+sys.modules['torch'] = None; sys.modules['transformers'] = None  # the planner-only install: neither importable
 t0 = time.perf_counter()
 import cli
 try:
     cli.main(sys.argv[1:])
 except SystemExit as e:
     code = e.code
-print(f"RC={code} TORCH={'torch' in sys.modules} TRANSFORMERS={'transformers' in sys.modules} "
-      f"S={time.perf_counter() - t0:.3f}", file=sys.stderr)
+print(f"RC={code} S={time.perf_counter() - t0:.3f}", file=sys.stderr)
 """
 
 
-def test_planning_a_hub_model_imports_no_torch(hub, env):
+def planner_only(env, *args):
+    return subprocess.run([sys.executable, "-c", PLANNER_ONLY, *args], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120)
+
+
+def test_the_planner_only_install_plans_hub_models(hub, env):
+    """Without torch and transformers: a hub model (cold and warm cache), one without a hand-written builder
+    (its headers), and a one-line error for a config-only model that would need the meta device."""
     files, _ = llama_files()
     hub.add("acme/tiny-llama", files)
     args = ["plan", "--model", "acme/tiny-llama", "--context", "32k", "-H", "rtx-4090", "--json"]
     for cache in ("cold", "warm"):
-        r = subprocess.run([sys.executable, "-c", NO_TORCH, *args], capture_output=True, text=True, env=env,
-                           cwd=ROOT, timeout=120)
-        assert "RC=0 TORCH=False TRANSFORMERS=False" in r.stderr, (cache, r.stderr)
+        r = planner_only(env, *args)
+        assert "RC=0" in r.stderr, (cache, r.stderr)
+    layers = {f"gpt_neox.layers.{i}.attention.dense.weight": ("BF16", (64, 64)) for i in range(2)}
+    data, _ = safetensors_bytes({"gpt_neox.embed_in.weight": ("BF16", (128, 64)), **layers})
+    hub.add("acme/neox", {"config.json": json.dumps(TINY_NEOX).encode(), "model.safetensors": data})
+    r = planner_only(env, "inspect", "--model", "acme/neox", "--json")
+    assert "RC=0" in r.stderr and json.loads(r.stdout)["inventory"] == "safetensors headers", r.stderr
+    hub.add("acme/neox-config", {"config.json": json.dumps(TINY_NEOX).encode()})
+    r = planner_only(env, "inspect", "--model", "acme/neox-config")
+    assert "RC=2" in r.stderr and "unsupported architecture model_type='gpt_neox'" in r.stderr
+    assert "pip install 'vramplan[runtime]'" in r.stderr and "Traceback" not in r.stderr
