@@ -204,6 +204,18 @@ def test_revision_is_asked_for_by_name(hub, env):
         == exact_bytes()
 
 
+def test_run_takes_a_hub_model_with_dummy_weights(hub, env):
+    pytest.importorskip("torch")
+    files, _ = llama_files()
+    hub.add("acme/tiny-llama", files)
+    args = ["run", "--model", "acme/tiny-llama", "-H", "cpu-ddr5-desktop", "--prompt-tokens", "8", "-n", "2"]
+    err = one_line_error(cli(env, *args))
+    assert "has no weights here" in err and "--dummy-weights" in err
+    r = cli(env, *args, "--dummy-weights", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["measured"]["generated_tokens"] == 2
+
+
 # ------------------------------------------------------------------ errors, one line each
 def test_not_found(hub, env):
     err = one_line_error(cli(env, "plan", "--model", "acme/no-such-model", "-H", "rtx-4090"))
