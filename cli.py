@@ -39,7 +39,10 @@ class UsageError(VramplanError):
 
 # ---------------------------------------------------------------- shared options
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="A local model directory (config.json), a Hugging Face "
-                                       "id in the local cache, or a catalog name (see `vramplan models`).")]
+                                       "id in the local cache, a catalog name (see `vramplan models`), or any hub id "
+                                       "(org/name: config.json and safetensors headers only, never weights).")]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="The hub revision (branch, tag or commit) of "
+                                                    "--model org/name.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 YamlOpt = Annotated[bool, typer.Option("--yaml", help="Print YAML instead of tables.")]
 HardwareOpt = Annotated[Optional[str], typer.Option(
@@ -116,6 +119,16 @@ def build_request(context: str | None, batch: int | None, prompt_tokens: int | N
     )
 
 
+def resolve_model(model: str, revision: str | None):
+    """--model and --revision: where the model comes from (a directory, the HF cache, the catalog, the hub) and its
+    exact inventory."""
+    from runtime.hub import resolve
+    from runtime.inventory import load_spec
+
+    source = resolve(model, revision=revision)
+    return source, load_spec(source)
+
+
 def resolve_hardware(hardware: str | None):
     """The profile named or at a path; without --hardware, this machine's cached quick probe."""
     if hardware is not None:
@@ -146,11 +159,9 @@ def models_cmd(as_json: JsonOpt = False) -> None:
 
 
 @app.command("inspect")
-def inspect_cmd(model: ModelOpt, as_json: JsonOpt = False) -> None:
+def inspect_cmd(model: ModelOpt, revision: RevisionOpt = None, as_json: JsonOpt = False) -> None:
     """A model's exact facts: parameters by role, bytes per dtype, KV cache per token."""
-    from planner.sources import model_spec
-
-    spec = model_spec(model)
+    _, spec = resolve_model(model, revision)
     if as_json:
         out.data(spec.summary())
     else:
@@ -263,6 +274,7 @@ def profiles_validate_cmd(
 @app.command("plan")
 def plan_cmd(
     model: ModelOpt,
+    revision: RevisionOpt = None,
     context: ContextOpt = None,
     hardware: HardwareOpt = None,
     batch: BatchOpt = None,
@@ -288,7 +300,6 @@ def plan_cmd(
     from planner.engines import EMIT_ENGINES, check_emit
     from planner.engines import emit as write_for
     from planner.engines import plan_for_engine
-    from planner.sources import model_spec
 
     fmt = _format(as_json, as_yaml)
     path = _save_path(save)
@@ -299,7 +310,7 @@ def plan_cmd(
         if target not in EMIT_ENGINES:
             raise UsageError(f"--emit {emit!r}: choose one of {', '.join(EMIT_ENGINES)} (see `vramplan plan --help`)")
         check_emit(target, req.engine)
-    spec = model_spec(model)
+    _, spec = resolve_model(model, revision)
     hw = resolve_hardware(hardware)
     p = plan_for_engine(spec, hw, req)
     export = write_for(target, spec, hw, p) if target is not None else None
@@ -381,6 +392,7 @@ def calibrate_cmd(
 @app.command("run")
 def run_cmd(
     model: ModelOpt,
+    revision: RevisionOpt = None,
     plan_file: Annotated[Optional[str], typer.Option("--plan", help="Run a plan saved by `vramplan plan "
                                                      "--save`.")] = None,
     context: ContextOpt = None,
@@ -411,7 +423,6 @@ def run_cmd(
     """Run the model as planned, stream the text, and report predicted versus measured."""
     from planner.plan import load_plan
     from planner.search import plan
-    from planner.sources import load_spec, resolve_model
 
     if max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
@@ -428,11 +439,10 @@ def run_cmd(
             raise UsageError(f"--plan fixes the configuration; drop {', '.join(given)} (or plan again without --plan)")
     text = _prompt_text(prompt, prompt_file, prompt_tokens)
     path = _save_path(save)
-    source = resolve_model(model)
-    if source.path is None and not dummy_weights:
+    source, spec = resolve_model(model, revision)
+    if not source.has_weights and not dummy_weights:
         raise UsageError(f"{source.id} has no weights here ({source.origin}); add --dummy-weights to measure its "
                          "speed and memory with random weights")
-    spec = load_spec(source)
     hw = resolve_hardware(hardware)
     if plan_file is not None:
         p = load_plan(plan_file)

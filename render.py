@@ -16,6 +16,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from planner.modelspec import INVENTORY_HAND_WRITTEN
 from planner.units import format_bandwidth, format_bytes, format_count, format_flops, format_tokens
 
 
@@ -101,6 +102,7 @@ def inspect(facts: dict, notes: list[str]) -> None:
     rows = [
         ["model", f"{facts['name']} ({facts['architecture']}, model_type {facts['model_type']})"],
         ["source", facts["source"]],
+        ["inventory", facts["inventory"]],
         ["parameters", f"{facts['params_total']:,} ({format_count(facts['params_total'])})"],
         ["active per token", f"{facts['params_active']:,} ({format_count(facts['params_active'])})"],
         ["layers / hidden / vocab", f"{L} / {facts['hidden_size']} / {facts['vocab_size']}"],
@@ -226,6 +228,9 @@ def plan(d: dict) -> None:
     out.line(f"[bold]{m['id']}[/] on [bold]{h['name']}[/] ({cards}, RAM {format_bytes(h['ram_bytes'])}"
              f"{', measured' if h['measured'] else ''}{', calibrated' if h['calibrated'] else ''}) - "
              f"context {format_tokens(r['context'])} x batch {r['batch']}, prefer {r['prefer']}")
+    if m.get("inventory", INVENTORY_HAND_WRITTEN) != INVENTORY_HAND_WRITTEN:
+        out.note(f"model_type {m['model_type']} has no hand-written builder: its tensors were listed from "
+                 f"{m['inventory']} (the generic path)")
     c = d["choice"]
     if c:
         where = ("CPU only (no GPU)" if c["compute_device"] == "cpu" else

@@ -26,11 +26,27 @@ class UnsupportedArchitectureError(VramplanError, ValueError):
 
 
 class ModelNotFoundError(VramplanError, LookupError):
-    """A --model that is no directory, no cached hub id and no catalog name."""
+    """A --model that is no directory, no cached hub id, no catalog name and no hub repo."""
+
+
+class AmbiguousModelError(ModelNotFoundError):
+    """A --model that names several catalog models: the hub is not asked."""
 
 
 class CheckpointError(VramplanError, ValueError):
     """Weights that are missing, unreadable or do not match the config."""
+
+
+class HubError(VramplanError):
+    """The Hugging Face hub answered with an error that is not one of those below."""
+
+
+class HubAccessError(HubError):
+    """A gated or private repo the token (HF_TOKEN) gives no access to."""
+
+
+class HubUnreachableError(HubError):
+    """No network, a hub endpoint that does not answer, or offline mode with nothing cached."""
 
 
 class ProfileError(VramplanError, ValueError):

@@ -2,8 +2,9 @@
 
 `ModelSpec` holds every weight tensor of the transformers model a config describes
 (name, shape, layer, role, kind) plus the attention layout needed for the KV cache.
-The builders per architecture live in planner/architectures/; this module holds
-the data types and the arithmetic over them. Pure: no torch.
+The builders per architecture live in planner/architectures/; the generic paths for any other
+decoder in planner/generic.py (safetensors headers) and runtime/inventory.py (transformers on the
+meta device); this module holds the data types and the arithmetic over them. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -77,6 +78,12 @@ def dtype_bytes(name: str) -> float:
     return DTYPE_BYTES[canonical_dtype(name)]
 
 
+# Which path produced a ModelSpec's tensor inventory (ModelSpec.inventory).
+INVENTORY_HAND_WRITTEN = "hand-written (planner/architectures)"
+INVENTORY_HEADERS = "safetensors headers"
+INVENTORY_META_DEVICE = "transformers meta device"
+
+
 class Role(str, Enum):
     ATTENTION = "attention"
     MLP = "mlp"  # dense MLPs and always-active shared experts
@@ -111,7 +118,7 @@ class TensorSpec:
     dtype: str | None = None  # dtype on disk when a checkpoint header said so
 
     def __post_init__(self) -> None:
-        if not self.shape or any((not isinstance(d, int)) or d <= 0 for d in self.shape):
+        if any((not isinstance(d, int)) or d <= 0 for d in self.shape):  # () is a scalar parameter
             raise ConfigError(f"tensor {self.name}: bad shape {self.shape}")
 
     @property
@@ -176,6 +183,7 @@ class ModelSpec:
     source: str = ""  # where the spec came from: catalog, a directory, the HF cache
     notes: tuple[str, ...] = ()
     checkpoint_bytes: int | None = None  # exact bytes of the tensors on disk (safetensors headers)
+    inventory: str = INVENTORY_HAND_WRITTEN  # which path listed the tensors (the INVENTORY_* names above)
     config: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -317,6 +325,7 @@ class ModelSpec:
         out = {
             "name": self.name,
             "source": self.source,
+            "inventory": self.inventory,
             "model_type": self.model_type,
             "architecture": self.architecture,
             "checkpoint_dtype": ckpt,

@@ -25,8 +25,8 @@ def _digest(obj) -> str:
 def model_ref(spec: ModelSpec) -> dict:
     """What the plan was made for: run refuses a plan made for another model."""
     arch = {k: v for k, v in spec.config.items() if not k.startswith("_") and k not in ("transformers_version",)}
-    return {"id": spec.name, "source": spec.source, "model_type": spec.model_type, "num_layers": spec.num_layers,
-            "params_total": spec.params_total, "fingerprint": _digest(arch)}
+    return {"id": spec.name, "source": spec.source, "inventory": spec.inventory, "model_type": spec.model_type,
+            "num_layers": spec.num_layers, "params_total": spec.params_total, "fingerprint": _digest(arch)}
 
 
 def hardware_fingerprint(hw: HardwareProfile) -> str:

@@ -2,7 +2,11 @@
 
 `resolve_model("meta-llama/Llama-3.1-8B")` -> ModelSource (what was found) and
 `load_spec(source)` -> ModelSpec. Local safetensors checkpoints are read header-only
-(exact dtypes and sizes, never the tensors). File reads only; no torch.
+(exact dtypes and sizes, never the tensors); headers read elsewhere (the runtime fetches
+them from the hub by range reads) come in as `ModelSource.headers` and are applied by the
+same code. A model_type without a hand-written builder is counted from its headers
+(planner/generic.py) or by the `generic` builder the caller passes (the runtime's
+transformers-on-the-meta-device path). File reads only; no torch, no network.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import Callable, Iterable
 
-from .architectures import spec_from_config
-from .errors import CheckpointError, ConfigError, ModelNotFoundError
+from .architectures import BUILDERS, spec_from_config
+from .errors import AmbiguousModelError, CheckpointError, ConfigError, ModelNotFoundError, UnsupportedArchitectureError
+from .generic import refuse_unmodelled_state, spec_from_headers
 from .modelspec import ModelSpec, canonical_dtype, dtype_bytes
 
 # A safetensors header larger than this is corrupt, not big (real ones are a few MB).
@@ -27,11 +33,13 @@ MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSource:
-    kind: str  # "directory", "hf-cache" or "catalog"
+    kind: str  # "directory", "hf-cache", "catalog" or "hub"
     id: str  # what to call the model: hub id or directory name
     config: dict = field(repr=False, compare=False)
     path: Path | None = None  # the directory holding config.json (and maybe weights)
     origin: str = ""  # human description: "catalog", "/path/to/dir", "HF cache snapshot abc123"
+    # safetensors headers read elsewhere (the hub, or vramplan's cache of them); None: read path's files, if any
+    headers: tuple[HeaderTensor, ...] | None = field(default=None, repr=False, compare=False)
 
     @property
     def has_weights(self) -> bool:
@@ -83,7 +91,7 @@ def find_in_catalog(name: str) -> CatalogEntry:
     if len(hits) == 1:
         return hits[0]
     if len(hits) > 1:
-        raise ModelNotFoundError(f"model name {name!r} is ambiguous; candidates: {', '.join(e.id for e in hits)}")
+        raise AmbiguousModelError(f"model name {name!r} is ambiguous; candidates: {', '.join(e.id for e in hits)}")
     names = [e.id.lower() for e in entries] + [a for e in entries for a in e.aliases]
     close = difflib.get_close_matches(q, names, n=5, cutoff=0.5)
     hint = f"; close names: {', '.join(dict.fromkeys(close))}" if close else "; see `vramplan models` for the catalog"
@@ -95,11 +103,14 @@ def find_in_catalog(name: str) -> CatalogEntry:
 
 # ------------------------------------------------------------------ Hugging Face cache
 def hf_cache_dir() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]) / "hub"
-    return Path.home() / ".cache" / "huggingface" / "hub"
+    """Where huggingface_hub caches hub files, by its own rules (huggingface_hub.constants.HF_HUB_CACHE):
+    $HF_HUB_CACHE, else $HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub,
+    else ~/.cache/huggingface/hub."""
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.path.expandvars(os.environ[var])).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(os.path.expandvars(home)).expanduser() / "hub"
 
 
 def find_in_hf_cache(repo_id: str) -> Path | None:
@@ -182,11 +193,48 @@ def resolve_model(name: str) -> ModelSource:
     return ModelSource(kind="catalog", id=entry.id, config=catalog_config(entry.id), origin="built-in catalog")
 
 
-def load_spec(source: ModelSource) -> ModelSpec:
-    spec = spec_from_config(source.config, name=source.id, source=source.origin, where=source.origin or source.id)
-    if source.path is not None and weight_files(source.path):
-        spec = apply_checkpoint(spec, source.path)
-    return spec
+# The runtime's builder for a model_type without a hand-written one: (config, name, source) -> ModelSpec.
+GenericBuilder = Callable[[dict, str, str], ModelSpec]
+
+
+def load_spec(source: ModelSource, *, generic: GenericBuilder | None = None) -> ModelSpec:
+    """The model's exact inventory, with the checkpoint's dtypes and size when its headers are known.
+
+    The tensors come from the hand-written builder of the config's model_type; without one, from the
+    safetensors headers (planner/generic.py); without headers (or for a pre-quantized checkpoint, whose
+    headers hold packed tensors), from `generic` when the caller has one."""
+    where = source.origin or source.id
+    headers = source_headers(source)
+    mt = source.config.get("model_type")
+    if not isinstance(mt, str) or mt in BUILDERS:
+        spec = spec_from_config(source.config, name=source.id, source=source.origin, where=where)
+    else:
+        spec = _generic_spec(source, headers, generic, where)
+    return apply_headers(spec, headers, where) if headers else spec
+
+
+def _generic_spec(source: ModelSource, headers, generic: GenericBuilder | None, where: str) -> ModelSpec:
+    refuse_unmodelled_state(source.config, where)
+    if headers and "quantization_config" not in source.config:
+        return spec_from_headers(source.config, normalized_headers(headers), name=source.id, source=source.origin,
+                                 where=where)
+    if generic is not None:
+        return generic(source.config, source.id, source.origin)
+    why = "its checkpoint is pre-quantized (its headers hold packed tensors)" if headers else \
+        "no safetensors headers are known"
+    raise UnsupportedArchitectureError(
+        f"{where}: unsupported architecture model_type={source.config['model_type']!r} here: no hand-written builder, "
+        f"and {why}; with the runtime extra (pip install 'vramplan[runtime]') vramplan builds it with transformers on "
+        "the meta device")
+
+
+def source_headers(source: ModelSource) -> tuple[HeaderTensor, ...] | None:
+    """The headers that came with the source, else those of its directory's safetensors files, else None."""
+    if source.headers is not None:
+        return source.headers
+    if source.path is not None and (files := weight_files(source.path)):
+        return tuple(t for f in files for t in read_safetensors_header(f))
+    return None
 
 
 def model_spec(name: str) -> ModelSpec:
@@ -195,19 +243,18 @@ def model_spec(name: str) -> ModelSpec:
 
 # ------------------------------------------------------------------ safetensors headers
 def weight_files(path: Path) -> list[Path]:
-    """The safetensors files of a checkpoint (index.json's shards when present)."""
+    """The safetensors files of a checkpoint (index.json's shards when present); none when the index is there
+    without any of its shards."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
-            wm = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError, OSError) as e:
-            raise CheckpointError(f"{index}: unreadable index ({type(e).__name__}: {e})") from None
-        if not isinstance(wm, dict):
-            raise CheckpointError(f"{index}: weight_map is not an object")
-        shards = sorted(set(wm.values()))
-        if not all(isinstance(x, str) and x and "/" not in x and ".." not in x for x in shards):
-            raise CheckpointError(f"{index}: weight_map names files outside the directory")
+            text = index.read_text()
+        except OSError as e:
+            raise CheckpointError(f"{index}: unreadable index ({e.strerror or e})") from None
+        shards = index_shards(text, str(index))
         missing = [s for s in shards if not (path / s).is_file()]
+        if len(missing) == len(shards):  # the index alone: what a header-only fetch from the hub leaves
+            return []
         if missing:
             raise CheckpointError(f"{index}: shard files missing: {', '.join(missing[:3])}")
         files = [path / s for s in shards]
@@ -217,6 +264,20 @@ def weight_files(path: Path) -> list[Path]:
     if odd:
         raise CheckpointError(f"{path}: {', '.join(odd)} is not a regular file (a FIFO, socket or device?)")
     return files
+
+
+def index_shards(text: str, where: str) -> list[str]:
+    """The shard files a model.safetensors.index.json names (each a plain file name beside the index)."""
+    try:
+        wm = json.loads(text)["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{where}: unreadable index ({type(e).__name__}: {e})") from None
+    if not isinstance(wm, dict):
+        raise CheckpointError(f"{where}: weight_map is not an object")
+    shards = sorted(set(wm.values()), key=str)
+    if not all(isinstance(x, str) and x and "/" not in x and ".." not in x for x in shards):
+        raise CheckpointError(f"{where}: weight_map names files outside the directory")
+    return shards
 
 
 @dataclass(frozen=True)
@@ -235,20 +296,32 @@ def read_safetensors_header(path: Path) -> list[HeaderTensor]:
             head = f.read(8)
             if len(head) < 8:
                 raise CheckpointError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_SAFETENSORS_HEADER_BYTES or n + 8 > size:
-                raise CheckpointError(f"{path}: corrupt safetensors header (declared length {n} bytes, file {size} bytes)")
+            n = safetensors_header_length(head, size, str(path))
             raw = f.read(n)
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
+    return parse_safetensors_header(raw, size - 8 - n, str(path))
+
+
+def safetensors_header_length(first8: bytes, file_size: int, where: str) -> int:
+    """The header length the first 8 bytes declare, checked against the file's size."""
+    (n,) = struct.unpack("<Q", first8)
+    if n > MAX_SAFETENSORS_HEADER_BYTES or n + 8 > file_size:
+        raise CheckpointError(f"{where}: corrupt safetensors header (declared length {n} bytes, file {file_size} "
+                              "bytes)")
+    return n
+
+
+def parse_safetensors_header(raw: bytes, data_len: int, where: str) -> list[HeaderTensor]:
+    """A safetensors header's JSON (the bytes after the 8-byte length) as tensors, each checked against its
+    dtype, shape and the `data_len` bytes of data that follow the header."""
     try:
         header = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise CheckpointError(f"{path}: corrupt safetensors header (not JSON)") from None
+        raise CheckpointError(f"{where}: corrupt safetensors header (not JSON)") from None
     if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: corrupt safetensors header (not an object)")
+        raise CheckpointError(f"{where}: corrupt safetensors header (not an object)")
     out = []
-    data_len = size - 8 - n
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -257,12 +330,13 @@ def read_safetensors_header(path: Path) -> list[HeaderTensor]:
             shape = tuple(int(x) for x in info["shape"])
             start, end = (int(x) for x in info["data_offsets"])
         except (KeyError, TypeError, ValueError, ConfigError):
-            raise CheckpointError(f"{path}: corrupt safetensors header entry {name!r}") from None
+            raise CheckpointError(f"{where}: corrupt safetensors header entry {name!r}") from None
         numel = 1
         for d in shape:
             numel *= d
         if end < start or end > data_len or end - start != int(numel * dtype_bytes(dtype)):
-            raise CheckpointError(f"{path}: tensor {name!r} has data offsets that do not fit its shape or the file (truncated?)")
+            raise CheckpointError(f"{where}: tensor {name!r} has data offsets that do not fit its shape or the file "
+                                  "(truncated?)")
         out.append(HeaderTensor(name, dtype, shape, end - start))
     return out
 
@@ -276,12 +350,15 @@ def _normalize_name(name: str) -> str:
     return name
 
 
-def apply_checkpoint(spec: ModelSpec, path: Path) -> ModelSpec:
-    """Attach on-disk dtypes and the exact checkpoint size from safetensors headers."""
-    header: dict[str, HeaderTensor] = {}
-    for f in weight_files(path):
-        for t in read_safetensors_header(f):
-            header[_normalize_name(t.name)] = t
+def normalized_headers(headers: Iterable[HeaderTensor]) -> dict[str, HeaderTensor]:
+    """Header tensors by the name transformers' ForCausalLM gives them."""
+    return {_normalize_name(t.name): t for t in headers}
+
+
+def apply_headers(spec: ModelSpec, headers: Iterable[HeaderTensor], where: str) -> ModelSpec:
+    """Attach on-disk dtypes and the exact checkpoint size from safetensors headers (read from local files or
+    fetched from the hub)."""
+    header = normalized_headers(headers)
     prequantized = "quantization_config" in spec.config
     tensors = []
     matched = 0
@@ -293,7 +370,8 @@ def apply_checkpoint(spec: ModelSpec, path: Path) -> ModelSpec:
             continue
         if h.shape != t.shape and not prequantized:
             raise CheckpointError(
-                f"{path}: tensor {t.name} has shape {list(h.shape)} in the checkpoint but the config implies {list(t.shape)}"
+                f"{where}: tensor {t.name} has shape {list(h.shape)} in the checkpoint but the config implies "
+                f"{list(t.shape)}"
             )
         matched += 1
         bytes_by_dtype[h.dtype] = bytes_by_dtype.get(h.dtype, 0) + h.nbytes

@@ -157,7 +157,9 @@ def _config_from_dict(raw: Mapping[str, Any], trust_remote_code: bool):
     try:
         config = AutoConfig.for_model(model_type, **values)
     except ValueError as exc:
-        raise UnsupportedArchitectureError(f"transformers cannot build model_type {model_type!r}: {exc}") from None
+        first = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else type(exc).__name__
+        raise UnsupportedArchitectureError(f"unsupported architecture: transformers cannot build model_type "
+                                           f"{model_type!r} ({first[:200]})") from None
     return _text_config(config)
 
 

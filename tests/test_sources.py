@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from fake_hub import safetensors_bytes
 from planner.architectures import spec_from_config
 from planner.errors import CheckpointError, ModelNotFoundError, VramplanError
 from planner.sources import (
@@ -34,16 +35,7 @@ def cli(*args, env=None):
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...]]]):
     """A real safetensors file (zeros), written by hand: header JSON + data."""
-    size = {"BF16": 2, "F32": 4, "F16": 2}
-    header, offset = {}, 0
-    for name, (dtype, shape) in tensors.items():
-        n = size[dtype]
-        for d in shape:
-            n *= d
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+    path.write_bytes(safetensors_bytes(tensors)[0])
 
 
 def tiny_dir(tmp_path: Path, dtype="BF16") -> Path:
@@ -146,7 +138,7 @@ def test_hf_cache_lookup_offline(tmp_path, monkeypatch):
 @pytest.mark.parametrize("content,match", [
     ('{"model_type": "llama", "hidden_size": 64', "not valid JSON"),
     ('{"model_type": "llama"}', "missing required field"),
-    ('{"model_type": "gpt_neox", "hidden_size": 64}', "unsupported architecture"),
+    ('{"model_type": "acme_lm", "hidden_size": 64}', "unsupported architecture"),
     ('[1, 2, 3]', "expected a JSON object"),
     ('{"hidden_size": 64}', "no model_type"),
 ])
