@@ -72,6 +72,8 @@ EmitOpt = Annotated[Optional[str], typer.Option("--emit", help="Also write the p
 EngineOpt = Annotated[Optional[str], typer.Option("--engine", help="Whose memory rules to plan by: vramplan (its own "
                       "runtime, default) or llama.cpp (GGUF file types x llama.cpp KV caches; --quant takes GGUF "
                       "types such as Q4_K_M, --kv-dtype f16, q8_0 or q4_0).")]
+OverflowOpt = Annotated[bool, typer.Option("--allow-context-overflow", help="Plan a context beyond the model's "
+                       "max_position_embeddings (or its rope scaling's reach) instead of refusing it.")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help="Machines of this profile an engine that scales out "
                      "may use (vLLM over Ray; default 1).")]
 
@@ -103,7 +105,7 @@ def _save_path(save: str | None) -> str | None:
 def build_request(context: str | None, batch: int | None, prompt_tokens: int | None, prefer: str | None,
                   quant: str | None, kv_dtype: str | None, gpu_layers: int | None, offload: str | None,
                   vram_budget: str | None, ram_budget: str | None, headroom: str | None, prefill_chunk: int | None,
-                  *, nodes: int | None = None, engine: str | None = None):
+                  *, nodes: int | None = None, engine: str | None = None, allow_context_overflow: bool = False):
     from planner.request import DEFAULT_HEADROOM_BYTES, DEFAULT_PREFILL_CHUNK, Request
     from planner.units import parse_bytes, parse_context
 
@@ -116,7 +118,21 @@ def build_request(context: str | None, batch: int | None, prompt_tokens: int | N
         headroom_bytes=parse_bytes(headroom, what="--headroom") if headroom is not None else DEFAULT_HEADROOM_BYTES,
         prefill_chunk=prefill_chunk if prefill_chunk is not None else DEFAULT_PREFILL_CHUNK,
         nodes=1 if nodes is None else nodes, engine=(engine or "vramplan").lower(),
+        allow_context_overflow=allow_context_overflow,
     )
+
+
+def _fit_default_context(req, context_flag: str | None, spec):
+    """Without --context the default (4k) is cut to what the model is made for, when that is shorter."""
+    from dataclasses import replace
+
+    from planner.modelspec import context_limit
+
+    limit = context_limit(spec)[0]
+    if context_flag is not None or not 0 < limit < req.context:
+        return req
+    out.info(f"context: {limit} tokens, {spec.name}'s maximum (the default 4k is longer)")
+    return replace(req, context=limit)  # a --prompt-tokens beyond it is then refused as longer than the context
 
 
 def resolve_model(model: str, revision: str | None):
@@ -291,6 +307,7 @@ def plan_cmd(
     emit: EmitOpt = None,
     engine: EngineOpt = None,
     nodes: NodesOpt = None,
+    allow_context_overflow: OverflowOpt = False,
     as_json: JsonOpt = False,
     as_yaml: YamlOpt = False,
     save: Annotated[Optional[str], typer.Option("--save", help="Write the plan (YAML) for `vramplan run "
@@ -304,13 +321,15 @@ def plan_cmd(
     fmt = _format(as_json, as_yaml)
     path = _save_path(save)
     req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
-                        ram_budget, headroom, prefill_chunk, nodes=nodes, engine=engine)
+                        ram_budget, headroom, prefill_chunk, nodes=nodes, engine=engine,
+                        allow_context_overflow=allow_context_overflow)
     target = emit.lower() if emit is not None else None
     if target is not None:
         if target not in EMIT_ENGINES:
             raise UsageError(f"--emit {emit!r}: choose one of {', '.join(EMIT_ENGINES)} (see `vramplan plan --help`)")
         check_emit(target, req.engine)
     _, spec = resolve_model(model, revision)
+    req = _fit_default_context(req, context, spec)
     hw = resolve_hardware(hardware)
     p = plan_for_engine(spec, hw, req)
     export = write_for(target, spec, hw, p) if target is not None else None
@@ -415,6 +434,7 @@ def run_cmd(
     ram_budget: RamOpt = None,
     headroom: HeadroomOpt = None,
     prefill_chunk: ChunkOpt = None,
+    allow_context_overflow: OverflowOpt = False,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) checkpoints.")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
     as_json: JsonOpt = False,
@@ -432,7 +452,8 @@ def run_cmd(
         raise UsageError("run executes batch 1; plan larger batches with `vramplan plan --batch`")
     planning = {"--context": context, "--batch": batch, "--prefer": prefer, "--quant": quant, "--kv-dtype": kv_dtype,
                 "--gpu-layers": gpu_layers, "--offload": offload, "--vram-budget": vram_budget,
-                "--ram-budget": ram_budget, "--headroom": headroom, "--prefill-chunk": prefill_chunk}
+                "--ram-budget": ram_budget, "--headroom": headroom, "--prefill-chunk": prefill_chunk,
+                "--allow-context-overflow": allow_context_overflow or None}
     if plan_file is not None:
         given = [flag for flag, v in planning.items() if v is not None]
         if given:
@@ -448,7 +469,8 @@ def run_cmd(
         p = load_plan(plan_file)
     else:
         req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
-                            ram_budget, headroom, prefill_chunk)
+                            ram_budget, headroom, prefill_chunk, allow_context_overflow=allow_context_overflow)
+        req = _fit_default_context(req, context, spec)
         if not req.kv_dtype:  # only the caches this transformers can build
             from dataclasses import replace
 

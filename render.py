@@ -95,7 +95,10 @@ def inspect(facts: dict, notes: list[str]) -> None:
     a = facts["attention"]
     kv_layers = facts["kv_bytes_per_token_per_layer"]
     L = facts["num_layers"]
-    attn = (f"{a['kind'].upper()} {a['num_heads']} heads / {a['num_kv_heads']} KV heads x {a['head_dim']}"
+    family = a.get("family") or a["kind"].upper()
+    heads = (f"{a['num_heads']} heads" if family in ("MHA", "MLA") else
+             f"{a['num_heads']} heads sharing {a['num_kv_heads']} KV head{'s' if a['num_kv_heads'] > 1 else ''}")
+    attn = (f"{family}: {heads} x {a['head_dim']}"
             + (f", MLA cache {a['mla_cache_dim']}/token/layer" if a["kind"] == "mla" else "")
             + (f", sliding windows {a['sliding_windows']} on {facts['sliding_window_layers']} of {L} layers"
                if a["sliding_windows"] else ""))

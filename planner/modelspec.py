@@ -152,6 +152,15 @@ class AttentionLayout:
             return self.mla_cache_dim
         return 2 * self.num_kv_heads * self.head_dim
 
+    @property
+    def family(self) -> str:
+        """MLA (a compressed latent), MQA (one K/V head), GQA (K/V heads shared by groups of heads) or MHA."""
+        if self.kind == "mla":
+            return "MLA"
+        if self.num_kv_heads == 1 and self.num_heads > 1:
+            return "MQA"
+        return "GQA" if self.num_kv_heads < self.num_heads else "MHA"
+
     def cached_tokens(self, context: int) -> int:
         return context if self.window is None else min(context, self.window)
 
@@ -365,6 +374,7 @@ def _attention_summary(layouts: tuple[AttentionLayout, ...]) -> dict:
     windows = sorted({x.window for x in layouts if x.window is not None})
     out = {
         "kind": a.kind,
+        "family": a.family,
         "num_heads": a.num_heads,
         "num_kv_heads": a.num_kv_heads,
         "head_dim": a.head_dim,
@@ -373,3 +383,28 @@ def _attention_summary(layouts: tuple[AttentionLayout, ...]) -> dict:
     if a.kind == "mla":
         out["mla_cache_dim"] = a.mla_cache_dim
     return out
+
+
+def context_limit(spec: ModelSpec) -> tuple[int, str]:
+    """The longest context the model is made for (0: its config does not say), and why: max_position_embeddings, or
+    longer where a rope scaling (YaRN, dynamic, linear, longrope) names the original length it extends by `factor`.
+    A scaling without `original_max_position_embeddings` (gemma-3, Llama-3.1) is already counted in
+    max_position_embeddings, so it extends nothing."""
+    base = spec.max_context
+    cfg = spec.config.get("text_config") if isinstance(spec.config.get("text_config"), dict) else spec.config
+    why = f"max_position_embeddings {base}"
+    best = base
+    for key in ("rope_scaling", "rope_parameters"):
+        r = cfg.get(key)
+        entries = [r] if isinstance(r, dict) and ("factor" in r or "rope_type" in r or "type" in r) else (
+            [v for v in r.values() if isinstance(v, dict)] if isinstance(r, dict) else [])
+        for e in entries:
+            kind, factor = e.get("rope_type") or e.get("type"), e.get("factor")
+            original = e.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+            if kind in (None, "default", "llama3") or isinstance(factor, bool) or not isinstance(factor, (int, float)):
+                continue
+            if isinstance(original, int) and not isinstance(original, bool) and factor > 1:
+                extended = int(original * factor)
+                if extended > best:
+                    best, why = extended, f"{key} {kind} x{factor:g} of {original} tokens"
+    return best, why

@@ -59,6 +59,7 @@ class Request:
     balanced_speed_fraction: float = BALANCED_SPEED_FRACTION
     nodes: int = 1  # machines of the profile's type available to an engine that scales out (vLLM over Ray)
     engine: str = "vramplan"  # whose memory rules the plan follows: one of PLANNING_ENGINES
+    allow_context_overflow: bool = False  # plan a context beyond what the model is made for (see context_limit)
 
     def __post_init__(self) -> None:
         _int(self, "context", 1, MAX_CONTEXT_TOKENS, "the context")
@@ -74,6 +75,8 @@ class Request:
         _int(self, "headroom_bytes", 0, None, "the GPU headroom")
         _int(self, "runtime_base_ram_bytes", 0, None, "the runtime's base RAM")
         _int(self, "nodes", 1, MAX_NODES, "the number of nodes")
+        if not isinstance(self.allow_context_overflow, bool):
+            raise PlanError(f"allow_context_overflow must be true or false, got {self.allow_context_overflow!r}")
         if self.prefer not in PREFERENCES:
             raise PlanError(f"the preference must be one of {', '.join(PREFERENCES)}, got {self.prefer!r}")
         object.__setattr__(self, "prefer", Preference(self.prefer))

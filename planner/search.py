@@ -18,7 +18,7 @@ from .errors import PlanError
 from .hardware import HardwareProfile
 from .memory import (Footprint, LayerCosts, MemoryBreakdown, Placement, WeightCosts, embeddings_on_gpu, gpu_capacity,
                      layer_costs, ram_capacity, weight_costs, workspace_bytes)
-from .modelspec import ModelSpec
+from .modelspec import ModelSpec, context_limit
 from .plan import Candidate, Plan, hardware_ref, model_ref
 from .quant import KV_SCHEMES, SCHEMES, KVScheme, WeightScheme
 from .request import RUNTIME_BASE_RAM_BYTES, Request
@@ -363,6 +363,22 @@ def check_request(hw: HardwareProfile, req: Request) -> None:
                         f"{format_bytes(hw.host.ram_bytes)} (profile {hw.name!r})")
 
 
+def check_context(spec: ModelSpec, req: Request) -> list[str]:
+    """Refuse a context beyond what the model is made for (PlanError) unless the request allows it; the warnings to
+    show (the overflow allowed, or a rope scaling that makes the context valid)."""
+    limit, why = context_limit(spec)
+    if not limit or req.context <= spec.max_context:
+        return []
+    if req.context <= limit:
+        return [f"context {req.context} is beyond max_position_embeddings {spec.max_context}, within the {why}"]
+    if not req.allow_context_overflow:
+        raise PlanError(f"context {req.context} exceeds what {spec.name} is made for ({why}): quality past it is "
+                        f"not what the model was trained for; plan at most {limit} tokens, or pass "
+                        "--allow-context-overflow to plan it anyway")
+    return [f"context {req.context} exceeds {spec.name}'s {why}: planned as asked (--allow-context-overflow); "
+            "expect the quality to degrade past it"]
+
+
 def _measured_runtime(hw: HardwareProfile, req: Request) -> Request:
     cal = hw.calibration
     if cal is not None and cal.runtime_ram_bytes is not None and req.runtime_base_ram_bytes == RUNTIME_BASE_RAM_BYTES:
@@ -385,9 +401,7 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     req = _measured_runtime(hw, req)
     schemes = [SCHEMES[q] for q in req.quant] if req.quant else list(SCHEMES.values())
     kvs = [KV_SCHEMES[k] for k in req.kv_dtype] if req.kv_dtype else list(KV_SCHEMES.values())
-    warnings: list[str] = []
-    if req.context > spec.max_context > 0:
-        warnings.append(f"context {req.context} exceeds the model's max_position_embeddings {spec.max_context}")
+    warnings: list[str] = check_context(spec, req)
     cands = []
     for s in schemes:
         weights, read = weight_costs(spec, s), read_bytes_per_layer(spec, s, req.batch)

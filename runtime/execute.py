@@ -18,7 +18,7 @@ from typing import Callable
 from planner.choice import ComputeDevice, OffloadMode
 from planner.errors import PlanError, VramplanError
 from planner.hardware import HardwareProfile
-from planner.modelspec import ModelSpec
+from planner.modelspec import ModelSpec, context_limit
 from planner.plan import Plan, hardware_fingerprint, model_ref
 from planner.quant import KV_SCHEMES, SCHEMES
 from planner.search import assess
@@ -188,7 +188,8 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
     tokenizer = load_tokenizer(source.path, trust_remote_code) if use_checkpoint else None
     base_ids = _prompt_ids(tokenizer, spec.vocab_size, prompt_text, prompt_tokens, seed)
     n_prompt = int(base_ids.shape[-1])
-    _check_context(n_prompt, max_new_tokens, p.request.context, spec.max_context)
+    _check_context(n_prompt, max_new_tokens, p.request.context,
+                   0 if p.request.allow_context_overflow else context_limit(spec)[0])
     report = RunReport(plan=p, prompt_tokens=n_prompt)
     contention = _Contention()
     attempt = _Attempt(report=report, spec=spec, hw=hw, source=source, tokenizer=tokenizer, use_checkpoint=use_checkpoint,
@@ -219,7 +220,8 @@ def _check_context(n_prompt: int, max_new_tokens: int, context: int, model_max: 
                             f"context of {context} tokens: plan a longer context or generate fewer tokens")
     if model_max and n_prompt + max_new_tokens > model_max:
         raise VramplanError(f"the prompt ({n_prompt} tokens) plus {max_new_tokens} new tokens exceed the model's "
-                            f"maximum context of {model_max} tokens (max_position_embeddings)")
+                            f"maximum context of {model_max} tokens (max_position_embeddings or its rope scaling; "
+                            "--allow-context-overflow runs past it)")
 
 
 @dataclass(kw_only=True)

@@ -265,12 +265,12 @@ def test_models_without_a_builder_plan_end_to_end(tmp_path):
     for path, mt, inventory, params in (
             (stablelm, "stablelm", INVENTORY_HEADERS, load_spec(resolve_model(str(stablelm))).params_total),
             (neox, "gpt_neox", INVENTORY_META_DEVICE, spec_from_transformers(neox_config, "x", "").params_total)):
-        r = cli("plan", "--model", str(path), "--context", "4k", "-H", "rtx-4090", "--json")
+        r = cli("plan", "--model", str(path), "--context", "256", "-H", "rtx-4090", "--json")
         assert r.returncode == 0, r.stderr
         d = json.loads(r.stdout)
         assert d["model"]["inventory"] == inventory and d["model"]["model_type"] == mt and d["choice"]
         assert d["model"]["params_total"] == params
-    r = cli("plan", "--model", str(stablelm), "--context", "4k", "-H", "rtx-4090")
+    r = cli("plan", "--model", str(stablelm), "--context", "256", "-H", "rtx-4090")
     assert r.returncode == 0 and "no hand-written builder" in r.stderr and "generic path" in r.stderr
     r = cli("inspect", "--model", str(stablelm))
     assert r.returncode == 0 and "safetensors headers" in r.stdout

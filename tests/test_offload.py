@@ -365,3 +365,36 @@ def test_experts_kept_in_ram_compute_on_the_cpu(reference):
         assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
         assert _greedy(model) == ref_tokens
     assert not _decoder_layers(model)[1].mlp.experts._forward_pre_hooks
+
+
+@pytest.mark.parametrize("double_quant", [False, True])
+def test_bnb4_cpu_packed_layer_bound_for_cuda_gets_the_cuda_layout_back(double_quant):
+    """A bnb 4-bit layer that a CPU forward repacked (AVX512-BF16) and that then goes to CUDA: the weight and the
+    absmax must be the CUDA form again. bitsandbytes 0.50.2 restores absmax only under double quantization; without
+    it the engine does (fp32 [N*K/blocksize]). Runs on any CPU: the packing and the inverse are plain torch."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+    from bitsandbytes.functional import _convert_weight_packed_for_cpu
+
+    from runtime.offload import _bnb4_device_form
+
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(bnb.nn.Linear4bit(256, 128, bias=False, compute_dtype=torch.bfloat16,
+                                                  compress_statistics=double_quant, quant_type="nf4"))
+    weight = bnb.nn.Params4bit(torch.randn(128, 256, dtype=torch.bfloat16), requires_grad=False, quant_type="nf4",
+                               compress_statistics=double_quant)._quantize("cpu")
+    layer[0].weight = weight
+    layer.eval()
+    data, absmax = weight.data.clone(), weight.quant_state.absmax.clone()
+    expected = F.dequantize_4bit(weight.data, weight.quant_state)
+    weight.data, weight.quant_state = _convert_weight_packed_for_cpu(weight.data, weight.quant_state)
+    assert weight.quant_state.absmax.shape != absmax.shape  # the CPU form really differs
+    _bnb4_device_form(layer, torch.device("cuda"))
+    qs = layer[0].weight.quant_state
+    assert not getattr(qs, "packing_format_for_cpu", False)
+    assert torch.equal(layer[0].weight.data, data) and qs.absmax.shape == absmax.shape and qs.absmax.dtype == absmax.dtype
+    got = F.dequantize_4bit(layer[0].weight.data, qs)
+    if double_quant:  # bitsandbytes' own inverse re-quantizes the 8-bit statistics: within a bf16 step
+        assert torch.allclose(got.float(), expected.float(), rtol=0, atol=expected.abs().max().item() / 64)
+    else:
+        assert torch.equal(qs.absmax, absmax) and torch.equal(got, expected)

@@ -437,3 +437,60 @@ def test_cuda_split_load_generates_and_measures_vram(tiny_checkpoints, weight_qu
         result = generate(loaded.model, PROMPT, max_new_tokens=4, prefill_chunk=8)
     assert len(result.tokens) == 4 and result.error is None
     assert sampler.result.peak_torch_reserved_bytes > 0 and sampler.result.peak_vram_bytes > 0
+
+
+def test_pure_torch_quanto_unpack_overrides_the_extension_and_keeps_the_values(tmp_path):
+    """The CUDA path replaces quanto's compiled `unpack` with plain torch ops (no nvcc build inside a measured
+    decode). Proved here on the CPU dispatch key, in a fresh process (the override is process-wide): the dispatcher
+    then names runtime/kvcache.py for the key, the values equal a by-hand unpack, and a quanto-int4 cache generates
+    the same tokens as with quanto's own kernel."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "override.py"
+    script.write_text('''
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[1] + "/tests")
+import optimum.quanto  # noqa
+from conftest import tiny_config
+from transformers import AutoModelForCausalLM
+from planner.quant import KV_SCHEMES
+from runtime.generate import generate, synthetic_prompt
+from runtime.kvcache import use_pure_torch_quanto_unpack
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(tiny_config("llama"), dtype=torch.bfloat16).eval()
+prompt = synthetic_prompt(140, 512, seed=5)
+before = generate(model, prompt, max_new_tokens=12, prefill_chunk=64, kv=KV_SCHEMES["quanto-int4"]).tokens
+ok = use_pure_torch_quanto_unpack("CPU")
+dump = torch._C._dispatch_dump("quanto::unpack")
+packed = torch.tensor([[0b11100100, 0b00011011]], dtype=torch.uint8)
+values = {bits: torch.ops.quanto.unpack(packed, bits).flatten().tolist() for bits in (2, 4)}
+after = generate(model, prompt, max_new_tokens=12, prefill_chunk=64, kv=KV_SCHEMES["quanto-int4"]).tokens
+print(json.dumps({"ok": ok, "ours": any(l.startswith("CPU:") and "runtime/kvcache.py" in l for l in dump.splitlines()),
+                  "values": values, "same_tokens": before == after}))
+''')
+    root = str(Path(__file__).resolve().parents[1])
+    r = subprocess.run([sys.executable, str(script), root], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["ok"] and got["ours"] and got["same_tokens"]
+    # 0b11100100 = values 0,1,2,3 (2 bits, low first); 0b00011011 = 3,2,1,0; value index first across the row
+    assert got["values"]["2"] == [0, 3, 1, 2, 2, 1, 3, 0]
+    assert got["values"]["4"] == [0b0100, 0b1011, 0b1110, 0b0001]
+
+
+@pytest.mark.parametrize("error,oom", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to "
+                  "allocate 8589934592 bytes"), True),
+    (MemoryError(), True),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x64 and 32x64)"), False),
+    (NotImplementedError("Could not run 'aten::foo' with arguments from the 'CUDA' backend"), False),
+    (ValueError("out of memory"), False),  # only runtime errors carry allocator messages
+])
+def test_is_oom_tells_memory_from_bugs(error, oom):
+    from runtime.measure import is_oom
+
+    assert is_oom(error) is oom

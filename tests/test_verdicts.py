@@ -32,7 +32,8 @@ def _within_capacity(candidate) -> None:
 @given(model=st.sampled_from(MODELS), profile=st.sampled_from(PROFILES), context=st.sampled_from(CONTEXTS),
        batch=st.sampled_from([1, 4]), quant=st.sampled_from([None, *SCHEMES]), kv=st.sampled_from([None, *KV_SCHEMES]))
 def test_no_candidate_fits_over_any_capacity(model, profile, context, batch, quant, kv):
-    req = Request(context=context, batch=batch, quant=(quant,) if quant else (), kv_dtype=(kv,) if kv else ())
+    req = Request(context=context, batch=batch, quant=(quant,) if quant else (), kv_dtype=(kv,) if kv else (),
+                  allow_context_overflow=True)  # capacity, not the model's trained length, is under test
     p = plan(model_spec(model), resolve_profile(profile)[0], req)
     for c in p.candidates:
         if c.fits:
@@ -60,7 +61,7 @@ def test_a_cpu_machine_over_its_ram_picks_what_fits_or_says_nothing_fits():
     assert "RAM needs" in bf16.reason
     assert p.fits and (p.choice.weight_quant, p.choice.kv_dtype) != ("bf16", "bf16")
     assert p.memory.cpu.total_bytes <= p.memory.cpu.capacity_bytes
-    p = plan(model_spec("llama-3.1-8b"), hw, Request(context=10 * 1024 * 1024))
+    p = plan(model_spec("llama-3.1-8b"), hw, Request(context=10 * 1024 * 1024, allow_context_overflow=True))
     assert not p.fits and p.reasons[0].startswith("nothing fits") and "RAM needs" in p.reasons[0]
     assert p.alternatives and all(a["max_context_tokens"] < 10 * 1024 * 1024 for a in p.alternatives)
 

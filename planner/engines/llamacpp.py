@@ -20,6 +20,7 @@ from ..modelspec import ModelSpec
 from ..plan import Candidate, Plan, hardware_ref, model_ref
 from ..quant import SCHEMES, KVScheme, QualityCost
 from ..request import LLAMA_CPP_KV_DTYPES, Request
+from ..search import check_context
 from ..search import _choose as choose_by_preference  # vramplan's preference rule, applied to any candidates
 from ..search import bisect_max
 from ..speed import ReadBytes, estimate
@@ -185,6 +186,7 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
                         "(drop --offload stream)")
     if not hw.has_gpu and (req.gpu_layers or req.vram_budget_bytes is not None):
         raise PlanError(f"GPU layers or a GPU budget were given, but hardware {hw.name!r} has no GPU")
+    context_warnings = check_context(spec, req)
     types = req.quant or rules.PLANNED_FILE_TYPES
     caches = req.kv_dtype or LLAMA_CPP_KV_DTYPES
     cands = []
@@ -195,7 +197,7 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     common = dict(model=model_ref(spec), hardware=hardware_ref(hw), request=req, candidates=cands,
                   constants={k: {"value": c.value, "from": c.source + (" (assumption)" if c.assumption else "")}
                              for k, c in consts.items()})
-    warnings = [SPEED_LABEL, *assumption_notes(consts)]
+    warnings = [*context_warnings, SPEED_LABEL, *assumption_notes(consts)]
     if not any(c.fits for c in cands):
         first = cands[0]
         return Plan(**common, chosen=None, warnings=warnings,
