@@ -18,7 +18,8 @@ shared/DESIGN.md and tests/test_runtime_core.py check them on real modules):
   quantization undone, ~0.531 B/param. The plan counts the layout as loaded.)
 - quanto qint8: int8 [out, in] + one scale per output row in the compute dtype + 8 B of fp32 scalars.
 - quanto qint4: packed uint8 (n/2) + scale and shift per group of 128 along each row in the
-  compute dtype + 8 B of fp32 scalars.
+  compute dtype + 8 B of fp32 scalars (quanto's groups: 128, 96, 64 or 32 dividing in > 128; else
+  one per row, or per column for a single-row weight: `quanto_linear_int4_group`).
 
 Fused routed experts (Kind.EXPERTS, [E, out, in] or transposed [E, in, out]), as runtime/experts.py
 stores them: each expert's [out, in] matrix quantized on its own in the scheme's layout, the E
