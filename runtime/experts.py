@@ -384,7 +384,7 @@ class QuantizedExperts(nn.Module):
                                  None if bias is None else bias.detach().to(device).clone())
         for name in ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"):
             experts._parameters.pop(name, None)
-        self.gating = experts
+        self.gating = experts.to(device)  # no weights left; a post-expert norm would keep its own
 
     @property
     def expert_nbytes(self) -> int:
