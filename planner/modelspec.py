@@ -116,10 +116,13 @@ class TensorSpec:
     kind: Kind
     layer: int | None = None  # decoder layer index; None for embeddings, final norm, lm_head
     dtype: str | None = None  # dtype on disk when a checkpoint header said so
+    transposed: bool = False  # Kind.EXPERTS stored [E, in, out] (gpt_oss, llama4) rather than [E, out, in]
 
     def __post_init__(self) -> None:
         if any((not isinstance(d, int)) or d <= 0 for d in self.shape):  # () is a scalar parameter
             raise ConfigError(f"tensor {self.name}: bad shape {self.shape}")
+        if self.kind is Kind.EXPERTS and len(self.shape) != 3:
+            raise ConfigError(f"tensor {self.name}: fused experts are [E, out, in], got {self.shape}")
 
     @property
     def numel(self) -> int:
@@ -128,6 +131,17 @@ class TensorSpec:
     @property
     def is_parameter(self) -> bool:
         return self.kind is not Kind.BUFFER
+
+    @property
+    def matrix_shape(self) -> tuple[int, int]:
+        """(out, in) of the matrix a matmul reads: an nn.Linear weight, or one routed expert's slice of a fused
+        Kind.EXPERTS tensor, whichever way it is stored."""
+        if self.kind is Kind.EXPERTS:
+            _, a, b = self.shape
+            return (b, a) if self.transposed else (a, b)
+        if len(self.shape) != 2:
+            raise ValueError(f"tensor {self.name} {self.shape} is not a matrix")
+        return self.shape
 
     def bytes(self, dtype: str) -> int:
         return int(self.numel * dtype_bytes(dtype))
@@ -243,7 +257,8 @@ class ModelSpec:
 
     @cached_property
     def _layer_signatures(self) -> tuple[tuple, ...]:
-        return tuple(tuple((t.shape, t.kind, t.role) for t in self.layer_tensors(i)) for i in range(self.num_layers))
+        return tuple(tuple((t.shape, t.kind, t.role, t.transposed) for t in self.layer_tensors(i))
+                     for i in range(self.num_layers))
 
     def layer_signature(self, layer: int) -> tuple:
         """Identical signatures mean identical per-layer byte counts under any scheme."""
@@ -268,6 +283,11 @@ class ModelSpec:
     def largest_layer_linear_numel(self) -> int:
         """Elements of the largest nn.Linear weight inside the decoder layers (0 without any)."""
         return max((t.numel for t in self.tensors if t.kind is Kind.LINEAR and t.layer is not None), default=0)
+
+    @cached_property
+    def largest_expert_matrix_numel(self) -> int:
+        """Elements of one routed expert's largest matrix (its slice of a fused gate_up or down; 0 without any)."""
+        return max((math.prod(t.matrix_shape) for t in self.tensors if t.kind is Kind.EXPERTS), default=0)
 
     def per_layer(self, fn) -> list:
         """fn(layer tensors) for every layer, computed once per distinct layer signature."""

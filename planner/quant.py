@@ -1,11 +1,12 @@
 """Quantization schemes, planner half: exact bytes for any tensor, what each touches.
 
-Each weight scheme knows which tensors its library replaces (transformers 5 +
-bitsandbytes / optimum-quanto replace `nn.Linear` modules inside the decoder layers;
-embeddings, norms, lm_head and — in transformers 5 — MoE routers and fused 3D expert
-tensors stay in the load dtype), the bytes of every tensor it stores (scales and absmax
-included), the temporary it needs at matmul time, where it runs, and a documented
-quality cost. The runtime half (how to load it) lives in runtime/load.py. Pure.
+Each weight scheme knows which tensors it quantizes (transformers 5 + bitsandbytes /
+optimum-quanto replace the plain `nn.Linear` modules inside the decoder layers; vramplan
+quantizes the fused 3-D routed experts itself, per expert; embeddings, norms, lm_head,
+routers and expert biases stay in the load dtype), the bytes of every tensor it stores
+(scales and absmax included), the temporary it needs at matmul time, where it runs, and a
+documented quality cost. The runtime half (how to load it) lives in runtime/quantize.py and,
+for the experts, runtime/experts.py. Pure.
 
 Layouts (measured with bitsandbytes 0.50.2 / optimum-quanto 0.2.7 on transformers 5.23;
 shared/DESIGN.md and tests/test_runtime_core.py check them on real modules):
@@ -17,7 +18,21 @@ shared/DESIGN.md and tests/test_runtime_core.py check them on real modules):
   quantization undone, ~0.531 B/param. The plan counts the layout as loaded.)
 - quanto qint8: int8 [out, in] + one scale per output row in the compute dtype + 8 B of fp32 scalars.
 - quanto qint4: packed uint8 (n/2) + scale and shift per group of 128 along each row in the
-  compute dtype + 8 B of fp32 scalars.
+  compute dtype + 8 B of fp32 scalars (quanto's groups: 128, 96, 64 or 32 dividing in > 128; else
+  one per row, or per column for a single-row weight: `quanto_linear_int4_group`).
+
+Fused routed experts (Kind.EXPERTS, [E, out, in] or transposed [E, in, out]), as runtime/experts.py
+stores them: each expert's [out, in] matrix quantized on its own in the scheme's layout, the E
+results stacked so that expert e's bytes are one contiguous slice of every buffer; tables that do
+not depend on the values are stored once per fused tensor:
+- bnb int8: E x (int8 [out, in] + fp32 SCB [out]).
+- bnb 4-bit: E x (packed ceil(n/2) + fp32 absmax per 64), + the 16-entry fp32 code (64 B); with
+  double quantization E x (packed + uint8 absmax per 64 + fp32 nested absmax per 256 blocks + fp32
+  offset), + the code and the 256-entry fp32 nested code (64 + 1024 B).
+- quanto int8: E x (int8 [out, in] + bf16 scale [out]); no module scalars.
+- quanto int4: E x (tinygemm-packed n/2 + bf16 scale and shift per group along each row), the group
+  the largest of 128/64/32 dividing `in` (`experts_int4_group`); matrices the tinygemm kernels cannot
+  hold (out not a multiple of 16, in not of 32) stay in the compute dtype.
 """
 
 from __future__ import annotations
@@ -65,14 +80,21 @@ class WeightScheme:
         return self.bits < 16
 
     def touches(self, t: TensorSpec) -> bool:
-        """True when the library replaces this tensor with its quantized form."""
-        return self.quantized and t.kind is Kind.LINEAR and t.layer is not None
+        """True when the runtime stores this tensor quantized: the library's nn.Linear layers, vramplan's
+        per-expert quantization of fused experts."""
+        if not self.quantized:
+            return False
+        if t.kind is Kind.EXPERTS:
+            return not (self.backend == "quanto" and self.bits == 4 and experts_int4_group(*t.matrix_shape) is None)
+        return t.kind is Kind.LINEAR and t.layer is not None
 
     def tensor_bytes(self, t: TensorSpec, load_dtype: str | None = None) -> int:
         """Exact bytes this scheme stores for one tensor."""
         load = load_dtype or self.compute_dtype
         if not self.touches(t):
             return int(t.numel * dtype_bytes(load))
+        if t.kind is Kind.EXPERTS:
+            return self._experts_bytes(t)
         n = t.numel
         out_features = t.shape[0]
         if self.bits == 8:
@@ -81,21 +103,78 @@ class WeightScheme:
             blocks = math.ceil(n / self.group_size)
             packed = math.ceil(n / 2)
             if self.backend == "bnb" and self.double_quant:
-                nested = math.ceil(blocks / 256)
+                nested = math.ceil(blocks / BNB_NESTED_BLOCKSIZE)
                 return packed + blocks * 1 + nested * 4 + 4 + self.fixed_bytes_per_tensor
-            if self.backend == "quanto":  # scale + shift per group of 128 along each row
-                return packed + out_features * math.ceil(t.shape[-1] / self.group_size) * int(self.scale_bytes) + self.fixed_bytes_per_tensor
+            if self.backend == "quanto":
+                return _quanto_int4_linear_bytes(out_features, t.shape[-1], int(self.scale_bytes)) + \
+                    self.fixed_bytes_per_tensor
             return packed + int(blocks * self.scale_bytes) + self.fixed_bytes_per_tensor
         raise AssertionError(self.bits)
+
+    def _experts_bytes(self, t: TensorSpec) -> int:
+        """A fused experts tensor quantized per expert (runtime/experts.py): E x one expert's matrix, plus the
+        value-independent tables once per tensor (bnb's code tables)."""
+        experts = t.shape[0]
+        out_features, in_features = t.matrix_shape
+        n = out_features * in_features
+        if self.bits == 8:  # bnb: fp32 SCB per row; quanto: bf16 scale per row
+            return experts * (n + int(out_features * self.row_scale_bytes))
+        if self.backend == "bnb":
+            blocks = math.ceil(n / self.group_size)
+            if self.double_quant:
+                per_expert = math.ceil(n / 2) + blocks + math.ceil(blocks / BNB_NESTED_BLOCKSIZE) * 4 + 4
+            else:
+                per_expert = math.ceil(n / 2) + int(blocks * self.scale_bytes)
+            return experts * per_expert + self.fixed_bytes_per_tensor
+        group = experts_int4_group(out_features, in_features)  # quanto int4, tinygemm layout
+        return experts * (n // 2 + out_features * (in_features // group) * int(self.scale_bytes))
 
     def bytes_of(self, tensors, load_dtype: str | None = None) -> int:
         return sum(self.tensor_bytes(t, load_dtype) for t in tensors)
 
     def matmul_temp_bytes(self, spec: ModelSpec) -> int:
-        """Temporary a matmul needs: 4-bit and int8 kernels dequantize the weight to the compute dtype first."""
+        """Temporary a matmul needs: 4-bit and int8 kernels dequantize the weight to the compute dtype first
+        (for routed experts, one expert's matrix at a time)."""
         if not self.quantized:
             return 0
-        return int(spec.largest_layer_linear_numel * dtype_bytes(self.compute_dtype))
+        largest = max(spec.largest_layer_linear_numel, spec.largest_expert_matrix_numel)
+        return int(largest * dtype_bytes(self.compute_dtype))
+
+
+# bitsandbytes' double quantization: the absmax of 256 blocks share one fp32 nested absmax.
+BNB_NESTED_BLOCKSIZE = 256
+# Group sizes of torch's tinygemm int4 kernels (_weight_int4pack_mm and _for_cpu), largest first, and what
+# their packing needs of a matrix: out (N) a multiple of 16 (the CPU packing; CUDA's needs 8), in (K) of 32.
+TINYGEMM_GROUP_SIZES = (128, 64, 32)
+TINYGEMM_OUT_MULTIPLE = 16
+
+
+def quanto_linear_int4_group(in_features: int) -> int | None:
+    """The group size optimum-quanto 0.2.7's QLinear picks for int4 (nn/qmodule.py): above 128 input features the
+    largest of 128, 96, 64, 32 dividing them; else none (one scale and shift per row)."""
+    if in_features <= 128:
+        return None
+    return next((g for g in (128, 96, 64, 32) if in_features % g == 0), None)
+
+
+def _quanto_int4_linear_bytes(out_features: int, in_features: int, scale_shift_bytes: int) -> int:
+    """Packed data + scale and shift of one quanto int4 QLinear weight. Grouped, the weight is [out x in / g, g]
+    rows with a scale and shift each; ungrouped, one per row, or per column when there is a single row (quanto
+    quantizes along no axis then); 4-bit values pack in pairs along the first axis."""
+    group = quanto_linear_int4_group(in_features)
+    if group is not None:
+        rows = out_features * in_features // group
+        return math.ceil(rows / 2) * group + rows * scale_shift_bytes
+    scales = in_features if out_features == 1 else out_features
+    return math.ceil(out_features / 2) * in_features + scales * scale_shift_bytes
+
+
+def experts_int4_group(out_features: int, in_features: int) -> int | None:
+    """Group size of a quanto-int4 expert matrix: the largest tinygemm group dividing `in_features` (128 as
+    quanto's own Linear layers use where it divides), or None when the tinygemm kernels cannot hold the matrix."""
+    if out_features % TINYGEMM_OUT_MULTIPLE:
+        return None
+    return next((g for g in TINYGEMM_GROUP_SIZES if in_features % g == 0), None)
 
 
 def _bnb4(name, quant_type, dq, ppl, src) -> WeightScheme:

@@ -27,6 +27,7 @@ from planner.errors import (
 )
 from planner.quant import WeightScheme
 from planner.sources import read_safetensors_header, weight_files
+from runtime.experts import quantize_experts
 from runtime.measure import is_oom
 from runtime.quantize import backend, unsupported
 from runtime.tensors import count_tensor_bytes, release_freed_heap
@@ -124,6 +125,7 @@ def load_model(
         model = build_dummy(config, dtype, scheme, device, device_map, seed, trust_remote_code)
     else:
         model = _load_checkpoint(model_dir, config, dtype, scheme, device, device_map, allow_pickle, trust_remote_code)
+        _quantize_loaded_experts(model, num_layers, scheme, device, device_map)
     model.eval()
     model.requires_grad_(False)
     release_freed_heap()
@@ -293,6 +295,26 @@ def _load_checkpoint(model_dir, config, dtype, scheme: WeightScheme, device, dev
     if mismatched:
         raise CheckpointError(f"{model_dir}: weights whose shape does not match config.json: {mismatched[0]}")
     return model
+
+
+def _quantize_loaded_experts(model: nn.Module, num_layers: int, scheme: WeightScheme, device: str,
+                             device_map: dict | None) -> None:
+    """transformers leaves fused MoE experts unquantized: quantize them per expert (runtime/experts.py), layer by
+    layer where each layer's weights are, handing each layer's unquantized experts back before the next. Layers
+    a split puts on the CPU stay unquantized, like the rest of those layers under transformers' bnb offload."""
+    if not scheme.quantized:
+        return
+    layers_path, layers = decoder_layers(model, num_layers)
+    for index, layer in enumerate(layers):
+        if device_map is not None and device_map[f"{layers_path}.{index}"] == "cpu":
+            continue
+        try:
+            if quantize_experts(layer, scheme):
+                release_freed_heap()
+        except (RuntimeError, NotImplementedError, ImportError) as exc:
+            if scheme.backend == "bnb" and not is_oom(exc):
+                raise unsupported(scheme, device, exc) from exc
+            raise
 
 
 def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):

@@ -5,7 +5,9 @@ quantization, int8 outlier threshold); a backend here turns them into the librar
 the transformers quantization config used when loading a checkpoint, and the in-place quantization
 of a module (dummy weights, offloaded layers). Both produce the same modules, classes and layouts,
 so a dummy model is laid out like a checkpoint loaded with the same scheme. What is quantized is
-what transformers quantizes: every plain ``nn.Linear`` except ``lm_head``.
+what transformers quantizes, every plain ``nn.Linear`` except ``lm_head`` (not its subclasses: llama4's and
+phimoe's routers), plus the fused MoE experts, which vramplan quantizes itself, per expert
+(runtime/experts.py; the loader calls it for checkpoints, whose experts transformers leaves unquantized).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 
 from planner.errors import VramplanError
 from planner.quant import WeightScheme
+from runtime.experts import quantize_experts
 from runtime.measure import is_oom
 
 
@@ -55,6 +58,7 @@ class BitsAndBytes(Backend):
     def quantize(self, module, scheme, dtype, device):
         try:
             _replace_linears_with_bnb(module, scheme, dtype, device)
+            quantize_experts(module, scheme, device)
         except (RuntimeError, NotImplementedError, ImportError) as exc:
             if is_oom(exc):
                 raise  # the caller re-plans; not a missing feature
@@ -76,13 +80,17 @@ class Quanto(Backend):
     def transformers_config(self, scheme, dtype, offload):
         from transformers import QuantoConfig
 
-        return QuantoConfig(weights=_quanto_weights(scheme))
+        # transformers' quanto loader takes every nn.Linear subclass too, and a router turned into a QLinear
+        # loses its top-k forward: skip them by name, as well as lm_head (an explicit list drops the defaults)
+        return QuantoConfig(weights=_quanto_weights(scheme), modules_to_not_convert=["lm_head", *ROUTER_MODULE_NAMES])
 
     def quantize(self, module, scheme, dtype, device):
         from optimum.quanto import freeze, qtypes, quantize
 
         module.to(device)
-        quantize(module, weights=qtypes[_quanto_weights(scheme, prefix="q")])
+        quantize_experts(module, scheme, device)
+        subclasses = [name for name, m in module.named_modules() if isinstance(m, nn.Linear) and type(m) is not nn.Linear]
+        quantize(module, weights=qtypes[_quanto_weights(scheme, prefix="q")], exclude=subclasses or None)
         freeze(module)
         for sub in module.modules():  # transformers' quanto loader leaves these scalars in fp32
             for name in ("input_scale", "output_scale"):
@@ -90,6 +98,10 @@ class Quanto(Backend):
                 if buffer is not None:
                     sub._buffers[name] = buffer.float()
 
+
+# Module names of the routers that subclass nn.Linear (transformers 5.23: llama4's feed_forward.router, phimoe's
+# mlp.router); transformers' module patterns match them as suffixes.
+ROUTER_MODULE_NAMES = ("router",)
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (Unquantized(), BitsAndBytes(), Quanto())}
 

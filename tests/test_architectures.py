@@ -174,6 +174,13 @@ def test_moe_facts_match_the_model(case):
     assert down.numel() == spec.moe.num_experts * spec.hidden_size * spec.moe.expert_intermediate_size
     assert spec.moe.experts_per_token == model.config.num_experts_per_tok
     assert 0 < spec.params_active < spec.params_total
+    # the orientation the planner sizes per-expert quantization by is transformers' own (llama4's class has no flag)
+    for t in spec.tensors:
+        if t.kind is Kind.EXPERTS:
+            module = model.get_submodule(t.name.rsplit(".", 1)[0])
+            assert t.transposed == getattr(module, "is_transposed", type(module).__name__ == "Llama4TextExperts")
+            out_f, in_f = t.matrix_shape
+            assert (in_f if t.name.endswith("gate_up_proj") else out_f) == spec.hidden_size, t.name
 
 
 # ------------------------------------------------------------ multimodal wrappers: the text model inside

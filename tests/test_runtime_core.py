@@ -101,12 +101,13 @@ def test_bf16_reload_is_bit_identical(tiny_checkpoints, load_tiny, arch):
     assert torch.equal(_logits(again.model), _logits(load_tiny(arch, "bf16").model))
 
 
-def test_moe_experts_stay_unquantized(load_tiny):
-    """transformers 5.23 keeps Mixtral's experts as fused 3-D parameters, which neither bnb
-    nor quanto replaces: only attention is quantized. The planner must count experts in bf16."""
+def test_moe_experts_are_quantized_per_expert(load_tiny):
+    """transformers 5.23 keeps Mixtral's experts as fused 3-D parameters, which neither bnb nor quanto replaces:
+    vramplan quantizes them itself, per expert (runtime/experts.py; tests/test_moe_experts.py)."""
     model = load_tiny("mixtral", "bnb-nf4").model
     moe = model.model.layers[0].mlp
-    assert moe.experts.gate_up_proj.dtype == torch.bfloat16 and moe.experts.gate_up_proj.ndim == 3
+    assert type(moe.experts).__name__ == "QuantizedExperts" and type(moe.experts.gate_up).__name__ == "Bnb4bitMatrices"
+    assert not any(p.ndim == 3 for p in moe.parameters())
     assert type(model.model.layers[0].self_attn.q_proj).__name__ == "Linear4bit"
 
 

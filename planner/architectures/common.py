@@ -21,8 +21,10 @@ class Inventory:
     def __init__(self) -> None:
         self.tensors: list[TensorSpec] = []
 
-    def add(self, name: str, shape: tuple[int, ...], role: Role, kind: Kind, layer: int | None = None) -> None:
-        self.tensors.append(TensorSpec(name=name, shape=tuple(shape), role=role, kind=kind, layer=layer))
+    def add(self, name: str, shape: tuple[int, ...], role: Role, kind: Kind, layer: int | None = None, *,
+            transposed: bool = False) -> None:
+        self.tensors.append(TensorSpec(name=name, shape=tuple(shape), role=role, kind=kind, layer=layer,
+                                       transposed=transposed))
 
     def linear(self, name: str, out_f: int, in_f: int, role: Role, layer: int | None, bias: bool = False) -> None:
         self.add(f"{name}.weight", (out_f, in_f), role, Kind.LINEAR, layer)
@@ -54,10 +56,10 @@ class Inventory:
         """
         gate_up = (n, hidden, 2 * inter) if transposed else (n, 2 * inter, hidden)
         down = (n, inter, hidden) if transposed else (n, hidden, inter)
-        self.add(f"{prefix}.gate_up_proj", gate_up, Role.EXPERT, Kind.EXPERTS, layer)
+        self.add(f"{prefix}.gate_up_proj", gate_up, Role.EXPERT, Kind.EXPERTS, layer, transposed=transposed)
         if bias:
             self.add(f"{prefix}.gate_up_proj_bias", (n, 2 * inter), Role.EXPERT, Kind.EXPERTS_BIAS, layer)
-        self.add(f"{prefix}.down_proj", down, Role.EXPERT, Kind.EXPERTS, layer)
+        self.add(f"{prefix}.down_proj", down, Role.EXPERT, Kind.EXPERTS, layer, transposed=transposed)
         if bias:
             self.add(f"{prefix}.down_proj_bias", (n, hidden), Role.EXPERT, Kind.EXPERTS_BIAS, layer)
 
