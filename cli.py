@@ -550,6 +550,18 @@ def _usage(e: Exception) -> str:
     return " ".join(message.split()) + hint
 
 
+# The library names request fields (request.<field>); the user typed flags.
+_REQUEST_FLAGS = {"allow_context_overflow": "--allow-context-overflow", "vram_budget_bytes": "--vram-budget",
+                  "ram_budget_bytes": "--ram-budget", "gpu_layers": "--gpu-layers", "kv_dtype": "--kv-dtype",
+                  "quant": "--quant", "offload": "--offload", "context": "--context", "prompt_tokens": "--prompt-tokens"}
+
+
+def _as_flags(message: str) -> str:
+    import re
+
+    return re.sub(r"request\.([a-z_]+)", lambda m: _REQUEST_FLAGS.get(m.group(1), m.group(0)), message)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: one-line errors and the exit codes in this module's docstring."""
     debug = bool(os.environ.get("VRAMPLAN_DEBUG"))
@@ -560,7 +572,7 @@ def main(argv: list[str] | None = None) -> None:
     except VramplanError as e:
         if debug:
             raise
-        out.plain_error(str(e))
+        out.plain_error(_as_flags(str(e)))
         sys.exit(e.exit_code)
     except (KeyboardInterrupt, EOFError):
         out.err.print("interrupted", highlight=False)

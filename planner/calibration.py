@@ -33,7 +33,7 @@ import statistics
 from dataclasses import dataclass
 
 from .hardware import MAX_EFFICIENCY, Calibration, CalibrationEntry
-from .speed import KV_UPDATE_BACKEND
+from .speed import EXPERTS_BACKEND, KV_UPDATE_BACKEND
 
 # Distinct layer counts the runs need before a per-token constant is fitted beside the per-layer cost.
 MIN_DEPTHS_FOR_PER_TOKEN = 3
@@ -65,6 +65,40 @@ class Sample:
     kv_dtype: str = "bf16"
     kv_update_bytes_per_token: float = 0.0  # a quantized cache's extra update traffic per decode step
     label: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertSample:
+    """One timed forward of a quantized experts module (one token routed to `calls` experts)."""
+
+    device: str
+    quant: str
+    bandwidth_bytes_per_s: float  # peak bandwidth of the device
+    bytes_read: float  # the routed experts' bytes
+    calls: int  # experts computed
+    seconds: float  # measured (median)
+    label: str = ""
+
+
+def fit_experts(samples: list[ExpertSample]) -> tuple[CalibrationEntry, dict, list[str]]:
+    """One device x scheme: t = bytes / (bandwidth x eff) + calls x per-call cost, from shapes and k that vary both.
+    Returns the "experts" entry (per_layer_overhead = the cost per expert call), residuals and warnings."""
+    s0 = samples[0]
+    tag = f"{s0.device}/{EXPERTS_BACKEND}/{s0.quant}"
+    rows = [[s.bytes_read / s.bandwidth_bytes_per_s, float(s.calls)] for s in samples]
+    y = [s.seconds for s in samples]
+    coef, held = bounded_nnls(rows, y, [1.0 / (t * t) for t in y], {0: 1 / MAX_EFFICIENCY})
+    warnings = []
+    if 0 in held:
+        warnings.append(f"{tag}: the experts read their bytes faster than the profile's peak bandwidth allows: held "
+                        f"the efficiency at {MAX_EFFICIENCY:g}")
+    eff, per_call = _eff(coef[0]), coef[1]
+    errs = [100.0 * abs(r[0] * coef[0] + r[1] * per_call - t) / t for r, t in zip(rows, y)]
+    residuals = {f"{tag}: abs_pct_median": round(statistics.median(errs), 3), f"{tag}: abs_pct_max": round(max(errs), 3)}
+    entry = CalibrationEntry(device=s0.device, backend=EXPERTS_BACKEND, quant=s0.quant,
+                             bandwidth_efficiency=round(eff, 5), compute_efficiency=None,
+                             per_layer_overhead_s=round(per_call, 9))
+    return entry, residuals, warnings
 
 
 @dataclass(frozen=True)

@@ -373,9 +373,9 @@ def check_context(spec: ModelSpec, req: Request) -> list[str]:
         return [f"context {req.context} is beyond max_position_embeddings {spec.max_context}, within the {why}"]
     if not req.allow_context_overflow:
         raise PlanError(f"context {req.context} exceeds what {spec.name} is made for ({why}): quality past it is "
-                        f"not what the model was trained for; plan at most {limit} tokens, or pass "
-                        "--allow-context-overflow to plan it anyway")
-    return [f"context {req.context} exceeds {spec.name}'s {why}: planned as asked (--allow-context-overflow); "
+                        f"not what the model was trained for; plan at most {limit} tokens, or set "
+                        "request.allow_context_overflow to plan it anyway")
+    return [f"context {req.context} exceeds {spec.name}'s {why}: planned as asked (the overflow is allowed); "
             "expect the quality to degrade past it"]
 
 
@@ -430,9 +430,6 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     if len([k for k in c.gpu_layers_per_device if k]) > 1:
         warnings.append("the layers are split over several GPUs: a pipeline, so at batch 1 the GPUs take turns; "
                         "they hold a bigger model, they do not decode faster than one GPU would")
-    if spec.moe is not None and SCHEMES[c.weight_quant].quantized:
-        warnings.append("transformers 5 stores MoE experts as fused 3D tensors that bitsandbytes and quanto do not "
-                        "quantize: the experts stay in bf16 and are counted so")
     if SCHEMES[c.weight_quant].backend == "bnb" and c.compute_device is ComputeDevice.CPU:
         warnings.append("bitsandbytes runs on the CPU only slowly; quanto schemes are the CPU-capable backend")
     return Plan(**common, chosen=chosen, reasons=reasons, warnings=warnings)

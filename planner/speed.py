@@ -97,6 +97,16 @@ def cached_elements_per_layer(spec: ModelSpec, context: int, batch: int) -> list
     return [per[a] for a in spec.attention]
 
 
+# Routed experts (MoE), per layer and step: their bytes at the "experts" efficiency of the scheme on that device, plus
+# a fixed cost per routed expert computed (gather its tokens, two matmuls, the gate, scatter-add: kernels and Python,
+# like a layer's fixed cost but per expert). Calibration measures both (entries with backend "experts": bandwidth
+# efficiency, and per_layer_overhead = the cost per expert call); uncalibrated, the weights' efficiency and these
+# defaults: on a GPU EXPERT_CALL_LAUNCHES kernel launches, on a CPU DEFAULT_CPU_EXPERT_CALL_S (eager dispatch of those
+# ops, about 50 us measured on the 2-core dev VM with quanto int4 experts).
+EXPERTS_BACKEND = "experts"
+EXPERT_CALL_LAUNCHES = 8
+DEFAULT_CPU_EXPERT_CALL_S = 40e-6
+
 # Each time the hidden state changes device (GPU to GPU in a multi-GPU pipeline, GPU to CPU and back around cpu-mode
 # layers or routed experts in RAM) it crosses the link (its bytes over the host link) and synchronises, costed as
 # this many kernel launches (a default estimate, the profile's kernel_launch each).
@@ -118,6 +128,22 @@ def efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> Effici
                       compute=e.compute_efficiency if e.compute_efficiency is not None else comp,
                       per_layer_s=e.per_layer_overhead_s, per_token_s=e.per_token_overhead_s,
                       source=f"calibrated {hw.calibration.measured_at}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertEfficiency:
+    bandwidth: float  # routed experts' bytes, achieved / peak bandwidth
+    per_call_s: float  # fixed cost of one routed expert's forward
+    source: str
+
+
+def expert_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, weights: Efficiency) -> ExpertEfficiency:
+    e = hw.calibration.lookup(device, EXPERTS_BACKEND, scheme.name) if hw.calibration is not None else None
+    if e is not None and e.bandwidth_efficiency is not None:
+        return ExpertEfficiency(bandwidth=e.bandwidth_efficiency, per_call_s=e.per_layer_overhead_s,
+                                source=f"calibrated {hw.calibration.measured_at}")
+    call = EXPERT_CALL_LAUNCHES * hw.overheads.kernel_launch_s if device == "gpu" else DEFAULT_CPU_EXPERT_CALL_S
+    return ExpertEfficiency(bandwidth=weights.bandwidth, per_call_s=call, source="default")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +181,13 @@ def _active_fraction(spec: ModelSpec, batch: int) -> float:
         return 1.0
     e, k = spec.moe.num_experts, spec.moe.experts_per_token
     return 1.0 - (1.0 - k / e) ** batch
+
+
+def experts_touched(spec: ModelSpec, tokens: int) -> float:
+    """Distinct routed experts `tokens` routed tokens reach in one MoE layer (expected, uniform routing)."""
+    if spec.moe is None:
+        return 0.0
+    return spec.moe.num_experts * _active_fraction(spec, tokens)
 
 
 @dataclass(frozen=True)
@@ -222,6 +255,7 @@ class DecodeWork:
 
     weights_bytes: list[float]  # read per layer (MoE: the routed experts only)
     expert_bytes: list[float]  # of those, the routed experts'
+    expert_calls: list[float]  # routed experts computed per layer (distinct experts the batch reaches)
     kv_read_bytes: list[float]  # the attention kernel's read of the cache, in the compute dtype
     kv_stored_bytes: list[float]  # the cache as stored (what a bandwidth roofline must read)
     kv_update_bytes: list[float]  # a quantized cache's extra update traffic
@@ -238,6 +272,7 @@ def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int,
     return DecodeWork(
         weights_bytes=read.total,
         expert_bytes=read.experts,
+        expert_calls=[experts_touched(spec, batch) if b else 0.0 for b in read.experts],
         kv_read_bytes=[e * compute_bytes for e in elements] if kv.dequantizes_whole_layer else [float(b) for b in stored],
         kv_stored_bytes=[float(b) for b in stored],
         kv_update_bytes=[e * kv.update_extra_bytes_per_element for e in elements],
@@ -254,17 +289,23 @@ class DeviceRates:
     flop_per_s: float
     weights: Efficiency
     kv: KVEfficiency
+    experts: ExpertEfficiency
 
     def weights_s(self, nbytes: float) -> float:
         return nbytes / (self.bandwidth_bytes_per_s * self.weights.bandwidth)
 
+    def experts_s(self, nbytes: float, calls: float) -> float:
+        """Routed experts computed here: their bytes, and a fixed cost per expert."""
+        return nbytes / (self.bandwidth_bytes_per_s * self.experts.bandwidth) + calls * self.experts.per_call_s
+
     def layer_decode_s(self, w: DecodeWork, i: int, *, without_experts: bool = False) -> float:
+        """One layer's decode step here; its routed experts too unless they are computed elsewhere."""
         bw = self.bandwidth_bytes_per_s
         attention = max(w.kv_read_bytes[i] / (bw * self.kv.read),
                         w.attention_flop[i] / (self.flop_per_s * self.kv.attention_compute))
-        weights = w.weights_bytes[i] - (w.expert_bytes[i] if without_experts else 0.0)
-        return (self.weights_s(weights) + attention + w.kv_update_bytes[i] / (bw * self.kv.update)
-                + self.weights.per_layer_s)
+        experts = 0.0 if without_experts else self.experts_s(w.expert_bytes[i], w.expert_calls[i])
+        return (self.weights_s(w.weights_bytes[i] - w.expert_bytes[i]) + experts + attention
+                + w.kv_update_bytes[i] / (bw * self.kv.update) + self.weights.per_layer_s)
 
     def prefill_s(self, flop: float, chunk_bytes: float, chunks: int) -> float:
         """A prefill's share on this device: compute-bound, unless re-reading its weights each chunk takes longer."""
@@ -274,11 +315,13 @@ class DeviceRates:
 def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme) -> DeviceRates:
     """The rates of GPU `device` (an index) or of "cpu"."""
     gpu = device != "cpu"
-    eff = efficiency(hw, "gpu" if gpu else "cpu", scheme)
+    kind = "gpu" if gpu else "cpu"
+    eff = efficiency(hw, kind, scheme)
     g = hw.devices[device] if gpu else None
     return DeviceRates(bandwidth_bytes_per_s=g.memory_bandwidth_bytes_per_s if gpu else hw.host.ram_bandwidth_bytes_per_s,
                        flop_per_s=g.bf16_flops if gpu else hw.host.cpu_bf16_flops,
-                       weights=eff, kv=kv_efficiency(hw, "gpu" if gpu else "cpu", spec, kv, eff))
+                       weights=eff, kv=kv_efficiency(hw, kind, spec, kv, eff),
+                       experts=expert_efficiency(hw, kind, scheme, eff))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -356,7 +399,7 @@ class _Model:
                 offloaded_s += rates.layer_decode_s(w, i)
             elif i in self.experts_on_cpu:
                 resident_s += rates.layer_decode_s(w, i, without_experts=True)
-                experts_s += cpu.weights_s(w.expert_bytes[i]) + cpu.weights.per_layer_s
+                experts_s += cpu.experts_s(w.expert_bytes[i], w.expert_calls[i])
             else:
                 resident_s += rates.layer_decode_s(w, i)
         head_s = self.main.weights_s(w.head_bytes)
@@ -406,7 +449,11 @@ class _Model:
                 seg[1 if i not in self.streamed else 2] += self.costs.weights[i]
         head = segments.setdefault(0 if self.c.on_gpu else CPU_DEVICE, [0.0, 0.0, 0.0])
         head[0] += _head_flop(self.spec) * req.batch
-        total = 0.0
+        # each chunk computes every expert its tokens reach once per MoE layer: a fixed cost per expert call
+        touched = experts_touched(self.spec, min(req.prefill_chunk, prompt) * req.batch)
+        calls_s = sum(chunks * touched * self.rates[CPU_DEVICE if i in self.experts_on_cpu else dev].experts.per_call_s
+                      for i, dev in enumerate(self.device) if self.costs.experts and self.costs.experts[i])
+        total = calls_s
         for dev, (f, chunk_bytes, link_bytes) in segments.items():
             t = self.rates[dev].prefill_s(f, chunk_bytes, chunks)
             if link_bytes:
@@ -447,6 +494,7 @@ def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightS
                "attention_compute_efficiency": main.kv.attention_compute, "kv_update_efficiency": main.kv.update,
                "kv_efficiency_source": main.kv.source, "bandwidth_efficiency": main.weights.bandwidth,
                "compute_efficiency": main.weights.compute, "per_layer_s": main.weights.per_layer_s,
-               "per_token_s": main.weights.per_token_s,
+               "per_token_s": main.weights.per_token_s, "experts_bandwidth_efficiency": main.experts.bandwidth,
+               "per_expert_call_s": main.experts.per_call_s, "experts_efficiency_source": main.experts.source,
                "link_efficiency": DEFAULT_LINK_EFFICIENCY if c.offload is OffloadMode.STREAM else None},
     )

@@ -17,7 +17,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
-from planner.calibration import Sample, fit
+from planner.calibration import ExpertSample, Sample, fit, fit_experts
 from planner.errors import VramplanError
 from planner.hardware import HardwareProfile
 from planner.memory import layer_costs
@@ -38,6 +38,7 @@ class Matrix:
     prefill_chunk: int = 2048
     repeats: int = 2
     kv_dtypes: tuple[str, ...] = ()  # quantized caches, run on the first model at the longest prompt
+    experts: bool = True  # time routed MoE experts per scheme (measure_experts)
 
 
 # Sizes that finish in a few minutes on a 2-core CPU machine, larger on a GPU.
@@ -248,6 +249,77 @@ def measure_runtime_ram(hw: HardwareProfile, matrix: Matrix, *,
     return (max(0, int(statistics.median(extras))) if extras else None), warnings
 
 
+# The experts micro-benchmark: one MoE layer's routed experts (transformers' fused Qwen3-MoE experts, quantized per
+# expert as runs do), one token routed to k of them, at two expert sizes: a small one and Qwen3-30B-A3B's
+# (hidden 2048, expert intermediate 768). Varying the size and k separates bytes from the per-expert cost.
+EXPERT_SHAPES = ((512, 256), (2048, 768))
+EXPERT_COUNT = 32
+EXPERT_TOP_K = (2, 8)
+EXPERT_REPEATS = 21
+
+
+def measure_experts(hw: HardwareProfile, quants: tuple[str, ...], device: str, *,
+                    progress: Callable[[str], None] | None = None) -> tuple[list[ExpertSample], list[str]]:
+    """Time quantized routed experts for each scheme on `device` ("cpu" or "cuda"); the samples and a warning per
+    scheme that could not be measured."""
+    import time
+
+    import torch
+    from transformers import AutoConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    from .experts import QuantizedExperts
+
+    say = progress or (lambda _: None)
+    samples, warnings = [], []
+    on_gpu = device != "cpu"
+    bandwidth = hw.gpu.memory_bandwidth_bytes_per_s if on_gpu else hw.host.ram_bandwidth_bytes_per_s
+    generator = torch.Generator().manual_seed(0)
+
+    def sync():
+        if on_gpu:
+            torch.cuda.synchronize()
+
+    for quant in quants:
+        scheme = SCHEMES[quant]
+        say(f"experts: {quant} on {device}")
+        try:
+            for hidden, inter in EXPERT_SHAPES:
+                config = AutoConfig.for_model("qwen3_moe", hidden_size=hidden, moe_intermediate_size=inter,
+                                              num_experts=EXPERT_COUNT, num_experts_per_tok=max(EXPERT_TOP_K))
+                config._experts_implementation = "eager"  # standalone: the model's dispatch never set it
+                experts = Qwen3MoeExperts(config).to(torch.bfloat16)
+                for p in experts.parameters():
+                    p.data.normal_(0, 0.02, generator=generator)
+                if scheme.quantized:
+                    module = QuantizedExperts(experts, scheme, device)
+                    per_expert = module.expert_nbytes
+                else:
+                    module = experts.to(device=device, dtype=getattr(torch, scheme.compute_dtype))
+                    per_expert = (3 * hidden * inter) * scheme.bits // 8
+                x = torch.randn(1, hidden, generator=generator).to(device=device, dtype=torch.bfloat16)
+                for k in EXPERT_TOP_K:
+                    times = []
+                    for _ in range(EXPERT_REPEATS):
+                        index = torch.randperm(EXPERT_COUNT, generator=generator)[:k][None].to(device)
+                        weights = torch.full((1, k), 1.0 / k, dtype=torch.bfloat16, device=device)
+                        sync()
+                        t0 = time.perf_counter()
+                        with torch.inference_mode():
+                            module(x, index, weights)
+                        sync()
+                        times.append(time.perf_counter() - t0)
+                    samples.append(ExpertSample(device="gpu" if on_gpu else "cpu", quant=quant,
+                                                bandwidth_bytes_per_s=bandwidth, bytes_read=float(per_expert * k),
+                                                calls=k, seconds=statistics.median(times[1:]),
+                                                label=f"{quant} experts {hidden}x{inter} top-{k}"))
+                del module, experts
+        except Exception as e:  # a scheme this machine cannot run is reported, the others go on
+            warnings.append(f"experts {quant} on {device}: not measured ({type(e).__name__}: {e})")
+            samples = [x for x in samples if x.quant != quant]
+    return samples, warnings
+
+
 def calibrate(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str], None] | None = None,
               earlier: list[RunRecord] = ()) -> CalibrationResult:
     """Measure, fit (with `earlier` runs of this machine, from a previous call), and return the profile with its
@@ -261,9 +333,27 @@ def calibrate(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str], 
     runtime_ram, ram_warnings = measure_runtime_ram(hw, matrix, progress=progress)
     warnings.extend(ram_warnings)
     cal = replace(fitted.calibration, runtime_ram_bytes=runtime_ram)
+    if matrix.experts:
+        cal = _with_experts(cal, hw, matrix, progress, warnings)
     note = (f"calibrated by vramplan calibrate on {cal.measured_at}: {len(records)} runs of "
             f"{', '.join(matrix.models)} x {', '.join(matrix.quants)} x prompts {', '.join(map(str, matrix.prompts))}"
             + (f"; KV caches {', '.join(sorted({r.kv_dtype for r in records} - {'bf16'}))}"
                if any(r.kv_dtype != "bf16" for r in records) else ""))
     notes = tuple(n for n in hw.notes if not n.startswith("calibrated by")) + (note,)
     return CalibrationResult(profile=replace(hw, calibration=cal, notes=notes), records=records, warnings=warnings)
+
+
+def _with_experts(cal, hw: HardwareProfile, matrix: Matrix, progress, warnings: list[str]):
+    """The calibration with an "experts" entry per scheme of the matrix, measured here."""
+    import torch
+
+    device = "cuda" if hw.has_gpu and torch.cuda.is_available() else "cpu"
+    samples, w = measure_experts(hw, matrix.quants, device, progress=progress)
+    warnings.extend(w)
+    entries, residuals = list(cal.entries), dict(cal.residuals)
+    for quant in dict.fromkeys(x.quant for x in samples):
+        entry, res, w = fit_experts([x for x in samples if x.quant == quant])
+        entries = [e for e in entries if e.key != entry.key] + [entry]
+        residuals.update(res)
+        warnings.extend(w)
+    return replace(cal, entries=tuple(entries), residuals=residuals)

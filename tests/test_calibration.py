@@ -120,3 +120,49 @@ def test_quantized_kv_is_predicted_slower_on_a_cpu_when_its_update_costs_more():
         speeds[kv] = p.predicted.decode_tokens_per_s
         assert (p.predicted.terms["kv_update_s"] > 0) == (kv != "bf16")
     assert speeds["bf16"] > max(speeds["fp8"], speeds["quanto-int4"], speeds["quanto-int2"])
+
+
+# ---------------------------------------------------------------- routed experts
+def test_fit_experts_recovers_bandwidth_and_per_call_cost():
+    from planner.calibration import ExpertSample, fit_experts
+
+    bw, eff, call = 40e9, 0.6, 50e-6
+    samples = [ExpertSample(device="cpu", quant="quanto-int4", bandwidth_bytes_per_s=bw, bytes_read=b * k, calls=k,
+                            seconds=b * k / (bw * eff) + k * call)
+               for b in (0.4e6, 2.5e6) for k in (2, 8)]
+    entry, residuals, warnings = fit_experts(samples)
+    assert entry.backend == "experts" and entry.quant == "quanto-int4" and not warnings
+    assert entry.bandwidth_efficiency == pytest.approx(eff, rel=1e-4)
+    assert entry.per_layer_overhead_s == pytest.approx(call, rel=1e-4)
+    assert max(residuals.values()) < 1e-3
+
+
+def test_moe_decode_prices_each_routed_expert_and_the_calibration_replaces_the_default():
+    """Qwen3-30B-A3B on a CPU: 48 MoE layers x 8 routed experts a token; the per-call cost adds 384 calls a step."""
+    from planner.hardware import Calibration, CalibrationEntry
+
+    hw = resolve_profile("cpu-ddr5-desktop")[0]
+    spec = model_spec("Qwen/Qwen3-30B-A3B")
+    req = Request(context=1024, prompt_tokens=32, quant=("quanto-int4",), kv_dtype=("bf16",))
+
+    def step_s(entries) -> tuple[float, dict]:
+        h = dataclasses.replace(hw, calibration=Calibration(measured_at="2026-11-23", entries=entries)) if entries else hw
+        p = plan(spec, h, req)
+        return 1.0 / p.chosen.speed.decode_tokens_per_s, p.chosen.speed.terms
+
+    base_s, terms = step_s(())
+    assert terms["experts_efficiency_source"] == "default" and terms["per_expert_call_s"] == 40e-6
+    weights = CalibrationEntry(device="cpu", backend="quanto", quant="quanto-int4", bandwidth_efficiency=0.5,
+                               compute_efficiency=0.3)
+
+    def experts(eff, call):
+        return CalibrationEntry(device="cpu", backend="experts", quant="quanto-int4", bandwidth_efficiency=eff,
+                                compute_efficiency=None, per_layer_overhead_s=call)
+
+    a, terms = step_s((weights, experts(0.5, 0.0)))
+    b, _ = step_s((weights, experts(0.5, 100e-6)))
+    assert terms["experts_efficiency_source"].startswith("calibrated")
+    assert b - a == pytest.approx(48 * 8 * 100e-6, rel=1e-9)
+    c, _ = step_s((weights, experts(0.25, 0.0)))  # half the efficiency: the experts' byte time doubles
+    expert_bytes = 48 * 8 * 3 * 2048 * 768 / 2  # int4 payload alone (scales on top): a lower bound of the change
+    assert c - a > expert_bytes / (hw.host.ram_bandwidth_bytes_per_s * 0.5)

@@ -23,10 +23,10 @@ def test_gemma2_at_32k_is_refused_unless_allowed():
     spec = model_spec("google/gemma-2-9b")
     assert context_limit(spec) == (8192, "max_position_embeddings 8192")
     with pytest.raises(PlanError, match=r"context 32768 exceeds .* \(max_position_embeddings 8192\).*"
-                                        r"--allow-context-overflow"):
+                                        r"request.allow_context_overflow"):
         plan(spec, HW, Request(context=32768))
     allowed = plan(spec, HW, Request(context=32768, allow_context_overflow=True))
-    assert allowed.fits and any("--allow-context-overflow" in w for w in allowed.warnings)
+    assert allowed.fits and any("the overflow is allowed" in w for w in allowed.warnings)
     assert allowed.to_dict()["request"]["allow_context_overflow"] is True
     assert not any("max_position_embeddings" in w for w in plan(spec, HW, Request(context=8192)).warnings)
 
@@ -65,6 +65,7 @@ def test_cli_refuses_in_one_line_with_exit_2(capsys):
     base = ("plan", "--model", "google/gemma-2-9b", "-H", "rtx-4090", "--context", "32k")
     code, _, err = _main(capsys, *base)
     assert code == 2 and err.strip().startswith("error: context 32768 exceeds") and len(err.strip().splitlines()) == 1
+    assert "pass --allow-context-overflow" not in err and "set --allow-context-overflow" in err  # the CLI's words
     code, _, _ = _main(capsys, *base, "--allow-context-overflow", "--json")
     assert code == 0
     code, _, err = _main(capsys, *base, "--engine", "llama.cpp")

@@ -398,3 +398,21 @@ def test_experts_move_between_cpu_and_cuda_as_a_whole(quant):
         module.to("cpu")
         assert torch.equal(module(hidden, index, weights).float(), on_cpu)
     assert float((on_cuda - on_cpu).norm() / on_cpu.norm()) < 3e-2
+
+
+def test_the_calibration_times_routed_experts_per_scheme():
+    """`vramplan calibrate`'s experts micro-benchmark: both expert sizes x both k, bytes = k x one expert's bytes as
+    the quantized module holds them, and a fit with a positive per-call cost and an efficiency within (0, 1]."""
+    from planner.calibration import fit_experts
+    from planner.profiles import resolve_profile
+    from runtime.calibrate import EXPERT_SHAPES, EXPERT_TOP_K, measure_experts
+
+    hw = resolve_profile("cpu-ddr5-desktop")[0]
+    samples, warnings = measure_experts(hw, ("quanto-int4",), "cpu")
+    assert not warnings and len(samples) == len(EXPERT_SHAPES) * len(EXPERT_TOP_K)
+    small, big = samples[0], samples[-1]
+    assert small.calls == min(EXPERT_TOP_K) and big.calls == max(EXPERT_TOP_K)
+    assert big.bytes_read / big.calls > small.bytes_read / small.calls  # the larger expert reads more
+    assert all(s.seconds > 0 for s in samples)
+    entry, _, _ = fit_experts(samples)
+    assert 0 < entry.bandwidth_efficiency <= 1 and entry.per_layer_overhead_s >= 0

@@ -13,7 +13,7 @@ import psutil
 import pynvml
 import pytest
 
-from planner.profile_yaml import dumps_profile, load_profile, loads_profile, profile_to_dict
+from planner.profile_yaml import dumps_profile, load_profile, loads_profile, profile_from_dict, profile_to_dict
 from planner.units import GiB, MiB
 from runtime import probe as probe_mod
 from runtime.probe import core as probe_core
@@ -410,8 +410,8 @@ def test_quick_probe_on_this_machine():
     assert p.host.ram_bytes == _expected_ram()
     assert p.host.ram_bandwidth_bytes_per_s > 1e8 and p.host.cpu_bf16_flops > 1e9
     assert not p.measured
-    assert load_profile  # the profile is plain data: it round-trips
     json.dumps({"profile": profile_to_dict(p), "readings": r.readings})
+    assert profile_from_dict(profile_to_dict(p)) == p  # plain data: it round-trips
     if not p.gpus:
         assert p.link is None and p.overheads.cuda_context_bytes == 0 and p.overheads.kernel_launch_s == 0
         assert any("NVML" in n or "no GPU" in n for n in p.notes)
