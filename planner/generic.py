@@ -257,18 +257,73 @@ def spec_from_headers(config: dict, header: Mapping, *, name: str, source: str, 
     n = config_int(Cfg(config, where), LAYER_KEYS)
     stack = decoder_stack(header, n, where)
     moe = any(is_routed_expert(k) or len(h.shape) == 3 for k, h in header.items())
-    tensors = []
+    entries = []
     for key, h in header.items():
         layer = layer_of(key, stack)
         if layer is not None and layer >= n:
             continue
         role, kind = classify(key, h.shape, layer is not None, moe)
-        tensors.append(TensorSpec(name=key, shape=h.shape, role=role, kind=kind, layer=layer, dtype=h.dtype))
+        entries.append((key, tuple(h.shape), role, kind, layer, h.dtype))
+    tensors = [TensorSpec(name=k, shape=shape, role=role, kind=kind, layer=layer, dtype=dtype)
+               for k, shape, role, kind, layer, dtype in _fuse_per_expert(entries)]
     tied = not any(t.role is Role.LM_HEAD and t.kind is Kind.LINEAR for t in tensors)
     archs = config.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else f"{config['model_type']}"
     return spec_from_tensors(config, tensors, name=name, source=source, where=where, inventory=INVENTORY_HEADERS,
                              architecture=arch, tied=tied)
+
+
+_PER_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>[A-Za-z0-9_]+)\.weight$")
+# Per-expert checkpoint names of the projections transformers 5 fuses into gate_up_proj [E, 2I, H] (gate rows
+# first) and down_proj [E, H, I] when it loads them (its weight conversions; mixtral's w1/w3/w2).
+_GATE, _UP, _DOWN = ("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")
+
+
+def _fuse_per_expert(entries: list[tuple]) -> list[tuple]:
+    """A checkpoint that stores each routed expert's matrices apart (experts.{e}.gate_proj.weight, ...) is loaded by
+    transformers 5 into fused 3-D experts: count them as it holds them, so quantized bytes are those of the fused
+    layout the runtime quantizes (the parameters are the same). Entries: (name, shape, role, kind, layer, dtype)."""
+    groups: dict[str, dict[str, list[tuple]]] = {}
+    rest = []
+    for entry in entries:
+        m = _PER_EXPERT.match(entry[0])
+        if m and entry[3] is Kind.EXPERTS and len(entry[1]) == 2:
+            groups.setdefault(m["prefix"], {}).setdefault(m["proj"], []).append(entry)
+        else:
+            rest.append(entry)
+    fused = []
+    for prefix, projs in groups.items():
+        gate = next((g for g in _GATE if g in projs), None)
+        up = next((u for u in _UP if u in projs), None)
+        if gate and up:  # one gate_up_proj, gate rows first
+            g, u = projs.pop(gate), projs.pop(up)
+            fused.append(_stacked(f"{prefix}.gate_up_proj", g, (g[0][1][0] + u[0][1][0], g[0][1][1])))
+        down = next((d for d in _DOWN if d in projs), None)
+        if down:
+            fused.append(_stacked(f"{prefix}.down_proj", projs.pop(down), None))
+        fused += [_stacked(f"{prefix}.{proj}", items, None) for proj, items in projs.items()]
+    return rest + fused
+
+
+def _stacked(name: str, items: list[tuple], matrix: tuple[int, int] | None) -> tuple:
+    """One fused [E, out, in] entry for the per-expert `items` (E = the distinct expert indices)."""
+    _, shape, role, kind, layer, dtype = items[0]
+    experts = len({_PER_EXPERT.match(i[0])["expert"] for i in items})
+    return (name, (experts, *(matrix or shape)), role, kind, layer, dtype)
+
+
+def _mark_transposed_experts(tensors: Sequence[TensorSpec]) -> list[TensorSpec]:
+    """Fused experts stored [E, in, out] (gpt_oss, llama4: gate_up [E, H, 2I], down [E, I, H]) rather than
+    [E, out, in] (gate_up [E, 2I, H], down [E, H, I]): the hidden size is gate_up's middle axis and down's last
+    one only in the transposed layout. The quantized bytes depend on which axis the output rows are."""
+    fused = {t.name: t for t in tensors if t.kind is Kind.EXPERTS and len(t.shape) == 3}
+    transposed = set()
+    for name, t in fused.items():
+        if name.endswith("gate_up_proj"):
+            down = fused.get(name.removesuffix("gate_up_proj") + "down_proj")
+            if down is not None and t.shape[1] == down.shape[2]:
+                transposed |= {name, down.name}
+    return [replace(t, transposed=True) if t.name in transposed else t for t in tensors]
 
 
 def spec_from_tensors(config: dict, tensors: Sequence[TensorSpec], *, name: str, source: str, where: str,
@@ -278,6 +333,7 @@ def spec_from_tensors(config: dict, tensors: Sequence[TensorSpec], *, name: str,
     c = Cfg(config, where)
     n = config_int(c, LAYER_KEYS)
     hidden = config_int(c, HIDDEN_KEYS)
+    tensors = _mark_transposed_experts(tensors)
     missing = sorted(set(range(n)) - {t.layer for t in tensors})
     if missing:
         raise CheckpointError(f"{where}: the config has {n} decoder layers but layers {missing[:5]} hold no tensors")
