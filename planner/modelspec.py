@@ -291,14 +291,21 @@ class ModelSpec:
 
     def per_layer(self, fn) -> list:
         """fn(layer tensors) for every layer, computed once per distinct layer signature."""
-        cache: dict = {}
-        out = []
+        values = [fn(self.layer_tensors(i)) for i in self._signature_groups[0]]
+        return [values[g] for g in self._signature_groups[1]]
+
+    @cached_property
+    def _signature_groups(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(a representative layer of each distinct signature, each layer's signature group)."""
+        index: dict = {}
+        first, group = [], []
         for i in range(self.num_layers):
             sig = self.layer_signature(i)
-            if sig not in cache:
-                cache[sig] = fn(self.layer_tensors(i))
-            out.append(cache[sig])
-        return out
+            if sig not in index:
+                index[sig] = len(first)
+                first.append(i)
+            group.append(index[sig])
+        return tuple(first), tuple(group)
 
     @cached_property
     def attention_groups(self) -> tuple[tuple[AttentionLayout, int], ...]:
@@ -307,6 +314,17 @@ class ModelSpec:
         for a in self.attention:
             counts[a] = counts.get(a, 0) + 1
         return tuple(counts.items())
+
+    @cached_property
+    def attention_group_of(self) -> tuple[int, ...]:
+        """Each layer's index into attention_groups (per-layer figures computed once per distinct layout)."""
+        index = {a: g for g, (a, _) in enumerate(self.attention_groups)}
+        return tuple(index[a] for a in self.attention)
+
+    def per_attention_layout(self, fn) -> list:
+        """fn(layout) for every layer, computed once per distinct layout."""
+        values = [fn(a) for a, _ in self.attention_groups]
+        return [values[g] for g in self.attention_group_of]
 
     def tensor(self, name: str) -> TensorSpec:
         for t in self.tensors:

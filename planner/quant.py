@@ -324,5 +324,4 @@ def kv_bytes(spec: ModelSpec, kv: KVScheme, context: int, batch: int, layers=Non
 
 
 def kv_bytes_per_layer(spec: ModelSpec, kv: KVScheme, context: int, batch: int) -> list[int]:
-    per = {a: int(math.ceil(layer_kv_bytes(a, kv, context, batch))) for a, _ in spec.attention_groups}
-    return [per[a] for a in spec.attention]
+    return spec.per_attention_layout(lambda a: int(math.ceil(layer_kv_bytes(a, kv, context, batch))))

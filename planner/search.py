@@ -95,15 +95,14 @@ def _placements(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weig
     fitting: list[Placement] = []
     closest = _placement(fp, L, OffloadMode.NONE, best_effort=True)
     for mode in modes:
-        for n in range(L - 1, -1, -1):
-            p = _placement(fp, n, mode)
-            if p is None:
-                continue  # the GPUs have no room for n layers
+        # the most layers the GPUs have room for (fewer always have room); fewer GPU layers only put more in RAM
+        n = bisect_max(lambda k: _placement(fp, k, mode) is not None, 0, L - 1)
+        p = _placement(fp, n, mode) if n >= 0 else None
+        if p is not None:
             if fp.over(p) is None:
                 fitting.append(p)
             else:
                 closest = p  # the GPUs have room; RAM ran out
-            break  # fewer GPU layers only put more in RAM
     experts = _experts_in_ram(fp) if not req.offload else None
     if experts is not None:
         fitting.append(experts)

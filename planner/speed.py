@@ -87,14 +87,12 @@ KV_UPDATE_BACKEND = "kv-update"
 
 def decode_attention_flops_per_layer(spec: ModelSpec, context: int, batch: int) -> list[float]:
     """FLOPs of one query token's attention per layer: QK^T and AV over the cached tokens (GQA saves none)."""
-    per = {a: 4.0 * a.num_heads * a.head_dim * a.cached_tokens(context) * batch for a, _ in spec.attention_groups}
-    return [per[a] for a in spec.attention]
+    return spec.per_attention_layout(lambda a: 4.0 * a.num_heads * a.head_dim * a.cached_tokens(context) * batch)
 
 
 def cached_elements_per_layer(spec: ModelSpec, context: int, batch: int) -> list[int]:
     """Elements (K and V) each layer's cache holds at `context` tokens x `batch` sequences (windows capped)."""
-    per = {a: a.cached_tokens(context) * a.kv_elements_per_token * batch for a, _ in spec.attention_groups}
-    return [per[a] for a in spec.attention]
+    return spec.per_attention_layout(lambda a: a.cached_tokens(context) * a.kv_elements_per_token * batch)
 
 
 # Routed experts (MoE), per layer and step: their bytes at the "experts" efficiency of the scheme on that device, plus
@@ -369,6 +367,7 @@ class _Model:
         self.crossings = (sum(1 for a, b in zip(path, path[1:]) if a != b) + 2 * len(self.experts_on_cpu))
         self.hidden_bytes = spec.hidden_size * dtype_bytes(scheme.compute_dtype) * req.batch  # one token's state
         self.crossing_s = self._crossing_s(1)
+        self._works: dict[int, DecodeWork] = {}
 
     def _crossing_s(self, tokens: int) -> float:
         """One change of device for `tokens` positions' hidden states: their bytes over the link, and a sync."""
@@ -385,8 +384,14 @@ class _Model:
         rest = 0 if c.offload is OffloadMode.STREAM else CPU_DEVICE
         return devices + [rest] * (L - len(devices))
 
+    def _work(self, context: int) -> DecodeWork:
+        if context not in self._works:
+            self._works[context] = decode_work(self.spec, self.scheme, self.kv, self.req.batch, context, self.costs,
+                                               self.read)
+        return self._works[context]
+
     def decode_s(self, context: int) -> tuple[float, dict]:
-        w = decode_work(self.spec, self.scheme, self.kv, self.req.batch, context, self.costs, self.read)
+        w = self._work(context)
         resident_s = offloaded_s = experts_s = 0.0
         cpu = self.rates[CPU_DEVICE]
         for i, dev in enumerate(self.device):
@@ -412,7 +417,7 @@ class _Model:
 
     def ceiling_s(self, context: int) -> float:
         """The bytes a step must read over the bandwidth where they live; streamed layers over the link."""
-        w = decode_work(self.spec, self.scheme, self.kv, self.req.batch, context, self.costs, self.read)
+        w = self._work(context)
         cpu_bw = self.rates[CPU_DEVICE].bandwidth_bytes_per_s
         t = w.head_bytes / self.main.bandwidth_bytes_per_s
         for i, dev in enumerate(self.device):
