@@ -333,7 +333,11 @@ def _constants(hw: HardwareProfile, req: Request) -> dict:
                 out[f"gpu{entry}_memory_bandwidth_bytes_per_s"] = {"value": g.memory_bandwidth_bytes_per_s,
                                                                    "from": f"{where}.memory_bandwidth"}
             entry += 1
+    out["cpu_expert_call_s"] = {"value": sp.DEFAULT_CPU_EXPERT_CALL_S, "from": "planner.speed.DEFAULT_CPU_EXPERT_CALL_S "
+                                "(MoE, until calibrated: calibration.experts)"}
     if hw.gpu is not None:
+        out["expert_call_launches"] = {"value": sp.EXPERT_CALL_LAUNCHES, "from": "planner.speed.EXPERT_CALL_LAUNCHES "
+                                       "(MoE, until calibrated: calibration.experts)"}
         out["crossing_sync_launches"] = {"value": sp.CROSSING_SYNC_LAUNCHES, "from": "planner.speed.CROSSING_SYNC_LAUNCHES"}
     if hw.gpu is not None:
         out["gpu_memory_bandwidth_bytes_per_s"] = {"value": hw.gpu.memory_bandwidth_bytes_per_s, "from": f"profile {hw.name}: gpus[0].memory_bandwidth"}

@@ -359,8 +359,9 @@ def filter_visible(gpus: list[NvmlGpu], cuda_visible_devices: str | None) -> tup
 
 
 
-def nvml_process_memory(uuid: str | None, pid: int) -> int | None:
-    """GPU memory NVML attributes to process `pid` on the GPU with this UUID (None if hidden)."""
+def _nvml_query(uuid: str | None, query: Callable[[Any, Any], int | None]) -> int | None:
+    """query(nvml, handle) on the GPU with this UUID, NVML opened and closed around it; None when NVML or the GPU
+    cannot say."""
     if not uuid:
         return None
     try:
@@ -369,36 +370,29 @@ def nvml_process_memory(uuid: str | None, pid: int) -> int | None:
     except Exception:
         return None
     try:
-        h = nvml.nvmlDeviceGetHandleByUUID(uuid)
+        return query(nvml, nvml.nvmlDeviceGetHandleByUUID(uuid))
+    except Exception:
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def nvml_process_memory(uuid: str | None, pid: int) -> int | None:
+    """GPU memory NVML attributes to process `pid` on the GPU with this UUID (None if hidden)."""
+    def query(nvml, h):
         for p in nvml.nvmlDeviceGetComputeRunningProcesses(h):
             if p.pid == pid and p.usedGpuMemory is not None:
                 return int(p.usedGpuMemory)
         return None
-    except Exception:
-        return None
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
+
+    return _nvml_query(uuid, query)
 
 
 def nvml_used_memory(uuid: str | None) -> int | None:
-    if not uuid:
-        return None
-    try:
-        nvml = _import_pynvml()
-        nvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        return int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByUUID(uuid)).used)
-    except Exception:
-        return None
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
+    """GPU memory in use on the GPU with this UUID, by every process."""
+    return _nvml_query(uuid, lambda nvml, h: int(nvml.nvmlDeviceGetMemoryInfo(h).used))
 
 
