@@ -38,7 +38,6 @@ from planner.quant import SCHEMES
 from runtime.experts import QuantizedExperts, QuantizedRowExperts, quantize_experts
 from runtime.generate import synthetic_prompt
 from runtime.load import load_model
-from runtime.measure import PeakMemorySampler
 from runtime.tensors import count_tensor_bytes, module_leaves
 
 QUANTIZED = ["bnb-int8", "bnb-nf4", "bnb-nf4-dq", "bnb-fp4", "bnb-fp4-dq", "quanto-int8", "quanto-int4"]
@@ -379,7 +378,6 @@ import json, sys
 sys.path[:0] = [{str(root)!r}, {str(root / "tests")!r}]
 from planner.quant import SCHEMES
 from runtime.load import load_model
-from runtime.measure import PeakMemorySampler
 config = json.loads({json.dumps(json.dumps(config))})
 warm = json.loads({json.dumps(json.dumps(moe_config("qwen3_moe")))})
 load_model(warm, scheme=SCHEMES["quanto-int4"], dummy_weights=True)  # imports, first calls
