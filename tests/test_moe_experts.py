@@ -378,6 +378,7 @@ import json, sys
 sys.path[:0] = [{str(root)!r}, {str(root / "tests")!r}]
 from planner.quant import SCHEMES
 from runtime.load import load_model
+from runtime.measure import PeakMemorySampler
 config = json.loads({json.dumps(json.dumps(config))})
 warm = json.loads({json.dumps(json.dumps(moe_config("qwen3_moe")))})
 load_model(warm, scheme=SCHEMES["quanto-int4"], dummy_weights=True)  # imports, first calls
