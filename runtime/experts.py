@@ -33,6 +33,8 @@ differences. Shared experts are plain ``nn.Linear`` MLPs: the backends quantize 
 
 from __future__ import annotations
 
+import abc
+
 import torch
 from torch import nn
 
@@ -70,7 +72,7 @@ def quantize_experts(module: nn.Module, scheme: WeightScheme, device: str | torc
 # One projection of all experts
 
 
-class ExpertMatrices(nn.Module):
+class ExpertMatrices(nn.Module, abc.ABC):
     """One fused projection (gate_up or down) of E experts, each expert's [out, in] matrix quantized on its own.
 
     Every buffer has the expert axis first, so expert e's bytes are the e-th contiguous slice of each.
@@ -91,12 +93,13 @@ class ExpertMatrices(nn.Module):
         """Bytes a matmul with one expert reads: its slice of every per-expert buffer."""
         return sum(self._buffers[name][0].nbytes for name in self.EXPERT_BUFFERS if name in self._buffers)
 
+    @abc.abstractmethod
     def matmul(self, x: torch.Tensor, expert: int) -> torch.Tensor:
-        raise NotImplementedError(type(self).__name__)
+        """``x @ W_expert.T`` with the layout's own kernel."""
 
+    @abc.abstractmethod
     def dequantize(self, expert: int) -> torch.Tensor:
         """Expert ``expert``'s [out, in] matrix as the kernel sees it, in fp32."""
-        raise NotImplementedError(type(self).__name__)
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, out_features={self.out_features}, in_features={self.in_features}"
