@@ -19,7 +19,12 @@ efficiency:
 
     eff_compute = flops / (peak_flops * (t_prefill - chunks * (layers * per_layer_s + per_token_s)))
 
-(median over runs). Runs with a quantized KV cache measure its update traffic: what they take
+less the attention kernels' share, attention_flops / (peak_flops * eff_prefill_attn): one least-squares
+fit per device over every scheme's runs, an unknown matmul efficiency per scheme and one attention
+efficiency per attention implementation (the same kernel on bf16 activations whatever the weights
+are), stored as an entry with backend "prefill-attn-<impl>". Prompts of several lengths tell the two
+apart (attention grows with the prompt squared); where the runs' attention share is too small to
+measure, the speed model's default is used and no entry is stored. Runs with a quantized KV cache measure its update traffic: what they take
 beyond the fitted model of the same weights is that traffic over bandwidth x eff_update, stored
 per device x KV dtype (backend "kv-update"). Residuals are percentage errors of the fitted
 model on the runs it was fitted to; a large one is a warning. The accuracy benchmark measures
@@ -30,10 +35,10 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .hardware import MAX_EFFICIENCY, Calibration, CalibrationEntry
-from .speed import EXPERTS_BACKEND, KV_UPDATE_BACKEND
+from .speed import DEFAULT_PREFILL_ATTENTION_EFFICIENCY, EXPERTS_BACKEND, KV_UPDATE_BACKEND, PREFILL_ATTENTION_BACKEND
 
 # Distinct layer counts the runs need before a per-token constant is fitted beside the per-layer cost.
 MIN_DEPTHS_FOR_PER_TOKEN = 3
@@ -42,6 +47,9 @@ MIN_EFFICIENCY = 0.005
 # A fit whose median decode error on its own runs exceeds this is reported as a warning: the model
 # does not describe those runs (a busy machine, a kernel the model does not know).
 RESIDUAL_WARN_PCT = 10.0
+# The prefill attention efficiency is fitted only from runs whose attention is at least this share of their prefill
+# FLOPs (and of at least two prompt lengths): below it, attention is within the noise of the matmuls' time.
+MIN_PREFILL_ATTENTION_SHARE = 0.03
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,11 +67,12 @@ class Sample:
     attention_impl: str  # "sdpa" or "eager"
     num_layers: int
     decode_s_per_token: float  # measured (median)
-    prefill_flops: float
+    prefill_flops: float  # every prefill FLOP: matmuls, lm_head and attention
     prefill_chunks: int
     prefill_s: float  # measured (TTFT)
     kv_dtype: str = "bf16"
     kv_update_bytes_per_token: float = 0.0  # a quantized cache's extra update traffic per decode step
+    prefill_attention_flops: float = 0.0  # of prefill_flops, the attention kernels' (0 in runs stored before them)
     label: str = ""
 
 
@@ -125,7 +134,8 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
 
 
 def nnls(rows: list[list[float]], y: list[float], weights: list[float]) -> list[float]:
-    """Weighted least squares with every coefficient >= 0: the best over all active sets (k <= 4)."""
+    """Weighted least squares with every coefficient >= 0: the best over all 2^k - 1 active sets (k is small: at most
+    a scheme per column and an attention implementation or two in the prefill fit)."""
     k = len(rows[0])
     best, best_err = [0.0] * k, float("inf")
     for size in range(1, k + 1):
@@ -223,19 +233,8 @@ def fit_entry(samples: list[Sample]) -> _Fitted:
     inv_eff, inv_kv, per_layer = coef[:3]
     per_token = coef[3] if fit_per_token else 0.0
     eff_bw, eff_kv = _eff(inv_eff), _eff(inv_kv)
-    effs = []
-    for s in samples:
-        compute_s = s.prefill_s - s.prefill_chunks * (s.num_layers * per_layer + per_token)
-        if compute_s > 0 and s.prefill_flops > 0:
-            effs.append(s.prefill_flops / (s.peak_flops * compute_s))
-    eff_c = statistics.median(effs) if effs else None
-    if eff_c is not None and eff_c > MAX_EFFICIENCY:
-        warnings.append(f"{tag}: prefill ran at {eff_c:.2f} x the profile's peak compute "
-                        f"({s0.peak_flops / 1e12:.2f} TFLOPS): held at {MAX_EFFICIENCY:g}; the profile's compute "
-                        "figure is too low")
-    eff_c = min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, eff_c)) if eff_c is not None else None
     entry = CalibrationEntry(device=s0.device, backend=s0.backend, quant=s0.quant, bandwidth_efficiency=round(eff_bw, 5),
-                             compute_efficiency=round(eff_c, 5) if eff_c is not None else None,
+                             compute_efficiency=None,  # from prefill: _fit_prefill, over every scheme of the device
                              per_layer_overhead_s=round(per_layer, 9), per_token_overhead_s=round(per_token, 9))
     fitted = _Fitted(entry, eff_kv, {}, ())
     errs = [100.0 * abs(fitted.decode_s(s) - s.decode_s_per_token) / s.decode_s_per_token for s in samples]
@@ -245,6 +244,59 @@ def fit_entry(samples: list[Sample]) -> _Fitted:
                         f"more than {RESIDUAL_WARN_PCT:g} %): the speed model does not describe them"
                         + (" (and the bandwidth bound was hit)" if peak else ""))
     return _Fitted(entry, eff_kv, residuals, tuple(warnings))
+
+
+def _prefill_compute_s(s: Sample, entry: CalibrationEntry) -> float:
+    """A run's measured prefill less its fixed costs (per chunk: every layer's and the per-forward one)."""
+    return s.prefill_s - s.prefill_chunks * (s.num_layers * entry.per_layer_overhead_s + entry.per_token_overhead_s)
+
+
+def _attention_share(s: Sample) -> float:
+    return s.prefill_attention_flops / s.prefill_flops if s.prefill_flops > 0 else 0.0
+
+
+def _fit_prefill(device: str, groups: dict[tuple[str, str, str], tuple[list[Sample], CalibrationEntry]]
+                 ) -> tuple[dict, dict[str, float], dict, list[str]]:
+    """One device: t_compute = matmul FLOPs / (peak x eff_c[scheme]) + attention FLOPs / (peak x eff_a[impl]), fitted
+    over every scheme's runs at once. Returns ({group: eff_c}, {impl: eff_a fitted}, residuals, warnings)."""
+    runs = [(key, s, t) for key, (samples, entry) in groups.items() for s in samples
+            if s.prefill_flops > 0 and (t := _prefill_compute_s(s, entry)) > 0]
+    if not runs:
+        return {}, {}, {}, []
+    keys = sorted({key for key, _, _ in runs})
+    impls = sorted({s.attention_impl for _, s, _ in runs})
+    # an implementation's attention is measurable when its runs reach a visible share at two prompt lengths or more
+    fitted = [i for i in impls if len({round(_attention_share(s), 4) for _, s, _ in runs if s.attention_impl == i
+                                       and _attention_share(s) >= MIN_PREFILL_ATTENTION_SHARE}) >= 2]
+    fixed = {i: 1.0 / DEFAULT_PREFILL_ATTENTION_EFFICIENCY[device] for i in impls if i not in fitted}
+    columns = [("matmul", k) for k in keys] + [("attention", i) for i in fitted]
+    rows, y, weights = [], [], []
+    for key, s, t in runs:
+        attention = s.prefill_attention_flops / s.peak_flops
+        matmul = (s.prefill_flops - s.prefill_attention_flops) / s.peak_flops
+        rows.append([matmul if c == ("matmul", key) else attention if c == ("attention", s.attention_impl) else 0.0
+                     for c in columns])
+        y.append(t - attention * fixed.get(s.attention_impl, 0.0))  # an unmeasurable attention at its default
+        weights.append(1.0 / (t * t))  # relative errors of the prefill time
+    coef, held = bounded_nnls(rows, y, weights, {j: 1 / MAX_EFFICIENCY for j in range(len(columns))})
+    warnings = []
+    for j in held:
+        what, name = columns[j]
+        tag = "/".join(name) if what == "matmul" else f"{device}/{PREFILL_ATTENTION_BACKEND}-{name}"
+        warnings.append(f"{tag}: prefill {'matmuls' if what == 'matmul' else 'attention'} ran faster than the "
+                        f"profile's peak compute allows: held at {MAX_EFFICIENCY:g}; the profile's compute figure is "
+                        "too low")
+    inverse = dict(zip(columns, coef))
+    eff_c = {k: _eff(inverse[("matmul", k)]) for k in keys}
+    eff_a = {i: _eff(inverse[("attention", i)]) for i in fitted}
+    errs: dict = {}
+    for (key, _, t), row, v in zip(runs, rows, y):
+        errs.setdefault(key, []).append(100.0 * abs(sum(r * c for r, c in zip(row, coef)) - v) / t)
+    residuals = {}
+    for k, e in sorted(errs.items()):
+        residuals["/".join(k) + ": prefill_abs_pct_median"] = round(statistics.median(e), 3)
+        residuals["/".join(k) + ": prefill_abs_pct_max"] = round(max(e), 3)
+    return eff_c, eff_a, residuals, warnings
 
 
 def _fit_kv_update(samples: list[Sample], fitted: _Fitted) -> tuple[CalibrationEntry | None, list[str]]:
@@ -283,8 +335,20 @@ def fit(samples: list[Sample], *, measured_at: str, versions: dict[str, str]) ->
     kv_effs: dict[tuple[str, str], list[float]] = {}
     bound: dict[tuple[str, str], list[bool]] = {}
     for key, group in sorted(groups.items()):
-        f = fitted[key] = fit_entry(group)
-        entries.append(f.entry)
+        fitted[key] = fit_entry(group)
+    compute_eff: dict[tuple[str, str, str], float] = {}
+    prefill_attention: list[CalibrationEntry] = []
+    for device in sorted({key[0] for key in fitted}):
+        eff_c, eff_a, res, w = _fit_prefill(device, {k: (groups[k], f.entry) for k, f in fitted.items() if k[0] == device})
+        compute_eff.update(eff_c)
+        residuals.update(res)
+        warnings.extend(w)
+        prefill_attention.extend(CalibrationEntry(device=device, backend=f"{PREFILL_ATTENTION_BACKEND}-{impl}", quant="bf16",
+                                                  bandwidth_efficiency=None, compute_efficiency=round(e, 5))
+                                 for impl, e in sorted(eff_a.items()))
+    for key, group in sorted(groups.items()):
+        f = fitted[key]
+        entries.append(replace(f.entry, compute_efficiency=round(compute_eff[key], 5)) if key in compute_eff else f.entry)
         warnings.extend(f.warnings)
         for impl in {s.attention_impl for s in group}:
             kv_effs.setdefault((key[0], impl), []).append(f.eff_kv)
@@ -300,6 +364,7 @@ def fit(samples: list[Sample], *, measured_at: str, versions: dict[str, str]) ->
         entries.append(CalibrationEntry(device=device, backend=f"attn-{impl}", quant="bf16",
                                         bandwidth_efficiency=None if compute_bound else eff,
                                         compute_efficiency=eff if compute_bound else None))
+    entries.extend(prefill_attention)
     kv_entries: dict[tuple[str, str], list[float]] = {}
     for (device, backend, quant, kv_dtype), group in sorted(kv_groups.items()):
         base = fitted.get((device, backend, quant))

@@ -7,7 +7,9 @@ Decode, per layer on the device that runs it:
   + a fixed per-layer cost.
 Offloaded layers add the host-link copy (stream mode, overlapped with compute by prefetch: a
 max, not a sum) or run on the CPU (cpu mode). Decode reads the whole KV cache, so tokens/s
-falls as the context fills. Prefill is compute-bound and chunked. The ceiling is a pure
+falls as the context fills. Prefill is chunked: its matmuls compute-bound (FLOPs / (compute x
+eff_compute)), its attention kernels at their own efficiency (FLOPs / (compute x eff_prefill_attn)),
+which long prompts make the larger part. The ceiling is a pure
 bandwidth roofline: the bytes a step must read (weights and the cache as stored) over the
 bandwidth, every efficiency 1, no fixed cost.
 
@@ -83,6 +85,15 @@ KV_PASSES_DEFAULT = 3.0
 # transformers' cache code). It runs at the calibrated "kv-update" efficiency of that KV dtype
 # (backend "kv-update", quant = the KV dtype), else at the weights' bandwidth efficiency.
 KV_UPDATE_BACKEND = "kv-update"
+# Attention at prefill (QK^T and AV over the causal pairs, windows capped) is its own kernel with its own efficiency,
+# not the weight matmuls': it is costed as its FLOPs / (compute x eff) beside them. Calibration fits it per device x
+# attention implementation (entries with backend "prefill-attn-sdpa" / "prefill-attn-eager", compute efficiency), jointly
+# with each scheme's matmul efficiency over prompts of several lengths. Uncalibrated defaults: on a CPU 0.17, measured on
+# the 2-core dev VM (Qwen3-0.6B, prompts 128-4096: matmuls 0.62 and attention 0.17 of the profile's bf16 peak fit every
+# TTFT within 11 %, where one shared efficiency missed the 4096-token prompt by half); on a GPU 0.35, FlashAttention-2's
+# forward on an H100 (about 350 of 989 TFLOPS at head_dim 128, FlashAttention-3 paper, Shah et al. 2024, fig. 5).
+PREFILL_ATTENTION_BACKEND = "prefill-attn"
+DEFAULT_PREFILL_ATTENTION_EFFICIENCY = {"cpu": 0.17, "gpu": 0.35}
 
 
 def decode_attention_flops_per_layer(spec: ModelSpec, context: int, batch: int) -> list[float]:
@@ -149,6 +160,7 @@ class KVEfficiency:
     read: float  # the attention kernel reading the cache, achieved / peak bandwidth
     attention_compute: float  # the attention kernel's FLOPs, achieved / peak compute
     update: float  # a quantized cache's extra update traffic, achieved / peak bandwidth
+    prefill_compute: float  # the prefill attention kernel's FLOPs, achieved / peak compute
     source: str
 
 
@@ -170,7 +182,14 @@ def kv_efficiency(hw: HardwareProfile, device: str, spec: ModelSpec, kv: KVSchem
     if e is not None and e.bandwidth_efficiency is not None:
         update = e.bandwidth_efficiency
         source += f"; {kv.name} cache update calibrated {cal.measured_at}"
-    return KVEfficiency(read=read, attention_compute=compute, update=update, source=source)
+    prefill = DEFAULT_PREFILL_ATTENTION_EFFICIENCY[device]
+    for impl in (spec.attention_impl, "sdpa") if cal is not None else ():
+        e = cal.lookup(device, f"{PREFILL_ATTENTION_BACKEND}-{impl}", "bf16")
+        if e is not None and e.compute_efficiency is not None:
+            prefill = e.compute_efficiency
+            source += f"; prefill attention calibrated {cal.measured_at} ({PREFILL_ATTENTION_BACKEND}-{impl})"
+            break
+    return KVEfficiency(read=read, attention_compute=compute, update=update, prefill_compute=prefill, source=source)
 
 
 def _active_fraction(spec: ModelSpec, batch: int) -> float:
@@ -236,15 +255,16 @@ def _prefill_attention_flop_per_layer(spec: ModelSpec, prompt: int) -> list[floa
     return out
 
 
-def prefill_flop_per_layer(spec: ModelSpec, prompt: int, batch: int = 1) -> list[float]:
-    matmul = _matmul_flop_per_layer(spec)
-    attention = _prefill_attention_flop_per_layer(spec, prompt)
-    return [(m * prompt + a) * batch for m, a in zip(matmul, attention)]
+def prefill_attention_flop(spec: ModelSpec, prompt: int, batch: int = 1) -> float:
+    """Of a prefill's FLOPs, the attention kernels' (QK^T and AV over the causal pairs) in every layer."""
+    return sum(_prefill_attention_flop_per_layer(spec, prompt)) * batch
 
 
 def prefill_flop(spec: ModelSpec, prompt: int, batch: int = 1) -> float:
-    """FLOPs of a prefill of `prompt` tokens x `batch` sequences: every layer, and lm_head for the last position."""
-    return sum(prefill_flop_per_layer(spec, prompt, batch)) + _head_flop(spec) * batch
+    """FLOPs of a prefill of `prompt` tokens x `batch` sequences: every layer's matmuls and attention, and lm_head
+    for the last position."""
+    matmul = sum(_matmul_flop_per_layer(spec)) * prompt + _head_flop(spec)
+    return matmul * batch + prefill_attention_flop(spec, prompt, batch)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,9 +325,11 @@ class DeviceRates:
         return (self.weights_s(w.weights_bytes[i] - w.expert_bytes[i]) + experts + attention
                 + w.kv_update_bytes[i] / (bw * self.kv.update) + self.weights.per_layer_s)
 
-    def prefill_s(self, flop: float, chunk_bytes: float, chunks: int) -> float:
-        """A prefill's share on this device: compute-bound, unless re-reading its weights each chunk takes longer."""
-        return max(flop / (self.flop_per_s * self.weights.compute), chunks * self.weights_s(chunk_bytes))
+    def prefill_s(self, flop: float, attention_flop: float, chunk_bytes: float, chunks: int) -> float:
+        """A prefill's share on this device: its matmuls compute-bound, unless re-reading their weights each chunk
+        takes longer, then its attention kernels at theirs."""
+        return (max(flop / (self.flop_per_s * self.weights.compute), chunks * self.weights_s(chunk_bytes))
+                + attention_flop / (self.flop_per_s * self.kv.prefill_compute))
 
 
 def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme) -> DeviceRates:
@@ -437,30 +459,32 @@ class _Model:
         req = self.req
         prompt = req.prompt
         chunks = -(-prompt // req.prefill_chunk)
-        flop = prefill_flop_per_layer(self.spec, prompt, req.batch)
+        matmul = [m * prompt * req.batch for m in _matmul_flop_per_layer(self.spec)]
+        attention = [a * req.batch for a in _prefill_attention_flop_per_layer(self.spec, prompt)]
         share = self._expert_flop_share()
-        segments: dict = {}  # device -> [FLOPs, weight bytes per chunk, link bytes per chunk]
+        segments: dict = {}  # device -> [matmul FLOPs, weight bytes per chunk, link bytes per chunk, attention FLOPs]
         for i, dev in enumerate(self.device):
-            seg = segments.setdefault(dev, [0.0, 0.0, 0.0])
+            seg = segments.setdefault(dev, [0.0, 0.0, 0.0, 0.0])
+            seg[3] += attention[i]  # attention stays with the layer
             experts = self.costs.experts[i] if self.costs.experts else 0
             if i in self.experts_on_cpu:
-                cpu = segments.setdefault(CPU_DEVICE, [0.0, 0.0, 0.0])
-                cpu[0] += flop[i] * share[i]
+                cpu = segments.setdefault(CPU_DEVICE, [0.0, 0.0, 0.0, 0.0])
+                cpu[0] += matmul[i] * share[i]
                 cpu[1] += experts
-                seg[0] += flop[i] * (1 - share[i])
+                seg[0] += matmul[i] * (1 - share[i])
                 seg[1] += self.costs.weights[i] - experts
             else:
-                seg[0] += flop[i]
+                seg[0] += matmul[i]
                 seg[1 if i not in self.streamed else 2] += self.costs.weights[i]
-        head = segments.setdefault(0 if self.c.on_gpu else CPU_DEVICE, [0.0, 0.0, 0.0])
+        head = segments.setdefault(0 if self.c.on_gpu else CPU_DEVICE, [0.0, 0.0, 0.0, 0.0])
         head[0] += _head_flop(self.spec) * req.batch
         # each chunk computes every expert its tokens reach once per MoE layer: a fixed cost per expert call
         touched = experts_touched(self.spec, min(req.prefill_chunk, prompt) * req.batch)
         calls_s = sum(chunks * touched * self.rates[CPU_DEVICE if i in self.experts_on_cpu else dev].experts.per_call_s
                       for i, dev in enumerate(self.device) if self.costs.experts and self.costs.experts[i])
         total = calls_s
-        for dev, (f, chunk_bytes, link_bytes) in segments.items():
-            t = self.rates[dev].prefill_s(f, chunk_bytes, chunks)
+        for dev, (f, chunk_bytes, link_bytes, attention_f) in segments.items():
+            t = self.rates[dev].prefill_s(f, attention_f, chunk_bytes, chunks)
             if link_bytes:
                 t = max(t, chunks * link_bytes / self.link_bytes_per_s)
             total += t
@@ -497,6 +521,7 @@ def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightS
         ceiling_decode_tokens_per_s=req.batch / m.ceiling_s(start),
         terms={**terms, "efficiency_source": main.weights.source, "kv_efficiency": main.kv.read,
                "attention_compute_efficiency": main.kv.attention_compute, "kv_update_efficiency": main.kv.update,
+               "prefill_attention_efficiency": main.kv.prefill_compute,
                "kv_efficiency_source": main.kv.source, "bandwidth_efficiency": main.weights.bandwidth,
                "compute_efficiency": main.weights.compute, "per_layer_s": main.weights.per_layer_s,
                "per_token_s": main.weights.per_token_s, "experts_bandwidth_efficiency": main.experts.bandwidth,

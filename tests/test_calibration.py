@@ -166,3 +166,79 @@ def test_moe_decode_prices_each_routed_expert_and_the_calibration_replaces_the_d
     c, _ = step_s((weights, experts(0.25, 0.0)))  # half the efficiency: the experts' byte time doubles
     expert_bytes = 48 * 8 * 3 * 2048 * 768 / 2  # int4 payload alone (scales on top): a lower bound of the change
     assert c - a > expert_bytes / (hw.host.ram_bandwidth_bytes_per_s * 0.5)
+
+
+# ---------------------------------------------------------------- prefill attention
+def prefill_runs(matmul_eff, attention_eff, *, quant="bf16", impl="sdpa", prompts=(64, 640, 2048), per_layer=700e-6):
+    """Runs whose TTFT is matmul FLOPs at one efficiency plus causal attention FLOPs (prompt^2) at another."""
+    out = []
+    decode = [(w, a, L) for w, L in ((1e9, 24), (2.5e9, 16)) for a in (1e7, 5e8)]  # what the decode fit needs
+    for p, (w, a, L) in zip([q for q in prompts for _ in decode], decode * len(prompts)):
+        matmul, attention = 1e9 * p, 4.0 * 14 * 64 * L * p * (p + 1) / 2
+        s = synth(w, a, L, quant=quant, per_layer=per_layer)
+        t = matmul / (PEAK * matmul_eff) + attention / (PEAK * attention_eff) + L * per_layer
+        out.append(dataclasses.replace(s, prefill_flops=matmul + attention, prefill_attention_flops=attention,
+                                       prefill_s=t, attention_impl=impl, label=f"prompt {p}"))
+    return out
+
+
+def test_prefill_fit_tells_the_attention_kernel_from_the_matmuls():
+    """One attention efficiency shared by every scheme (the same kernel on bf16 activations), a matmul one per scheme:
+    the joint fit recovers all three, and the attention one is stored as its own entry."""
+    runs = prefill_runs(0.6, 0.17) + prefill_runs(0.3, 0.17, quant="quanto-int4")
+    result = fit(runs, measured_at="2026-11-23", versions={})
+    cal = result.calibration
+    assert cal.lookup("cpu", "torch", "bf16").compute_efficiency == pytest.approx(0.6, rel=1e-3)
+    assert cal.lookup("cpu", "quanto", "quanto-int4").compute_efficiency == pytest.approx(0.3, rel=1e-3)
+    e = cal.lookup("cpu", "prefill-attn-sdpa", "bf16")
+    assert e.compute_efficiency == pytest.approx(0.17, rel=1e-3) and e.bandwidth_efficiency is None
+    residuals = dict(cal.residuals)
+    assert residuals["cpu/torch/bf16: prefill_abs_pct_max"] < 1e-3
+    assert result.warnings == ()
+    # one efficiency for both (what the fit did before) misses the long prompt by far more
+    one = fit([dataclasses.replace(s, prefill_attention_flops=0.0) for s in runs], measured_at="2026-11-23",
+              versions={}).calibration
+    assert dict(one.residuals)["cpu/torch/bf16: prefill_abs_pct_max"] > 10
+
+
+def test_an_unmeasurable_prefill_attention_keeps_the_default_and_stores_nothing():
+    from planner.speed import DEFAULT_PREFILL_ATTENTION_EFFICIENCY
+
+    # short prompts only: attention is under 3 % of the FLOPs, so the matmul efficiency is fitted with the
+    # default attention efficiency taken out, and no attention entry is invented
+    runs = prefill_runs(0.6, DEFAULT_PREFILL_ATTENTION_EFFICIENCY["cpu"], prompts=(16, 64, 128))
+    cal = fit(runs, measured_at="2026-11-23", versions={}).calibration
+    assert cal.lookup("cpu", "prefill-attn-sdpa", "bf16") is None
+    assert cal.lookup("cpu", "torch", "bf16").compute_efficiency == pytest.approx(0.6, rel=1e-3)
+    # runs stored before the attention FLOPs were recorded still fit (as all matmul)
+    old = [dataclasses.replace(s, prefill_attention_flops=0.0) for s in prefill_runs(0.6, 0.6)]
+    assert fit(old, measured_at="2026-11-23", versions={}).calibration.lookup("cpu", "torch", "bf16").compute_efficiency \
+        == pytest.approx(0.6, rel=1e-3)
+
+
+def test_prefill_attention_faster_than_peak_is_held_and_said():
+    result = fit(prefill_runs(0.6, 1.8), measured_at="2026-11-23", versions={})
+    assert result.calibration.lookup("cpu", "prefill-attn-sdpa", "bf16").compute_efficiency == MAX_EFFICIENCY
+    assert any("prefill attention ran faster than the profile's peak compute" in w for w in result.warnings)
+
+
+def test_ttft_prices_prefill_attention_at_its_own_efficiency():
+    """TTFT grows with the prompt squared through attention; a calibrated attention efficiency replaces the default,
+    and the plan says which it used."""
+    hw = resolve_profile("cpu-ddr5-desktop")[0]
+    spec = model_spec("qwen3-0.6b")
+
+    def ttft(hw, prompt):
+        p = plan(spec, hw, Request(context=8192, prompt_tokens=prompt, quant=("bf16",), kv_dtype=("bf16",)))
+        return p.predicted.ttft_s, p.predicted.terms
+
+    short, terms = ttft(hw, 512)
+    long, _ = ttft(hw, 4096)
+    assert terms["prefill_attention_efficiency"] == 0.17
+    assert long / short > 8 * 1.3  # superlinear: 8x the tokens, and attention's prompt^2 on top
+    cal = fit(prefill_runs(0.6, 0.05) + prefill_runs(0.3, 0.05, quant="quanto-int4"), measured_at="2026-11-23",
+              versions={}).calibration
+    slow, terms = ttft(dataclasses.replace(hw, calibration=cal), 4096)
+    assert terms["prefill_attention_efficiency"] == pytest.approx(0.05, rel=1e-3)
+    assert "prefill attention calibrated 2026-11-23 (prefill-attn-sdpa)" in terms["kv_efficiency_source"]
+    assert slow > long
