@@ -265,19 +265,23 @@ def _fit_prefill(device: str, groups: dict[tuple[str, str, str], tuple[list[Samp
         return {}, {}, {}, []
     keys = sorted({key for key, _, _ in runs})
     impls = sorted({s.attention_impl for _, s, _ in runs})
-    # an implementation's attention is measurable when its runs reach a visible share at two prompt lengths or more
+    # an implementation's attention is measurable when its runs reach a visible share in two or more runs of different
+    # shares (prompt lengths, or models of different shapes); one that is not shares SDPA's column when that one is
+    # measured (as the speed model borrows SDPA's figure), else it is priced at the default and not stored
     fitted = [i for i in impls if len({round(_attention_share(s), 4) for _, s, _ in runs if s.attention_impl == i
                                        and _attention_share(s) >= MIN_PREFILL_ATTENTION_SHARE}) >= 2]
-    fixed = {i: 1.0 / DEFAULT_PREFILL_ATTENTION_EFFICIENCY[device] for i in impls if i not in fitted}
+    column_of = {i: i if i in fitted else "sdpa" if "sdpa" in fitted else None for i in impls}
     columns = [("matmul", k) for k in keys] + [("attention", i) for i in fitted]
     rows, y, weights = [], [], []
     for key, s, t in runs:
         attention = s.prefill_attention_flops / s.peak_flops
         matmul = (s.prefill_flops - s.prefill_attention_flops) / s.peak_flops
-        rows.append([matmul if c == ("matmul", key) else attention if c == ("attention", s.attention_impl) else 0.0
+        impl = column_of[s.attention_impl]
+        rows.append([matmul if c == ("matmul", key) else attention if c == ("attention", impl) else 0.0
                      for c in columns])
-        y.append(t - attention * fixed.get(s.attention_impl, 0.0))  # an unmeasurable attention at its default
-        weights.append(1.0 / (t * t))  # relative errors of the prefill time
+        unmeasured = attention / DEFAULT_PREFILL_ATTENTION_EFFICIENCY[device] if impl is None else 0.0
+        y.append(t - unmeasured)
+        weights.append(1.0 / (s.prefill_s * s.prefill_s))  # relative errors of the TTFT
     coef, held = bounded_nnls(rows, y, weights, {j: 1 / MAX_EFFICIENCY for j in range(len(columns))})
     warnings = []
     for j in held:
@@ -290,8 +294,8 @@ def _fit_prefill(device: str, groups: dict[tuple[str, str, str], tuple[list[Samp
     eff_c = {k: _eff(inverse[("matmul", k)]) for k in keys}
     eff_a = {i: _eff(inverse[("attention", i)]) for i in fitted}
     errs: dict = {}
-    for (key, _, t), row, v in zip(runs, rows, y):
-        errs.setdefault(key, []).append(100.0 * abs(sum(r * c for r, c in zip(row, coef)) - v) / t)
+    for (key, s, _), row, v in zip(runs, rows, y):
+        errs.setdefault(key, []).append(100.0 * abs(sum(r * c for r, c in zip(row, coef)) - v) / s.prefill_s)
     residuals = {}
     for k, e in sorted(errs.items()):
         residuals["/".join(k) + ": prefill_abs_pct_median"] = round(statistics.median(e), 3)

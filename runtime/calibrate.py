@@ -101,7 +101,11 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunRecord":
-        return cls(**{**d, "sample": Sample(**d["sample"])})
+        sample = d["sample"]
+        if "prefill_attention_flops" not in sample:  # saved before prefill attention was its own term: count it now
+            sample = {**sample, "prefill_attention_flops": prefill_attention_flop(load_spec(resolve_model(d["model"])),
+                                                                                  d["prompt"])}
+        return cls(**{**d, "sample": Sample(**sample)})
 
 
 def load_runs(paths: tuple[str, ...]) -> list[RunRecord]:
