@@ -433,6 +433,12 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     if len([k for k in c.gpu_layers_per_device if k]) > 1:
         warnings.append("the layers are split over several GPUs: a pipeline, so at batch 1 the GPUs take turns; "
                         "they hold a bigger model, they do not decode faster than one GPU would")
+    if KV_SCHEMES[c.kv_dtype].dequantizes_whole_layer and (c.compute_device is ComputeDevice.CPU
+                                                           or c.offload is OffloadMode.CPU):
+        warnings.append(f"a {c.kv_dtype} KV cache in RAM: each step dequantizes a layer's cache into fresh tensors, and "
+                        "glibc keeps what they free in its heap, so peak RSS can exceed this plan by more than the "
+                        "cache saves (measured: a quanto-int4 cache peaked at or above bf16's; bench/results/malloc-"
+                        "cpu-dev.md); leave headroom, or use bf16 KV where it fits")
     if SCHEMES[c.weight_quant].backend == "bnb" and c.compute_device is ComputeDevice.CPU:
         warnings.append("bitsandbytes runs on the CPU only slowly; quanto schemes are the CPU-capable backend")
     return Plan(**common, chosen=chosen, reasons=reasons, warnings=warnings)

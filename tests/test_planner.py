@@ -241,3 +241,19 @@ def test_plan_json_fields_and_no_torch_import(tmp_path):
     assert d["ceiling"]["decode_tokens_per_s"] > 0 and d["predicted"]["ttft_s"] > 0
     assert all("weight_quant" in c and "fits" in c and "memory" in c for c in d["candidates"])
     assert yaml.safe_load((tmp_path / "p.yaml").read_text())["choice"] == d["choice"]
+
+
+def test_a_quantized_kv_cache_in_ram_warns_of_allocator_retention():
+    """Measured (bench/results/malloc-cpu-dev.md): on a CPU a quanto cache's peak RSS reaches bf16's or more, because
+    glibc keeps the dequantized copies it frees; the plan says so wherever such a cache lives in RAM, and only there."""
+    spec = model_spec("qwen2.5-0.5b")
+
+    def warned(profile, kv, **kw):
+        p = plan(spec, resolve_profile(profile)[0], Request(context=4096, quant=("bf16",), kv_dtype=(kv,), **kw))
+        assert p.chosen is not None
+        return any("glibc keeps what they free" in w for w in p.warnings)
+
+    assert warned("cpu-ddr5-desktop", "quanto-int4") and warned("cpu-ddr5-desktop", "fp8")
+    assert not warned("cpu-ddr5-desktop", "bf16")
+    assert not warned("h100-sxm", "quanto-int4")  # on the GPU: the caching allocator, measured there
+    assert warned("h100-sxm", "quanto-int4", gpu_layers=4, offload="cpu")
