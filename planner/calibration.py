@@ -24,9 +24,10 @@ fit per device over every scheme's runs, an unknown matmul efficiency per scheme
 efficiency per attention implementation (the same kernel on bf16 activations whatever the weights
 are), stored as an entry with backend "prefill-attn-<impl>". Prompts of several lengths tell the two
 apart (attention grows with the prompt squared); where the runs' attention share is too small to
-measure, the speed model's default is used and no entry is stored. Runs with a quantized KV cache measure its update traffic: what they take
-beyond the fitted model of the same weights is that traffic over bandwidth x eff_update, stored
-per device x KV dtype (backend "kv-update"). Residuals are percentage errors of the fitted
+measure, the speed model's default is used and no entry is stored. Runs with a quantized KV
+cache measure its update: what they take beyond the same run with a bf16 cache (measured, else the fitted model) is its traffic over bandwidth x
+eff_update plus a fixed cost per layer (told apart by runs of two cache sizes), stored per
+device x KV dtype (backend "kv-update"). Residuals are percentage errors of the fitted
 model on the runs it was fitted to; a large one is a warning. The accuracy benchmark measures
 the model on runs it has not seen.
 """
@@ -303,25 +304,38 @@ def _fit_prefill(device: str, groups: dict[tuple[str, str, str], tuple[list[Samp
     return eff_c, eff_a, residuals, warnings
 
 
-def _fit_kv_update(samples: list[Sample], fitted: _Fitted) -> tuple[CalibrationEntry | None, list[str]]:
-    """One device x KV dtype: the extra time of its runs over the fitted bf16-cache model is its update traffic."""
+def _same_run(s: Sample) -> tuple:
+    """What identifies a run's model, scheme and context apart from its KV dtype."""
+    return (s.device, s.backend, s.quant, s.bytes_read_per_token, s.num_layers, s.attention_flops_per_token)
+
+
+def _fit_kv_update(samples: list[Sample], fitted: _Fitted, bf16: dict[tuple, float]
+                   ) -> tuple[CalibrationEntry | None, list[str]]:
+    """One device x KV dtype: what its runs take beyond the same run with a bf16 cache (measured where the matrix has
+    it, else the fitted model) is its update traffic over bandwidth x eff, plus a fixed cost per layer. Runs of
+    different cache sizes per layer tell the two apart; with one size the fixed cost stays 0."""
     s0 = samples[0]
-    effs = []
+    tag = f"{s0.device}/{KV_UPDATE_BACKEND}/{s0.kv_dtype}"
+    runs = []
     for s in samples:
-        extra_s = s.decode_s_per_token - fitted.decode_s(s)
+        extra_s = s.decode_s_per_token - bf16.get(_same_run(s), fitted.decode_s(s))
         if s.kv_update_bytes_per_token > 0 and extra_s > 0:
-            effs.append(s.kv_update_bytes_per_token / (s.bandwidth_bytes_per_s * extra_s))
-    if not effs:
-        return None, [f"{s0.device}/{KV_UPDATE_BACKEND}/{s0.kv_dtype}: the {s0.kv_dtype} runs were no slower than "
-                      "the bf16-cache model predicts: its update cost is not measurable at these contexts"]
-    eff = statistics.median(effs)
+            runs.append((s, extra_s))
+    if not runs:
+        return None, [f"{tag}: the {s0.kv_dtype} runs were no slower than the same runs with a bf16 cache: its update "
+                      "cost is not measurable at these contexts"]
+    fixed = len({round(s.kv_update_bytes_per_token / s.num_layers) for s, _ in runs}) >= 2
+    rows = [[s.kv_update_bytes_per_token / s.bandwidth_bytes_per_s] + ([float(s.num_layers)] if fixed else [])
+            for s, _ in runs]
+    y = [e for _, e in runs]
+    coef, held = bounded_nnls(rows, y, [1.0 / (e * e) for e in y], {0: 1 / MAX_EFFICIENCY})
     warnings = []
-    if eff > MAX_EFFICIENCY:
-        warnings.append(f"{s0.device}/{KV_UPDATE_BACKEND}/{s0.kv_dtype}: the cache update moved its bytes faster than "
-                        f"the profile's peak bandwidth: held at {MAX_EFFICIENCY:g}")
-    eff = min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, eff))
+    if 0 in held:
+        warnings.append(f"{tag}: the cache update moved its bytes faster than the profile's peak bandwidth: held at "
+                        f"{MAX_EFFICIENCY:g}")
     return CalibrationEntry(device=s0.device, backend=KV_UPDATE_BACKEND, quant=s0.kv_dtype,
-                            bandwidth_efficiency=round(eff, 5), compute_efficiency=None), warnings
+                            bandwidth_efficiency=round(_eff(coef[0]), 5), compute_efficiency=None,
+                            per_layer_overhead_s=round(coef[1], 9) if fixed else 0.0), warnings
 
 
 def fit(samples: list[Sample], *, measured_at: str, versions: dict[str, str]) -> FitResult:
@@ -369,20 +383,22 @@ def fit(samples: list[Sample], *, measured_at: str, versions: dict[str, str]) ->
                                         bandwidth_efficiency=None if compute_bound else eff,
                                         compute_efficiency=eff if compute_bound else None))
     entries.extend(prefill_attention)
-    kv_entries: dict[tuple[str, str], list[float]] = {}
+    kv_entries: dict[tuple[str, str], list[CalibrationEntry]] = {}
+    bf16 = {_same_run(s): s.decode_s_per_token for group in groups.values() for s in group}
     for (device, backend, quant, kv_dtype), group in sorted(kv_groups.items()):
         base = fitted.get((device, backend, quant))
         if base is None:
             warnings.append(f"{kv_dtype} KV runs of {backend}/{quant} on the {device} have no bf16-cache runs "
                             "to compare with: not fitted")
             continue
-        entry, w = _fit_kv_update(group, base)
+        entry, w = _fit_kv_update(group, base, bf16)
         warnings.extend(w)
         if entry is not None:
-            kv_entries.setdefault((device, kv_dtype), []).append(entry.bandwidth_efficiency)
-    for (device, kv_dtype), effs in sorted(kv_entries.items()):
-        entries.append(CalibrationEntry(device=device, backend=KV_UPDATE_BACKEND, quant=kv_dtype,
-                                        bandwidth_efficiency=round(statistics.median(effs), 5),
-                                        compute_efficiency=None))
+            kv_entries.setdefault((device, kv_dtype), []).append(entry)
+    for (device, kv_dtype), es in sorted(kv_entries.items()):
+        entries.append(CalibrationEntry(
+            device=device, backend=KV_UPDATE_BACKEND, quant=kv_dtype, compute_efficiency=None,
+            bandwidth_efficiency=round(statistics.median(e.bandwidth_efficiency for e in es), 5),
+            per_layer_overhead_s=round(statistics.median(e.per_layer_overhead_s for e in es), 9)))
     cal = Calibration(measured_at=measured_at, versions=versions, entries=tuple(entries), residuals=residuals)
     return FitResult(calibration=cal, warnings=tuple(warnings))

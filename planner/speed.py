@@ -3,7 +3,7 @@
 Decode, per layer on the device that runs it:
     weights read / (bandwidth x eff_bw)
   + max(KV read / (bandwidth x eff_kv), attention FLOPs / (compute x eff_attn))   the attention kernel
-  + KV update traffic / (bandwidth x eff_kv_update)                                quantized caches only
+  + KV update traffic / (bandwidth x eff_kv_update) + a fixed update cost           quantized caches only
   + a fixed per-layer cost.
 Offloaded layers add the host-link copy (stream mode, overlapped with compute by prefetch: a
 max, not a sum) or run on the CPU (cpu mode). Decode reads the whole KV cache, so tokens/s
@@ -83,7 +83,9 @@ KV_PASSES_DEFAULT = 3.0
 # KV update traffic: what a quantized cache moves per cached element per decode step beyond the
 # bf16 DynamicCache's torch.cat, is quant.KVScheme.update_extra_bytes_per_element (derived there from
 # transformers' cache code). It runs at the calibrated "kv-update" efficiency of that KV dtype
-# (backend "kv-update", quant = the KV dtype), else at the weights' bandwidth efficiency.
+# (backend "kv-update", quant = the KV dtype), else at the weights' bandwidth efficiency, plus a fixed cost per layer
+# and step (the entry's per_layer_overhead: the dequantize, cat and quantize ops' dispatch, whatever the context;
+# measured 0.25 ms per layer for quanto-int4 on the 2-core dev VM), 0 until calibrated.
 KV_UPDATE_BACKEND = "kv-update"
 # Attention at prefill (QK^T and AV over the causal pairs, windows capped) is its own kernel with its own efficiency,
 # not the weight matmuls': it is costed as its FLOPs / (compute x eff) beside them. Calibration fits it per device x
@@ -160,6 +162,7 @@ class KVEfficiency:
     read: float  # the attention kernel reading the cache, achieved / peak bandwidth
     attention_compute: float  # the attention kernel's FLOPs, achieved / peak compute
     update: float  # a quantized cache's extra update traffic, achieved / peak bandwidth
+    update_per_layer_s: float  # a quantized cache's fixed update cost per layer and step
     prefill_compute: float  # the prefill attention kernel's FLOPs, achieved / peak compute
     source: str
 
@@ -177,10 +180,10 @@ def kv_efficiency(hw: HardwareProfile, device: str, spec: ModelSpec, kv: KVSchem
                 compute = e.compute_efficiency if e.compute_efficiency is not None else compute
                 source = f"calibrated {cal.measured_at} (attn-{impl})"
                 break
-    update = weights.bandwidth
+    update, update_per_layer = weights.bandwidth, 0.0
     e = cal.lookup(device, KV_UPDATE_BACKEND, kv.name) if cal is not None else None
     if e is not None and e.bandwidth_efficiency is not None:
-        update = e.bandwidth_efficiency
+        update, update_per_layer = e.bandwidth_efficiency, e.per_layer_overhead_s
         source += f"; {kv.name} cache update calibrated {cal.measured_at}"
     prefill = DEFAULT_PREFILL_ATTENTION_EFFICIENCY[device]
     for impl in (spec.attention_impl, "sdpa") if cal is not None else ():
@@ -189,7 +192,8 @@ def kv_efficiency(hw: HardwareProfile, device: str, spec: ModelSpec, kv: KVSchem
             prefill = e.compute_efficiency
             source += f"; prefill attention calibrated {cal.measured_at} ({PREFILL_ATTENTION_BACKEND}-{impl})"
             break
-    return KVEfficiency(read=read, attention_compute=compute, update=update, prefill_compute=prefill, source=source)
+    return KVEfficiency(read=read, attention_compute=compute, update=update, update_per_layer_s=update_per_layer,
+                        prefill_compute=prefill, source=source)
 
 
 def _active_fraction(spec: ModelSpec, batch: int) -> float:
@@ -323,7 +327,13 @@ class DeviceRates:
                         w.attention_flop[i] / (self.flop_per_s * self.kv.attention_compute))
         experts = 0.0 if without_experts else self.experts_s(w.expert_bytes[i], w.expert_calls[i])
         return (self.weights_s(w.weights_bytes[i] - w.expert_bytes[i]) + experts + attention
-                + w.kv_update_bytes[i] / (bw * self.kv.update) + self.weights.per_layer_s)
+                + self.kv_update_s(w, i) + self.weights.per_layer_s)
+
+    def kv_update_s(self, w: DecodeWork, i: int) -> float:
+        """A quantized cache's extra work in layer i: its update traffic, and its fixed cost per layer."""
+        if not w.kv_update_bytes[i]:
+            return 0.0
+        return w.kv_update_bytes[i] / (self.bandwidth_bytes_per_s * self.kv.update) + self.kv.update_per_layer_s
 
     def prefill_s(self, flop: float, attention_flop: float, chunk_bytes: float, chunks: int) -> float:
         """A prefill's share on this device: its matmuls compute-bound, unless re-reading their weights each chunk
@@ -433,8 +443,7 @@ class _Model:
         fixed_s = self.main.weights.per_token_s + self.crossings * self.crossing_s
         terms = {"resident_s": resident_s, "offloaded_s": offloaded_s, "experts_on_cpu_s": experts_s,
                  "lm_head_s": head_s, "fixed_s": fixed_s, "crossings": self.crossings,
-                 "kv_update_s": sum(w.kv_update_bytes[i] / (self.rates[d].bandwidth_bytes_per_s * self.rates[d].kv.update)
-                                    for i, d in enumerate(self.device))}
+                 "kv_update_s": sum(self.rates[d].kv_update_s(w, i) for i, d in enumerate(self.device))}
         return resident_s + offloaded_s + experts_s + head_s + fixed_s, terms
 
     def ceiling_s(self, context: int) -> float:
@@ -521,6 +530,7 @@ def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightS
         ceiling_decode_tokens_per_s=req.batch / m.ceiling_s(start),
         terms={**terms, "efficiency_source": main.weights.source, "kv_efficiency": main.kv.read,
                "attention_compute_efficiency": main.kv.attention_compute, "kv_update_efficiency": main.kv.update,
+               "kv_update_per_layer_s": main.kv.update_per_layer_s,
                "prefill_attention_efficiency": main.kv.prefill_compute,
                "kv_efficiency_source": main.kv.source, "bandwidth_efficiency": main.weights.bandwidth,
                "compute_efficiency": main.weights.compute, "per_layer_s": main.weights.per_layer_s,

@@ -1,8 +1,8 @@
 """`vramplan calibrate`: a small matrix of real runs, fitted into the profile's calibration.
 
 Each (model, scheme) is loaded once with dummy weights (speed and memory do not depend on
-weight values) and run at a few prompt lengths; the first model also runs its longest prompt
-with each quantized KV cache this transformers offers. Each run is reduced to the speed model's
+weight values) and run at a few prompt lengths; the first model also runs its two longest
+prompts with each quantized KV cache this transformers offers. Each run is reduced to the speed model's
 features (bytes read per decode step, layers, prefill FLOPs and chunks, KV update traffic) and
 planner.calibration fits the efficiencies and fixed costs. The process RSS beyond what the plan
 counts (weights, KV cache, workspace) is measured in fresh processes and stored as
@@ -37,7 +37,7 @@ class Matrix:
     new_tokens: int
     prefill_chunk: int = 2048
     repeats: int = 2
-    kv_dtypes: tuple[str, ...] = ()  # quantized caches, run on the first model at the longest prompt
+    kv_dtypes: tuple[str, ...] = ()  # quantized caches, run on the first model at the two longest prompts
     experts: bool = True  # time routed MoE experts per scheme (measure_experts)
 
 
@@ -188,7 +188,8 @@ def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str],
                 continue
             runs = [(p, "bf16") for p in matrix.prompts]
             if mi == 0 and quant == matrix.quants[0] and not spec.sliding_window_layers:
-                runs += [(max(matrix.prompts), k) for k in kv_runs]
+                # two cache sizes: the update's traffic grows with the cache, its fixed cost per layer does not
+                runs += [(p, k) for p in sorted(set(matrix.prompts))[-2:] for k in kv_runs]
             say(f"{spec.name} {quant}: loading (dummy weights) on {device}")
             try:
                 results, peak_rss = _run_model(source.config, spec, quant, runs, matrix, device, seed, say)

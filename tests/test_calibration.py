@@ -268,3 +268,26 @@ def test_runs_saved_before_prefill_attention_was_counted_get_it_counted_on_load(
            "decode_tokens_per_s": 10.0, "ttft_s": 4.0, "peak_rss_bytes": 1, "sample": s}
     got = RunRecord.from_dict(old).sample.prefill_attention_flops
     assert got == prefill_attention_flop(model_spec("qwen2.5-0.5b"), 2048) > 0
+
+
+def test_quantized_kv_update_has_a_fixed_cost_per_layer_measured_against_the_same_bf16_run():
+    """A quantized cache costs its update traffic plus a fixed cost per layer (the dequantize/cat/quantize ops); runs of
+    two cache sizes tell them apart. The extra time is taken against the measured bf16-cache run of the same model and
+    context, so the bf16 model's own misses (here +-15 % noise) do not leak into the KV figures."""
+    bf16 = [dataclasses.replace(s, decode_s_per_token=s.decode_s_per_token * (1.15 if i % 2 else 0.85))
+            for i, s in enumerate(matrix())]
+    kv = []
+    for s in bf16:
+        update = s.attention_flops_per_token * 4.0  # traffic grows with the cache, like the attention FLOPs
+        extra = update / (BW * 0.3) + s.num_layers * 250e-6
+        kv.append(dataclasses.replace(s, kv_dtype="quanto-int4", kv_update_bytes_per_token=update,
+                                      decode_s_per_token=s.decode_s_per_token + extra))
+    cal = fit(bf16 + kv, measured_at="2026-11-23", versions={}).calibration
+    e = cal.lookup("cpu", "kv-update", "quanto-int4")
+    assert e.bandwidth_efficiency == pytest.approx(0.3, rel=1e-3)
+    assert e.per_layer_overhead_s == pytest.approx(250e-6, rel=1e-3)
+    # and the speed model charges it per layer of quantized cache, on top of the traffic
+    hw = dataclasses.replace(resolve_profile("cpu-ddr5-desktop")[0], calibration=cal)
+    p = plan(model_spec("qwen2.5-0.5b"), hw, Request(context=4096, quant=("bf16",), kv_dtype=("quanto-int4",)))
+    assert p.predicted.terms["kv_update_per_layer_s"] == pytest.approx(250e-6, rel=1e-3)
+    assert p.predicted.terms["kv_update_s"] > 24 * 250e-6
