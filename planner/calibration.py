@@ -197,7 +197,7 @@ def _eff(inverse: float) -> float:
 @dataclass(frozen=True)
 class _Fitted:
     entry: CalibrationEntry
-    eff_kv: float
+    eff_kv: dict[str, float]  # per attention implementation
     residuals: dict
     warnings: tuple[str, ...]
 
@@ -205,7 +205,8 @@ class _Fitted:
         """The fitted model's time per token for a run with a bf16 cache."""
         e = self.entry
         return (s.bytes_read_per_token / (s.bandwidth_bytes_per_s * e.bandwidth_efficiency)
-                + _attention_roofline(s) / self.eff_kv + s.num_layers * e.per_layer_overhead_s + e.per_token_overhead_s)
+                + _attention_roofline(s) / self.eff_kv[s.attention_impl] + s.num_layers * e.per_layer_overhead_s
+                + e.per_token_overhead_s)
 
 
 def fit_entry(samples: list[Sample]) -> _Fitted:
@@ -216,24 +217,30 @@ def fit_entry(samples: list[Sample]) -> _Fitted:
     # fewer the two are collinear and the fit swings between them, so the fixed cost stays per layer
     # (eager dispatch: what it physically is).
     fit_per_token = len({s.num_layers for s in samples}) >= MIN_DEPTHS_FOR_PER_TOKEN
-    rows = [[s.bytes_read_per_token / s.bandwidth_bytes_per_s, _attention_roofline(s), float(s.num_layers)]
+    # one attention column per implementation: the same weights' runs with SDPA and with eager attention share
+    # everything but the attention kernel
+    impls = sorted({s.attention_impl for s in samples})
+    rows = [[s.bytes_read_per_token / s.bandwidth_bytes_per_s]
+            + [_attention_roofline(s) if s.attention_impl == i else 0.0 for i in impls] + [float(s.num_layers)]
             + ([1.0] if fit_per_token else []) for s in samples]
     y = [s.decode_s_per_token for s in samples]
     # relative errors matter, not absolute seconds: weight each run by 1/t^2; efficiencies at most 1
-    coef, held = bounded_nnls(rows, y, [1.0 / (t * t) for t in y], {0: 1 / MAX_EFFICIENCY, 1: 1 / MAX_EFFICIENCY})
+    coef, held = bounded_nnls(rows, y, [1.0 / (t * t) for t in y],
+                              {j: 1 / MAX_EFFICIENCY for j in range(len(impls) + 1)})
     warnings = []
     peak = "bandwidth" if 0 in held else None
     if 0 in held:
         warnings.append(f"{tag}: the runs read weights faster than the profile's peak bandwidth allows "
                         f"({s0.bandwidth_bytes_per_s / 1e9:.1f} GB/s): held the efficiency at {MAX_EFFICIENCY:g}; the "
                         "profile's bandwidth is too low (measured under load?): probe again on an idle machine")
-    if 1 in held:
-        what = "compute" if _compute_bound(s0) else "bandwidth"
-        warnings.append(f"{tag}: decode attention ran faster than the profile's peak {what} allows: held its "
-                        f"efficiency at {MAX_EFFICIENCY:g}; check the profile's peak {what}")
-    inv_eff, inv_kv, per_layer = coef[:3]
-    per_token = coef[3] if fit_per_token else 0.0
-    eff_bw, eff_kv = _eff(inv_eff), _eff(inv_kv)
+    for j, impl in enumerate(impls, start=1):
+        if j in held:
+            what = "compute" if _compute_bound(s0) else "bandwidth"
+            warnings.append(f"{tag}: decode attention ({impl}) ran faster than the profile's peak {what} allows: held "
+                            f"its efficiency at {MAX_EFFICIENCY:g}; check the profile's peak {what}")
+    inv_eff, per_layer = coef[0], coef[len(impls) + 1]
+    per_token = coef[len(impls) + 2] if fit_per_token else 0.0
+    eff_bw, eff_kv = _eff(inv_eff), {i: _eff(c) for i, c in zip(impls, coef[1:len(impls) + 1])}
     entry = CalibrationEntry(device=s0.device, backend=s0.backend, quant=s0.quant, bandwidth_efficiency=round(eff_bw, 5),
                              compute_efficiency=None,  # from prefill: _fit_prefill, over every scheme of the device
                              per_layer_overhead_s=round(per_layer, 9), per_token_overhead_s=round(per_token, 9))
@@ -305,8 +312,9 @@ def _fit_prefill(device: str, groups: dict[tuple[str, str, str], tuple[list[Samp
 
 
 def _same_run(s: Sample) -> tuple:
-    """What identifies a run's model, scheme and context apart from its KV dtype."""
-    return (s.device, s.backend, s.quant, s.bytes_read_per_token, s.num_layers, s.attention_flops_per_token)
+    """What identifies a run's model, scheme, attention kernel and context apart from its KV dtype."""
+    return (s.device, s.backend, s.quant, s.attention_impl, s.bytes_read_per_token, s.num_layers,
+            s.attention_flops_per_token)
 
 
 def _fit_kv_update(samples: list[Sample], fitted: _Fitted, bf16: dict[tuple, float]
@@ -369,7 +377,7 @@ def fit(samples: list[Sample], *, measured_at: str, versions: dict[str, str]) ->
         entries.append(replace(f.entry, compute_efficiency=round(compute_eff[key], 5)) if key in compute_eff else f.entry)
         warnings.extend(f.warnings)
         for impl in {s.attention_impl for s in group}:
-            kv_effs.setdefault((key[0], impl), []).append(f.eff_kv)
+            kv_effs.setdefault((key[0], impl), []).append(f.eff_kv[impl])
             bound.setdefault((key[0], impl), []).extend(_compute_bound(s) for s in group)
         tag = "/".join(key)
         residuals[f"{tag}: decode_abs_pct_median"] = round(f.residuals["decode_abs_pct_median"], 3)

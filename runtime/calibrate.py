@@ -39,6 +39,7 @@ class Matrix:
     repeats: int = 2
     kv_dtypes: tuple[str, ...] = ()  # quantized caches, run on the first model at the two longest prompts
     experts: bool = True  # time routed MoE experts per scheme (measure_experts)
+    eager: bool = True  # also run the first model's first scheme with eager attention (its own kernel efficiencies)
 
 
 # Sizes that finish in a few minutes on a 2-core CPU machine, larger on a GPU.
@@ -151,7 +152,7 @@ def best_of(n: int, run):
 
 
 def _sample(hw: HardwareProfile, spec, quant: str, kv_dtype: str, prompt: int, matrix: Matrix, on_gpu: bool,
-            result) -> Sample:
+            result, attention_impl: str) -> Sample:
     scheme, kv = SCHEMES[quant], KV_SCHEMES[kv_dtype]
     req = Request(context=prompt + matrix.new_tokens, prompt_tokens=prompt, prefill_chunk=matrix.prefill_chunk)
     work = decode_work(spec, scheme, kv, 1, prompt + matrix.new_tokens // 2, layer_costs(spec, scheme, kv, req))
@@ -160,7 +161,7 @@ def _sample(hw: HardwareProfile, spec, quant: str, kv_dtype: str, prompt: int, m
         bandwidth_bytes_per_s=hw.gpu.memory_bandwidth_bytes_per_s if on_gpu else hw.host.ram_bandwidth_bytes_per_s,
         peak_flops=hw.gpu.bf16_flops if on_gpu else hw.host.cpu_bf16_flops,
         bytes_read_per_token=sum(work.weights_bytes) + work.head_bytes, kv_bytes_per_token=sum(work.kv_read_bytes),
-        attention_flops_per_token=sum(work.attention_flop), attention_impl=spec.attention_impl,
+        attention_flops_per_token=sum(work.attention_flop), attention_impl=attention_impl,
         num_layers=spec.num_layers, decode_s_per_token=1.0 / result.decode_tokens_per_s_median,
         prefill_flops=prefill_flop(spec, prompt), prefill_attention_flops=prefill_attention_flop(spec, prompt),
         prefill_chunks=-(-prompt // matrix.prefill_chunk),
@@ -187,10 +188,14 @@ def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str],
         for quant in matrix.quants:
             if device not in SCHEMES[quant].devices:
                 continue
-            runs = [(p, "bf16") for p in matrix.prompts]
+            native = spec.attention_impl
+            runs = [(p, "bf16", native) for p in matrix.prompts]
             if mi == 0 and quant == matrix.quants[0] and not spec.sliding_window_layers:
                 # two cache sizes: the update's traffic grows with the cache, its fixed cost per layer does not
-                runs += [(p, k) for p in sorted(set(matrix.prompts))[-2:] for k in kv_runs]
+                runs += [(p, k, native) for p in sorted(set(matrix.prompts))[-2:] for k in kv_runs]
+            if mi == 0 and quant == matrix.quants[0] and matrix.eager and native != "eager":
+                # the eager kernel too (what gemma2's softcapping forces), on the same weights and prompts
+                runs += [(p, "bf16", "eager") for p in matrix.prompts]
             say(f"{spec.name} {quant}: loading (dummy weights) on {device}")
             try:
                 results, peak_rss = _run_model(source.config, spec, quant, runs, matrix, device, seed, say)
@@ -200,17 +205,18 @@ def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str],
                 continue
             finally:
                 free_memory()  # the model is gone with _run_model's frame; collect its cycles
-            for prompt, kv_dtype, r in results:
+            for prompt, kv_dtype, impl, r in results:
                 records.append(RunRecord(model=spec.name, quant=quant, kv_dtype=kv_dtype, prompt=prompt,
                                          new_tokens=len(r.tokens), decode_tokens_per_s=r.decode_tokens_per_s_median,
                                          ttft_s=r.ttft_s, peak_rss_bytes=peak_rss,
-                                         sample=_sample(hw, spec, quant, kv_dtype, prompt, matrix, on_gpu, r)))
+                                         sample=_sample(hw, spec, quant, kv_dtype, prompt, matrix, on_gpu, r, impl)))
     return records, warnings
 
 
-def _run_model(config: dict, spec, quant: str, runs: list[tuple[int, str]], matrix: Matrix, device: str, seed: int,
-               say: Callable[[str], None]) -> tuple[list, int]:
-    """Load one model in one scheme and time its runs; ([(prompt, kv dtype, result)], peak RSS)."""
+def _run_model(config: dict, spec, quant: str, runs: list[tuple[int, str, str]], matrix: Matrix, device: str,
+               seed: int, say: Callable[[str], None]) -> tuple[list, int]:
+    """Load one model in one scheme and time its runs (prompt, KV dtype, attention implementation);
+    ([(prompt, kv dtype, implementation, result)], peak RSS)."""
     from .generate import generate, synthetic_prompt
     from .load import load_model
     from .measure import PeakMemorySampler
@@ -220,15 +226,17 @@ def _run_model(config: dict, spec, quant: str, runs: list[tuple[int, str]], matr
         model = load_model(config, scheme=SCHEMES[quant], dummy_weights=True, device=device, seed=seed).model
         generate(model, synthetic_prompt(8, spec.vocab_size, seed), max_new_tokens=2,
                  prefill_chunk=matrix.prefill_chunk)  # warm-up: first-call allocations and dispatch
-        for prompt, kv_dtype in runs:
+        for prompt, kv_dtype, impl in runs:
+            if model.config._attn_implementation != impl:
+                model.set_attn_implementation(impl)
             ids = synthetic_prompt(prompt, spec.vocab_size, seed)
             r = best_of(matrix.repeats, lambda: generate(model, ids, max_new_tokens=matrix.new_tokens,
                                                          prefill_chunk=matrix.prefill_chunk,
                                                          kv=KV_SCHEMES[kv_dtype]))
             if r.decode_tokens_per_s_median is None or r.ttft_s is None:
                 raise VramplanError(f"the run stopped early ({r.stopped_reason}: {r.error or '-'})")
-            results.append((prompt, kv_dtype, r))
-            say(f"  prompt {prompt}, {kv_dtype} KV: TTFT {r.ttft_s:.3f} s, decode {r.decode_tokens_per_s_median:.2f} tok/s")
+            results.append((prompt, kv_dtype, impl, r))
+            say(f"  prompt {prompt}, {kv_dtype} KV, {impl} attention: TTFT {r.ttft_s:.3f} s, decode {r.decode_tokens_per_s_median:.2f} tok/s")
     return results, sampler.result.peak_rss_bytes
 
 

@@ -291,3 +291,22 @@ def test_quantized_kv_update_has_a_fixed_cost_per_layer_measured_against_the_sam
     p = plan(model_spec("qwen2.5-0.5b"), hw, Request(context=4096, quant=("bf16",), kv_dtype=("quanto-int4",)))
     assert p.predicted.terms["kv_update_per_layer_s"] == pytest.approx(250e-6, rel=1e-3)
     assert p.predicted.terms["kv_update_s"] > 24 * 250e-6
+
+
+def test_the_same_weights_with_eager_attention_fit_the_eager_kernel_apart():
+    """The calibration runs its first model with eager attention too (gemma2's kernel): one weights efficiency,
+    an attention efficiency per implementation, each stored under its own entry for decode and for prefill."""
+    sdpa = matrix()
+    eager = [synth(w, a, L, attn_eff=0.05) for w, L in ((1e9, 24), (2.5e9, 16)) for a in (1e7, 2e8, 5e8)]
+    eager = [dataclasses.replace(s, attention_impl="eager") for s in eager]
+    result = fit(sdpa + eager, measured_at="2026-11-23", versions={})
+    cal = result.calibration
+    assert cal.lookup("cpu", "torch", "bf16").bandwidth_efficiency == pytest.approx(0.6, rel=1e-3)
+    assert cal.lookup("cpu", "attn-sdpa", "bf16").compute_efficiency == pytest.approx(0.02, rel=1e-3)
+    assert cal.lookup("cpu", "attn-eager", "bf16").compute_efficiency == pytest.approx(0.05, rel=1e-3)
+    assert result.warnings == ()
+    # a gemma2 plan (eager: softcapping) now uses the eager figure, not SDPA's
+    hw = dataclasses.replace(resolve_profile("cpu-ddr5-desktop")[0], calibration=cal)
+    p = plan(model_spec("gemma-2-2b"), hw, Request(context=2048, quant=("bf16",), kv_dtype=("bf16",)))
+    assert p.predicted.terms["attention_compute_efficiency"] == pytest.approx(0.05, rel=1e-3)
+    assert "(attn-eager)" in p.predicted.terms["kv_efficiency_source"]
