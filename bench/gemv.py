@@ -22,8 +22,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from planner.units import MiB  # noqa: E402
+
 RESULTS_DIR = ROOT / "bench" / "results"
-STREAM_BYTES = 512 << 20  # weight copies per shape: more than any CPU cache
+STREAM_BYTES = 512 * MiB  # weight copies per shape: more than any CPU cache
 
 
 def shapes(model: str) -> list[tuple[str, int, int]]:

@@ -25,14 +25,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from planner.units import MiB  # noqa: E402
+
 RESULTS_DIR = ROOT / "bench" / "results"
 
 # name -> environment for the run's process
 SETTINGS = {
     "glibc default (dynamic threshold)": {},
-    "MALLOC_MMAP_THRESHOLD_=1MiB": {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)},
-    "MALLOC_MMAP_THRESHOLD_=4MiB": {"MALLOC_MMAP_THRESHOLD_": str(4 << 20)},
-    "MALLOC_MMAP_THRESHOLD_=32MiB": {"MALLOC_MMAP_THRESHOLD_": str(32 << 20)},
+    "MALLOC_MMAP_THRESHOLD_=1MiB": {"MALLOC_MMAP_THRESHOLD_": str(1 * MiB)},
+    "MALLOC_MMAP_THRESHOLD_=4MiB": {"MALLOC_MMAP_THRESHOLD_": str(4 * MiB)},
+    "MALLOC_MMAP_THRESHOLD_=32MiB": {"MALLOC_MMAP_THRESHOLD_": str(32 * MiB)},
     "MALLOC_ARENA_MAX=1": {"MALLOC_ARENA_MAX": "1"},
 }
 

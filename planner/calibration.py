@@ -25,9 +25,9 @@ efficiency per attention implementation (the same kernel on bf16 activations wha
 are), stored as an entry with backend "prefill-attn-<impl>". Prompts of several lengths tell the two
 apart (attention grows with the prompt squared); where the runs' attention share is too small to
 measure, the speed model's default is used and no entry is stored. Runs with a quantized KV
-cache measure its update: what they take beyond the same run with a bf16 cache (measured, else the fitted model) is its traffic over bandwidth x
-eff_update plus a fixed cost per layer (told apart by runs of two cache sizes), stored per
-device x KV dtype (backend "kv-update"). Residuals are percentage errors of the fitted
+cache measure its update: what they take beyond the same run with a bf16 cache (measured, else
+the fitted model) is its traffic over bandwidth x eff_update plus a fixed cost per layer (told
+apart by runs of two cache sizes), stored per device x KV dtype (backend "kv-update"). Residuals are percentage errors of the fitted
 model on the runs it was fitted to; a large one is a warning. The accuracy benchmark measures
 the model on runs it has not seen.
 """
@@ -49,7 +49,7 @@ MIN_EFFICIENCY = 0.005
 # does not describe those runs (a busy machine, a kernel the model does not know).
 RESIDUAL_WARN_PCT = 10.0
 # The prefill attention efficiency is fitted only from runs whose attention is at least this share of their prefill
-# FLOPs (and of at least two prompt lengths): below it, attention is within the noise of the matmuls' time.
+# FLOPs (two or more runs of different shares): below it, attention is within the noise of the matmuls' time.
 MIN_PREFILL_ATTENTION_SHARE = 0.03
 
 

@@ -189,11 +189,12 @@ def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str],
             if device not in SCHEMES[quant].devices:
                 continue
             native = spec.attention_impl
+            first = mi == 0 and quant == matrix.quants[0]
             runs = [(p, "bf16", native) for p in matrix.prompts]
-            if mi == 0 and quant == matrix.quants[0] and not spec.sliding_window_layers:
+            if first and not spec.sliding_window_layers:
                 # two cache sizes: the update's traffic grows with the cache, its fixed cost per layer does not
                 runs += [(p, k, native) for p in sorted(set(matrix.prompts))[-2:] for k in kv_runs]
-            if mi == 0 and quant == matrix.quants[0] and matrix.eager and native != "eager":
+            if first and matrix.eager and native != "eager":
                 # the eager kernel too (what gemma2's softcapping forces), on the same weights and prompts
                 runs += [(p, "bf16", "eager") for p in matrix.prompts]
             say(f"{spec.name} {quant}: loading (dummy weights) on {device}")
@@ -236,7 +237,8 @@ def _run_model(config: dict, spec, quant: str, runs: list[tuple[int, str, str]],
             if r.decode_tokens_per_s_median is None or r.ttft_s is None:
                 raise VramplanError(f"the run stopped early ({r.stopped_reason}: {r.error or '-'})")
             results.append((prompt, kv_dtype, impl, r))
-            say(f"  prompt {prompt}, {kv_dtype} KV, {impl} attention: TTFT {r.ttft_s:.3f} s, decode {r.decode_tokens_per_s_median:.2f} tok/s")
+            say(f"  prompt {prompt}, {kv_dtype} KV, {impl} attention: TTFT {r.ttft_s:.3f} s, "
+                f"decode {r.decode_tokens_per_s_median:.2f} tok/s")
     return results, sampler.result.peak_rss_bytes
 
 
