@@ -26,6 +26,7 @@ from planner.profiles import resolve_profile
 from planner.request import Request
 from planner.sources import model_spec
 from planner.speed import SpeedEstimate
+from planner.units import MiB
 
 RTX4090 = resolve_profile("rtx-4090")[0]
 TWO_4090 = RTX4090.replace(name="rtx-4090-x2", gpus=(replace(RTX4090.gpus[0], count=2),))
@@ -117,8 +118,9 @@ GOLDEN = {
         ["vramplan's plan: bf16 + fp8 KV, 32/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache q8_0, placed by llama.cpp's own rules",
          "GGUF BF16: Llama-3.1-8B-BF16.gguf, 16,068,898,016 B (14.97 GiB; planner/gguf.py: llama-quantize's tensor types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-8B-GGUF (a naming convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> Llama-3.1-8B-BF16.gguf BF16',
-         'all 32 layers and the output layer on the GPU (-ngl 33): GPU 0: 16.49 GiB of 22.50 GiB usable (weights 13.98 GiB + KV 2.12 GiB + compute 398.50 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 1.23 GiB of 64.00 GiB',
+         'all 32 layers and the output layer on the GPU (-ngl 33): GPU 0: 16.25 GiB of 22.50 GiB usable (weights 13.98 GiB + KV 2.12 GiB + compute 149.96 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 1.23 GiB of 64.00 GiB',
          '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan sized the cache with it',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what the plan leaves free",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('dense-8b-24gb', 'ollama'): (
         r"""# ollama pull llama3.1:8b-instruct-fp16
@@ -161,14 +163,15 @@ cache = QuantizedCache(backend="fp8", config=model.config)""",
         r"""llama-server \
   -m Llama-3.1-70B-Q4_K_M.gguf \
   -c 8192 \
-  -ngl 42 \
+  -ngl 43 \
   -fa on""",
         ["vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, cache f16, placed by llama.cpp's own rules",
          "GGUF Q4_K_M: Llama-3.1-70B-Q4_K_M.gguf, 42,520,400,320 B (39.60 GiB; planner/gguf.py: llama-quantize's tensor types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-70B-GGUF (a naming convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> Llama-3.1-70B-Q4_K_M.gguf Q4_K_M',
-         'layers 39-79 and the output layer on the GPU, 0-38 computed by the CPU (-ngl 42): GPU 0: 22.19 GiB of 22.50 GiB usable (weights 20.43 GiB + KV 1.28 GiB + compute 490.50 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 20.87 GiB of 64.00 GiB',
+         'layers 38-79 and the output layer on the GPU, 0-37 computed by the CPU (-ngl 43): GPU 0: 22.43 GiB of 22.50 GiB usable (weights 20.88 GiB + KV 1.31 GiB + compute 241.96 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 20.39 GiB of 64.00 GiB',
          '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan sized the cache with it',
-         'llama.cpp computes the 39 layers left in RAM on the CPU (it does not stream them to the GPU)',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what the plan leaves free",
+         'llama.cpp computes the 38 layers left in RAM on the CPU (it does not stream them to the GPU)',
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('70b-offloaded', 'ollama'): (
         r"""# ollama pull llama3.1:70b-instruct-q4_K_M
@@ -224,8 +227,9 @@ model = AutoModelForCausalLM.from_pretrained(
         ["vramplan's plan: bf16 + bf16 KV, 48/48 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache f16, placed by llama.cpp's own rules",
          "GGUF BF16: Qwen3-30B-A3B-BF16.gguf, 61,095,806,112 B (56.90 GiB; planner/gguf.py: llama-quantize's tensor types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Qwen3-30B-A3B-GGUF (a naming convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> Qwen3-30B-A3B-BF16.gguf BF16',
-         'all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 32 layers in RAM (--n-cpu-moe 32): GPU 0: 22.17 GiB of 22.50 GiB usable (weights 20.31 GiB + KV 1.50 GiB + compute 364.75 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 36.90 GiB of 64.00 GiB',
+         'all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 32 layers in RAM (--n-cpu-moe 32): GPU 0: 21.88 GiB of 22.50 GiB usable (weights 20.31 GiB + KV 1.50 GiB + compute 70.32 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 36.90 GiB of 64.00 GiB',
          '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan sized the cache with it',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what the plan leaves free",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('moe-experts-in-ram', 'ollama'): (
         r"""# ollama pull qwen3:30b-a3b-fp16
@@ -269,8 +273,9 @@ model = AutoModelForCausalLM.from_pretrained(
         ["vramplan's plan: bnb-nf4-dq + bf16 KV, 80/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, cache f16, placed by llama.cpp's own rules",
          "GGUF Q4_K_M: Llama-3.1-70B-Q4_K_M.gguf, 42,520,400,320 B (39.60 GiB; planner/gguf.py: llama-quantize's tensor types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-70B-GGUF (a naming convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> Llama-3.1-70B-Q4_K_M.gguf Q4_K_M',
-         'all 80 layers and the output layer on the GPU (-ngl 81): GPU 0: 22.10 GiB of 22.50 GiB usable (weights 20.53 GiB + KV 1.34 GiB + compute 240.00 MiB); GPU 1: 20.15 GiB of 22.50 GiB usable (weights 18.52 GiB + KV 1.16 GiB + compute 490.50 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 819.62 MiB of 64.00 GiB',
+         'all 80 layers and the output layer on the GPU (-ngl 81): GPU 0: 22.10 GiB of 22.50 GiB usable (weights 20.53 GiB + KV 1.34 GiB + compute 240.00 MiB); GPU 1: 19.91 GiB of 22.50 GiB usable (weights 18.52 GiB + KV 1.16 GiB + compute 241.96 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 821.58 MiB of 64.00 GiB',
          '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan sized the cache with it',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what the plan leaves free",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('two-gpus', 'ollama'): (
         r"""# ollama pull llama3.1:70b-instruct-q4_K_M
@@ -313,8 +318,9 @@ model = AutoModelForCausalLM.from_pretrained(
         ["vramplan's plan: bf16 + bf16 KV, 0/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache f16, placed by llama.cpp's own rules",
          "GGUF BF16: Llama-3.1-8B-BF16.gguf, 16,068,898,016 B (14.97 GiB; planner/gguf.py: llama-quantize's tensor types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-8B-GGUF (a naming convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> Llama-3.1-8B-BF16.gguf BF16',
-         'all 32 layers computed by the CPU (no GPU): RAM 16.57 GiB of 768.00 GiB',
+         'all 32 layers computed by the CPU (no GPU): RAM 16.15 GiB of 768.00 GiB',
          '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan sized the cache with it',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what the plan leaves free",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('cpu-only', 'ollama'): (
         r"""# ollama pull llama3.1:8b-instruct-fp16
@@ -414,17 +420,46 @@ def test_llamacpp_kv_rows_follow_ggml_block_layouts():
     assert rules.kv_bytes_per_layer(LLAMA_8B, "f16", req) == [2 * 4096 * 2048] * 32
     assert rules.kv_bytes_per_layer(LLAMA_8B, "q8_0", req) == [2 * 4096 * 1088] * 32
     assert rules.kv_bytes_per_layer(LLAMA_8B, "q4_0", req) == [2 * 4096 * 576] * 32
-    # sliding-window layers keep window x slots + n_ubatch cells (gemma-2-9b: window 4096, 8 KV heads x 256)
+    # sliding-window layers keep window x the slots sharing a stream + n_ubatch cells, padded to 256 (gemma-2-9b:
+    # window 4096, 8 KV heads x 256). No -np: llama-server's 4 auto slots share one unified pool.
     gemma = model_spec("gemma-2-9b")
+    row = 8 * 256 * 2
     kv = rules.kv_bytes_per_layer(gemma, "f16", Request(context=32768, engine="llama.cpp"))
-    assert kv[0] == 2 * (4096 + 512) * 8 * 256 * 2 and kv[1] == 2 * 32768 * 8 * 256 * 2
+    assert kv[0] == 2 * (4 * 4096 + 512) * row and kv[1] == 2 * 32768 * row
+    kv = rules.kv_bytes_per_layer(gemma, "f16", Request(context=8192, engine="llama.cpp"))
+    assert kv[0] == kv[1] == 2 * 8192 * row  # 4 x 4096 + 512 > 8192: the window layers keep every cell
+    # -np 3: a stream of -c / 3 cells per slot, padded to 256; the window layers keep window + n_ubatch per stream
+    kv = rules.kv_bytes_per_layer(gemma, "f16", Request(context=10000, batch=3, engine="llama.cpp"))
+    assert kv[1] == 2 * 3 * 10240 * row and kv[0] == 2 * 3 * 4608 * row
 
 
 def test_llamacpp_compute_buffer_estimate():
+    # no -np: 4 auto slots in one 8192-cell pool, a logits row reserved per slot
     req = Request(context=8192, engine="llama.cpp")
     scratch = 512 * (4 * 4096 + 3 * 14336) * 4 + 512 * 8192 * 2
     assert rules.compute_buffer_bytes(LLAMA_8B, req, with_logits=False) == scratch
-    assert rules.compute_buffer_bytes(LLAMA_8B, req, with_logits=True) == scratch + 128256 * 512 * 4
+    assert rules.compute_buffer_bytes(LLAMA_8B, req, with_logits=True) == scratch + 128256 * 4 * 4
+    # -np 2: the mask spans one slot's stream; two logits rows
+    req = Request(context=8192, batch=2, engine="llama.cpp")
+    scratch = 512 * (4 * 4096 + 3 * 14336) * 4 + 512 * 8192 * 2
+    assert rules.compute_buffer_bytes(LLAMA_8B, req, with_logits=True) == scratch + 128256 * 2 * 4
+    # gemma-2: a mask per cache (window and global)
+    gemma = model_spec("gemma-2-9b")
+    req = Request(context=32768, engine="llama.cpp")
+    mask = 512 * (32768 + 16896) * 2
+    assert rules.compute_buffer_bytes(gemma, req, with_logits=False) == 512 * (4 * 3584 + 3 * 14336) * 4 + mask
+
+
+def test_llamacpp_tied_output_stays_the_token_embd_in_ram():
+    """A tied model's output layer on a GPU is a copy of token_embd; in RAM (-ngl 0) it is token_embd itself
+    (measured: llama.cpp maps the file once, bench/results/llamacpp-serve-cpu-dev.md)."""
+    spec = model_spec("qwen3-0.6b")
+    model = rules.gguf_model(spec, "Q4_K_M")
+    data = sum(t.nbytes for t in gguf_tensors(spec, "Q4_K_M"))
+    assert model.tied_copy_bytes == model.token_embd_bytes > 0
+    assert model.total_bytes == data + model.token_embd_bytes
+    p = plan_for_engine(spec, CPU_SERVER, Request(context=4096, engine="llama.cpp", quant=("Q4_K_M",), kv_dtype=("f16",)))
+    assert p.memory.cpu.weights_bytes == data
 
 
 def test_llamacpp_quality_cost_is_the_perplexity_readme_delta():
@@ -548,3 +583,21 @@ def test_emit_refuses_what_the_plan_cannot_feed():
     with pytest.raises(PlanError, match="unknown --emit engine"):
         check_emit("tgi", "vramplan")
     check_emit("ollama", "llama.cpp")
+
+
+def test_llamacpp_export_caps_the_prompt_cache_at_what_the_plan_leaves_free():
+    """llama-server keeps finished prompts' KV state in RAM up to --cache-ram (8192 MiB by default): where the plan
+    leaves less free, the command caps it there; where it leaves nothing, it is disabled."""
+    from planner.engines.llamacpp import llama_server_command
+
+    spec = model_spec("qwen3-0.6b")
+    req = Request(context=4096, engine="llama.cpp", quant=("Q4_K_M",), kv_dtype=("f16",))
+    roomy = plan_for_engine(spec, CPU_SERVER, req)
+    assert "--cache-ram" not in llama_server_command(spec, roomy)
+    need = roomy.memory.cpu.total_bytes
+    tight = plan_for_engine(spec, CPU_SERVER, replace(req, ram_budget_bytes=need + 1000 * MiB + 123))
+    argv = llama_server_command(spec, tight)
+    assert argv[argv.index("--cache-ram") + 1] == "1000"
+    full = plan_for_engine(spec, CPU_SERVER, replace(req, ram_budget_bytes=need))
+    assert llama_server_command(spec, full)[-2:] == ["--cache-ram", "0"]
+    assert "disabled (--cache-ram 0)" in emit("llama.cpp", spec, CPU_SERVER, full).text

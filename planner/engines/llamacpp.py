@@ -24,7 +24,7 @@ from ..search import check_context
 from ..search import _choose as choose_by_preference  # vramplan's preference rule, applied to any candidates
 from ..search import bisect_max
 from ..speed import ReadBytes, estimate
-from ..units import format_bytes
+from ..units import MiB, format_bytes
 from . import llamacpp_rules as rules
 from .common import Export, assumption_notes, commented, device_memories, first_moe_layers, shell_command
 
@@ -74,10 +74,12 @@ def _capacities(hw: HardwareProfile, req: Request) -> list[int]:
     return [req.vram_budget_bytes if req.vram_budget_bytes is not None else m for m in device_memories(hw)]
 
 
-def footprint(spec, hw, req, model, kv_type, margin_bytes=rules.FIT_TARGET_MARGIN_BYTES):
+def footprint(spec, hw, req, model, kv_type, margin_bytes=rules.FIT_TARGET_MARGIN_BYTES, slots=None):
+    """llama-server's bytes (its slots unless `slots` says otherwise: Ollama's runner)."""
     ram = req.ram_budget_bytes if req.ram_budget_bytes is not None else hw.host.ram_bytes
     cuda = hw.overheads.cuda_context_bytes if hw.has_gpu else 0
-    return rules.LlamaCppFootprint(spec, model, kv_type, req, _capacities(hw, req), cuda, ram, margin_bytes)
+    return rules.LlamaCppFootprint(spec, model, kv_type, req, _capacities(hw, req), cuda, ram, margin_bytes,
+                                   slots=slots, base_ram_bytes=rules.process_base_ram(hw.has_gpu))
 
 
 def _choice(spec: ModelSpec, hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.Placement) -> LlamaCppChoice:
@@ -107,7 +109,7 @@ def _breakdown(hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.Placem
                            allocator_reserve_bytes=0, headroom_bytes=fp.margin_bytes, capacity_bytes=cap)
                  for d, cap in zip(devices, capacities))
     cpu = CPUMemory(weights_bytes=host.weights, kv_cache_bytes=host.kv, workspace_bytes=host.compute,
-                    runtime_base_bytes=rules.PROCESS_BASE_RAM_ASSUMED, capacity_bytes=fp.ram_capacity)
+                    runtime_base_bytes=fp.base_ram_bytes, capacity_bytes=fp.ram_capacity)
     return MemoryBreakdown(gpus=gpus, cpu=cpu, workspace_terms={
         "compute_buffers_gpu": sum(d.compute for d in devices), "compute_buffer_host": host.compute})
 
@@ -193,7 +195,8 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     for ft in types:
         model = rules.gguf_model(spec, ft)
         cands.extend(_candidate(spec, hw, req, model, kv) for kv in caches)
-    consts = rules.constants(hw.name, hw.overheads.cuda_context_bytes if hw.has_gpu else 0, types, caches)
+    consts = rules.constants(hw.name, hw.overheads.cuda_context_bytes if hw.has_gpu else 0, types, caches,
+                             has_gpu=hw.has_gpu)
     common = dict(model=model_ref(spec), hardware=hardware_ref(hw), request=req, candidates=cands,
                   constants={k: {"value": c.value, "from": c.source + (" (assumption)" if c.assumption else "")}
                              for k, c in consts.items()})
@@ -231,13 +234,22 @@ def llama_server_command(spec: ModelSpec, p: Plan) -> list[str]:
         argv += ["-ctk", c.kv_dtype, "-ctv", c.kv_dtype]
     if r.batch > 1:
         argv += ["-np", str(r.batch)]
+    cache = prompt_cache_mib(p)
+    if cache < rules.PROMPT_CACHE_DEFAULT_MIB:
+        argv += ["--cache-ram", str(cache)]
     return argv
+
+
+def prompt_cache_mib(p: Plan) -> int:
+    """llama-server's prompt cache in RAM (--cache-ram): its default, or what the plan leaves free when that is less."""
+    return min(rules.PROMPT_CACHE_DEFAULT_MIB, max(0, p.memory.cpu.free_bytes) // MiB)
 
 
 def export_from_llamacpp_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, extra_notes=()) -> Export:
     """The llama-server command for a plan made by llama.cpp's rules."""
     consts = rules.constants(hw.name, hw.overheads.cuda_context_bytes if hw.has_gpu else 0,
-                             (p.choice.weight_quant,) if p.fits else (), (p.choice.kv_dtype,) if p.fits else ())
+                             (p.choice.weight_quant,) if p.fits else (), (p.choice.kv_dtype,) if p.fits else (),
+                             has_gpu=hw.has_gpu)
     if not p.fits:
         text = commented([*extra_notes, f"llama.cpp: {p.reasons[0]}"], "# no llama-server command: nothing fits")
         return Export(engine=ENGINE, fits=False, text=text, notes=tuple([*extra_notes, *p.reasons]), constants=consts)
@@ -253,6 +265,15 @@ def export_from_llamacpp_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, ext
              p.chosen.reason,
              "-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); "
              "the plan sized the cache with it"]
+    cache = prompt_cache_mib(p)
+    notes.append(f"llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default "
+                 f"{rules.PROMPT_CACHE_DEFAULT_MIB} MiB: " + (
+                     "that fits in what the plan leaves free" if cache == rules.PROMPT_CACHE_DEFAULT_MIB else
+                     f"capped at the {cache} MiB the plan leaves free" if cache else
+                     "the plan leaves no RAM free: disabled (--cache-ram 0)"))
+    if spec.sliding_window_layers:
+        notes.append(f"sliding-window layers: llama-server also keeps up to {rules.CTX_CHECKPOINTS_DEFAULT} copies of "
+                     "their cache per slot in RAM (--ctx-checkpoints), sized by the prompts: not in the plan")
     if c.on_gpu and c.gpu_layers < c.total_layers:
         notes.append(f"llama.cpp computes the {c.total_layers - c.gpu_layers} layers left in RAM on the CPU (it "
                      "does not stream them to the GPU)")

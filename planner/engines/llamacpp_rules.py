@@ -23,11 +23,16 @@ from ..units import MiB
 from .common import EngineConstant
 
 LLAMA_CPP = "ggml-org/llama.cpp"
+# The llama.cpp whose llama-server ran vramplan's exported commands (bench/llamacpp_serve.py) and whose
+# llama-quantize wrote tests/data/gguf_golden.json.
+MEASURED_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 COMMON_H = f"{LLAMA_CPP} common/common.h @ 001d906a6d86e2490e394361e7cc6f478b100088"
 ARG_CPP = f"{LLAMA_CPP} common/arg.cpp @ 145b6280d6aa1890e22457143dad0badb3fd6820"
 MODEL_CPP = f"{LLAMA_CPP} src/llama-model.cpp @ a5410f046c01d01330c8a42f13b64a211fedf2c3"
 KV_CACHE_CPP = f"{LLAMA_CPP} src/llama-kv-cache.cpp @ 3514e9f6e795d3b3cd88d6614f6c07e7ce6f916f"
 CONTEXT_CPP = f"{LLAMA_CPP} src/llama-context.cpp @ 4c7103b96d720ea6057eec6ac11a49727f9ecd43"
+SERVER_CPP = f"{LLAMA_CPP} tools/server/server.cpp @ {MEASURED_COMMIT}"
+COMMON_H_MEASURED = f"{LLAMA_CPP} common/common.h @ {MEASURED_COMMIT}"
 PERPLEXITY_README = ("ggerganov/llama.cpp examples/perplexity/README.md @ 0a21ad6e3f457f81ad6af43b95856bf7064a9ef9, "
                      "'LLaMA 3 8b Scoreboard' (wikitext-2, CUDA)")
 
@@ -52,20 +57,46 @@ FILE_TYPE_DELTA_PPL = {"BF16": 0.0, "F16": 0.0, "Q8_0": 0.002650, "Q6_K": 0.0217
 # said so in every plan that uses them.
 KV_QUALITY_PCT_ASSUMED = {"f16": 0.0, "q8_0": 0.1, "q4_0": 1.0}
 
+# llama-server without -np: "auto", 4 slots sharing one unified KV pool (tools/server/server.cpp).
+SERVER_AUTO_SLOTS = 4
+# llama-server keeps the KV state of finished prompts in host RAM, up to --cache-ram MiB (common.h cache_ram_mib;
+# tools/server/server-task.cpp server_prompt_cache): beside every buffer, growing as it serves.
+PROMPT_CACHE_DEFAULT_MIB = 8192
+# Models with sliding-window layers also keep up to --ctx-checkpoints copies of those layers' cache per slot
+# (common.h n_ctx_checkpoints), in host RAM: not planned (their size depends on the prompts served).
+CTX_CHECKPOINTS_DEFAULT = 32
+# n_ctx and every cache stream are padded to 256 cells (src/llama-context.cpp, src/llama-kv-cache-iswa.cpp).
+KV_PAD = 256
 # Compute buffers: ggml-alloc sizes them from a worst-case graph at load (llama.cpp logs "compute buffer size").
 # Not derivable exactly without building the graph: ESTIMATED here, with flash attention on, as
-#   logits  n_vocab x n_ubatch x 4 B               (f32, only on the device holding the output layer)
-#   scratch n_ubatch x (4 hidden + 3 x FFN width) x 4 B + the f16 KQ mask n_ubatch x KV cells x 2 B
-COMPUTE_HIDDEN_COPIES_ASSUMED = 4
-COMPUTE_FFN_COPIES_ASSUMED = 3
-# RSS of llama-server before any model tensor (binary, backends, tokenizer): ASSUMED.
-PROCESS_BASE_RAM_ASSUMED = 256 * MiB
+#   scratch n_ubatch x (4 hidden + 3 x FFN width) x 4 B + the f16 KQ mask n_ubatch x cells of a stream x 2 B per cache
+#   logits  n_vocab x slots x 4 B (f32, on the device holding the output layer: one row per slot is reserved)
+# Measured against a CPU build (bench/results/llamacpp-serve-cpu-dev.md, 6 models): 2-9 % over. CUDA's are unmeasured.
+COMPUTE_HIDDEN_COPIES = 4
+COMPUTE_FFN_COPIES = 3
+COMPUTE_SOURCE = ("estimate of the compute buffer ggml-alloc reserves at load; measured 2-9 % over on 6 models with a "
+                  "CPU build (bench/results/llamacpp-serve-cpu-dev.md)")
+# RSS of llama-server beside its buffers (binary, libraries, tokenizer, slots, heap). A CPU build: MEASURED, peak RSS
+# after a first prompt less every buffer llama.cpp reports: at most 51 MiB over the 6 runs of
+# bench/results/llamacpp-serve-cpu-dev.md (Gemma-2's, with a 13 MiB context checkpoint), rounded up. Its prompt cache
+# comes on top, bounded by --cache-ram (PROMPT_CACHE_DEFAULT_MIB). A CUDA build also maps the CUDA runtime and
+# cuBLAS: ASSUMED, unmeasured.
+PROCESS_BASE_RAM_CPU_BUILD = 64 * MiB
+PROCESS_BASE_RAM_GPU_ASSUMED = 256 * MiB
 
 
-def constants(hw_name: str, cuda_context_bytes: int, file_types=(), kv_types=()) -> dict[str, EngineConstant]:
+def process_base_ram(has_gpu: bool) -> int:
+    return PROCESS_BASE_RAM_GPU_ASSUMED if has_gpu else PROCESS_BASE_RAM_CPU_BUILD
+
+
+def constants(hw_name: str, cuda_context_bytes: int, file_types=(), kv_types=(), *, has_gpu: bool = True
+              ) -> dict[str, EngineConstant]:
     """The llama.cpp constants a plan or an export of these file and cache types used, by name (numbers only: a
     plan's table shows them)."""
-    compute = "estimate of the compute buffer ggml-alloc reserves at load (llama.cpp measures it)"
+    base = (EngineConstant(PROCESS_BASE_RAM_GPU_ASSUMED, "llama-server's RSS beside its buffers, CUDA build",
+                           assumption=True) if has_gpu else
+            EngineConstant(PROCESS_BASE_RAM_CPU_BUILD, "llama-server's RSS beside its buffers, CPU build: measured "
+                           "(bench/results/llamacpp-serve-cpu-dev.md)"))
     out = {
         "fit_target_margin_bytes": EngineConstant(FIT_TARGET_MARGIN_BYTES, f"{COMMON_H}: fit_params_target "
                                                   "(1024*1024*1024 per device; -fitt in common/arg.cpp)"),
@@ -73,10 +104,11 @@ def constants(hw_name: str, cuda_context_bytes: int, file_types=(), kv_types=())
         "cuda_context_bytes": EngineConstant(cuda_context_bytes, f"profile {hw_name}: overheads.cuda_context "
                                              "(llama.cpp's --fit measures free memory after it)"),
         "llama3_8b_f16_ppl": EngineConstant(LLAMA3_8B_F16_PPL, PERPLEXITY_README),
-        "compute_hidden_copies": EngineConstant(COMPUTE_HIDDEN_COPIES_ASSUMED, compute, assumption=True),
-        "compute_ffn_copies": EngineConstant(COMPUTE_FFN_COPIES_ASSUMED, compute, assumption=True),
-        "process_base_ram_bytes": EngineConstant(PROCESS_BASE_RAM_ASSUMED, "llama-server's RSS before model "
-                                                 "tensors", assumption=True),
+        "server_auto_slots": EngineConstant(SERVER_AUTO_SLOTS, f"{SERVER_CPP}: n_parallel auto"),
+        "prompt_cache_default_mib": EngineConstant(PROMPT_CACHE_DEFAULT_MIB, f"{COMMON_H_MEASURED}: cache_ram_mib"),
+        "compute_hidden_copies": EngineConstant(COMPUTE_HIDDEN_COPIES, COMPUTE_SOURCE, assumption=has_gpu),
+        "compute_ffn_copies": EngineConstant(COMPUTE_FFN_COPIES, COMPUTE_SOURCE, assumption=has_gpu),
+        "process_base_ram_bytes": base,
     }
     out.update({f"delta_ppl_{k}": EngineConstant(FILE_TYPE_DELTA_PPL[k], PERPLEXITY_README) for k in file_types})
     out.update({f"kv_quality_pct_{k}": EngineConstant(KV_QUALITY_PCT_ASSUMED[k], "no published perplexity table for "
@@ -103,11 +135,19 @@ class GGUFModel:
     experts: tuple[int, ...]  # of which routed experts (*_exps)
     token_embd_bytes: int  # always in host memory (dev_input)
     output_bytes: int  # the output layer slot: output.weight (a GPU copy of token_embd when tied) + output_norm + generated
+    tied_copy_bytes: int = 0  # of which the copy of a tied token_embd: none while the output layer stays in RAM
 
     @property
     def total_bytes(self) -> int:
-        """What the loaded model occupies; a tied token_embd is counted once in host memory and once as output."""
+        """What the loaded model occupies with the output layer on a GPU; a tied token_embd is counted once in host
+        memory and once as output."""
         return sum(self.layers) + self.token_embd_bytes + self.output_bytes
+
+    @property
+    def host_output_bytes(self) -> int:
+        """The output slot's bytes when it stays in RAM: a tied output is the mmapped token_embd itself (llama.cpp's
+        TENSOR_DUPLICATED tensor in the same host buffer; measured: bench/results/llamacpp-serve-cpu-dev.md)."""
+        return self.output_bytes - self.tied_copy_bytes
 
 
 def gguf_model(spec: ModelSpec, file_type: str) -> GGUFModel:
@@ -124,40 +164,85 @@ def gguf_model(spec: ModelSpec, file_type: str) -> GGUFModel:
         else:
             tied = tied and t.name != "output.weight"
             output += t.nbytes  # output.weight, output_norm, rope_freqs / rope factors
-    if tied:  # llama-model.cpp loads token_embd again (TENSOR_DUPLICATED) as the output projection
-        output += token_embd
+    copy = token_embd if tied else 0  # llama-model.cpp loads token_embd again (TENSOR_DUPLICATED) as the output
     return GGUFModel(file_type=file_type, layers=tuple(layers), experts=tuple(experts), token_embd_bytes=token_embd,
-                     output_bytes=output)
+                     output_bytes=output + copy, tied_copy_bytes=copy)
 
 
-def kv_cells(req: Request) -> int:
-    """KV cells llama-server allocates: -c is the context of all -np slots together."""
-    return req.context * req.batch
+@dataclass(frozen=True)
+class Slots:
+    """How the server holds sequences: `count` slots (n_seq_max), one KV pool all share (`unified`) or one KV stream
+    per slot, and how many rows of logits its compute graph is reserved for."""
+
+    count: int
+    unified: bool
+    logit_rows: int
 
 
-def kv_bytes_per_layer(spec: ModelSpec, kv_type: str, req: Request) -> list[int]:
-    """K and V rows of each layer (src/llama-kv-cache.cpp: a type_k tensor n_embd_k_gqa x kv_size and a type_v one;
-    sliding-window layers keep window x slots + n_ubatch cells, llama_kv_cache_iswa; MLA caches one latent row)."""
+def llama_server_slots(req: Request) -> Slots:
+    """llama-server's slots for what the export writes (tools/server/server.cpp): no -np (a batch of 1) is "auto", 4
+    slots sharing one unified pool of -c cells; -np N, N slots with a stream of -c/N cells each (common.h
+    kv_unified = false). The graph is reserved for one logits row per slot (server-context.cpp server_output_limits:
+    n_outputs_max = n_parallel)."""
+    if req.batch > 1:
+        return Slots(count=req.batch, unified=False, logit_rows=req.batch)
+    return Slots(count=SERVER_AUTO_SLOTS, unified=True, logit_rows=SERVER_AUTO_SLOTS)
+
+
+def _pad(n: int) -> int:
+    return -(-n // KV_PAD) * KV_PAD
+
+
+def kv_streams(req: Request, slots: Slots) -> tuple[int, int]:
+    """(cells per stream, streams): -c is the context of all slots together, padded to 256
+    (src/llama-context.cpp); without a unified pool each slot's stream holds -c / slots cells, padded too."""
+    n_ctx = _pad(req.context * req.batch)
+    return (n_ctx, 1) if slots.unified else (_pad(n_ctx // slots.count), slots.count)
+
+
+def layer_cells(window: int | None, req: Request, slots: Slots) -> tuple[int, int]:
+    """(cells per stream, streams) of one layer's cache: a sliding-window layer keeps min(stream, window x slots sharing
+    the stream + n_ubatch) cells, padded to 256 (src/llama-kv-cache-iswa.cpp, without --swa-full)."""
+    cells, streams = kv_streams(req, slots)
+    if window is None:
+        return cells, streams
+    return _pad(min(cells, window * (slots.count if slots.unified else 1) + N_UBATCH)), streams
+
+
+def kv_bytes_per_layer(spec: ModelSpec, kv_type: str, req: Request, slots: Slots | None = None) -> list[int]:
+    """K and V rows of each layer (src/llama-kv-cache.cpp: a type_k tensor n_embd_k_gqa x kv_size per stream and a
+    type_v one; MLA caches one latent row) for llama-server's slots unless `slots` says otherwise."""
     t = KV_GGML_TYPES[kv_type]
-    cells = kv_cells(req)
+    slots = slots or llama_server_slots(req)
 
     def row(elements: int) -> int:
         return math.ceil(elements / t.block_elements) * t.block_bytes
 
     out = []
     for a in spec.attention:
-        n = cells if a.window is None else min(cells, a.window * req.batch + N_UBATCH)
+        cells, streams = layer_cells(a.window, req, slots)
+        n = cells * streams
         out.append(n * row(a.kv_elements_per_token) if a.kind == "mla"
                    else 2 * n * row(a.num_kv_heads * a.head_dim))
     return out
 
 
-def compute_buffer_bytes(spec: ModelSpec, req: Request, *, with_logits: bool) -> int:
-    """ESTIMATED compute buffer of one backend (see COMPUTE_*_ASSUMED)."""
-    tokens = min(N_UBATCH, kv_cells(req))
-    scratch = tokens * (COMPUTE_HIDDEN_COPIES_ASSUMED * spec.hidden_size + COMPUTE_FFN_COPIES_ASSUMED * spec.mlp_width) * 4
-    mask = tokens * kv_cells(req) * 2
-    return scratch + mask + (spec.vocab_size * tokens * 4 if with_logits else 0)
+def compute_buffer_bytes(spec: ModelSpec, req: Request, *, with_logits: bool, slots: Slots | None = None) -> int:
+    """ESTIMATED compute buffer of one backend: the scratch of one ubatch (see COMPUTE_*_COPIES), the f16 KQ mask of
+    each cache (n_kv of a stream x n_ubatch; src/llama-graph.cpp build_attn_inp_kq_mask) and, on the device with the
+    output layer, the f32 logits rows the graph is reserved for."""
+    slots = slots or llama_server_slots(req)
+    cells, streams = kv_streams(req, slots)
+    tokens = min(N_UBATCH, cells * streams)
+    scratch = tokens * (COMPUTE_HIDDEN_COPIES * spec.hidden_size + COMPUTE_FFN_COPIES * spec.mlp_width) * 4
+    caches = {a.window: layer_cells(a.window, req, slots)[0] for a in spec.attention}  # a mask per cache
+    mask = tokens * sum(caches.values()) * 2
+    return scratch + mask + (spec.vocab_size * slots.logit_rows * 4 if with_logits else 0)
+
+
+def output_buffer_bytes(spec: ModelSpec, slots: Slots) -> int:
+    """The host buffer the logits are copied to: n_vocab x max(outputs, slots) f32 (llama-context.cpp output_reserve)."""
+    return spec.vocab_size * slots.logit_rows * 4
 
 
 @dataclass(frozen=True)
@@ -186,17 +271,23 @@ class LlamaCppFootprint:
     """Every byte of one GGUF file type x KV cache type x request, per device, by llama.cpp's rules."""
 
     def __init__(self, spec: ModelSpec, model: GGUFModel, kv_type: str, req: Request, device_capacities: list[int],
-                 cuda_context_bytes: int, ram_capacity: int, margin_bytes: int = FIT_TARGET_MARGIN_BYTES):
-        """`margin_bytes`: what the engine keeps free per device (llama.cpp's --fit margin; Ollama has its own)."""
+                 cuda_context_bytes: int, ram_capacity: int, margin_bytes: int = FIT_TARGET_MARGIN_BYTES,
+                 slots: Slots | None = None, base_ram_bytes: int = PROCESS_BASE_RAM_GPU_ASSUMED):
+        """`margin_bytes`: what the engine keeps free per device (llama.cpp's --fit margin; Ollama has its own);
+        `slots`: the server's sequences (llama-server's by default); `base_ram_bytes`: the process beside its
+        buffers."""
         self.spec, self.model, self.req, self.kv_type = spec, model, req, kv_type
-        self.kv = kv_bytes_per_layer(spec, kv_type, req)
+        slots = slots or llama_server_slots(req)
+        self.base_ram_bytes = base_ram_bytes
+        self.output_buffer = output_buffer_bytes(spec, slots)
+        self.kv = kv_bytes_per_layer(spec, kv_type, req, slots)
         self.L = spec.num_layers
         self.margin_bytes = margin_bytes
         self.usable = [c - cuda_context_bytes - margin_bytes for c in device_capacities]
         self.cuda_context_bytes = cuda_context_bytes
         self.ram_capacity = ram_capacity
-        self.scratch = compute_buffer_bytes(spec, req, with_logits=False)
-        self.with_logits = compute_buffer_bytes(spec, req, with_logits=True)
+        self.scratch = compute_buffer_bytes(spec, req, with_logits=False, slots=slots)
+        self.with_logits = compute_buffer_bytes(spec, req, with_logits=True, slots=slots)
 
     def _gpu_layer_cost(self, i: int, cpu_moe: int) -> int:
         experts_on_cpu = self.model.experts[i] if i < cpu_moe else 0
@@ -243,14 +334,15 @@ class LlamaCppFootprint:
         gpu_layers = range(self.L - p.gpu_layers, self.L)
         experts_here = sum(self.model.experts[j] for j in gpu_layers if j < p.cpu_moe)
         weights = (self.model.token_embd_bytes + sum(self.model.layers[j] for j in cpu_layers) + experts_here
-                   + (0 if p.ngl else self.model.output_bytes))
+                   + (0 if p.ngl else self.model.host_output_bytes))
         computes_here = bool(cpu_layers) or experts_here > 0
         compute = (self.scratch if p.ngl else self.with_logits) if computes_here else 0
-        return DeviceBytes(weights=weights, kv=sum(self.kv[j] for j in cpu_layers), compute=compute)
+        return DeviceBytes(weights=weights, kv=sum(self.kv[j] for j in cpu_layers),
+                           compute=compute + self.output_buffer)
 
     def host_total(self, p: Placement) -> int:
         h = self.host_bytes(p)
-        return h.weights + h.kv + h.compute + PROCESS_BASE_RAM_ASSUMED
+        return h.weights + h.kv + h.compute + self.base_ram_bytes
 
     def fits_host(self, p: Placement) -> bool:
         return self.host_total(p) <= self.ram_capacity

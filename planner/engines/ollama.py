@@ -32,6 +32,12 @@ ENVCONFIG_GO = f"{OLLAMA} envconfig/config.go @ 4bf0d41c38c7b669bbbd44bf43c08bc4
 NUM_BATCH = 512
 TYPES_GO = f"{OLLAMA} api/types.go @ b8761ab020a91873a4f27e6008deeace9b2d101f"
 
+
+def runner_slots(req) -> rules.Slots:
+    """Ollama's runner: OLLAMA_NUM_PARALLEL sequences in one KV pool of num_ctx x parallel cells, its graph reserved
+    for a logits row per token of a batch (llama.cpp's rule before llama-server reserved one per slot): unmeasured."""
+    return rules.Slots(count=req.batch, unified=True, logit_rows=NUM_BATCH)
+
 # GGUF file type -> Ollama's quant suffix (the library spells the K-quants with a capital K).
 QUANT_TAG = {"F16": "fp16", "BF16": "fp16", "Q8_0": "q8_0", "Q6_K": "q6_K", "Q5_K_M": "q5_K_M", "Q4_K_M": "q4_K_M",
              "IQ4_XS": "q4_K_S", "Q3_K_M": "q3_K_M", "Q2_K": "q2_K"}
@@ -85,9 +91,9 @@ def constants(hw: HardwareProfile) -> dict[str, EngineConstant]:
         "minimum_memory_bytes": EngineConstant(_minimum_memory(hw), f"{DEVICE_GO}: DeviceInfo.MinimumMemory"),
         "gpu_overhead_bytes": EngineConstant(GPU_OVERHEAD_BYTES, f"{ENVCONFIG_GO}: OLLAMA_GPU_OVERHEAD default"),
         "num_batch": EngineConstant(NUM_BATCH, f"{TYPES_GO}: DefaultOptions Runner.NumBatch"),
-        "compute_hidden_copies": EngineConstant(rules.COMPUTE_HIDDEN_COPIES_ASSUMED, "estimate of ggml's compute "
+        "compute_hidden_copies": EngineConstant(rules.COMPUTE_HIDDEN_COPIES, "estimate of ggml's compute "
                                                 "buffer (Ollama measures it as the graph size)", assumption=True),
-        "compute_ffn_copies": EngineConstant(rules.COMPUTE_FFN_COPIES_ASSUMED, "estimate of ggml's compute buffer",
+        "compute_ffn_copies": EngineConstant(rules.COMPUTE_FFN_COPIES, "estimate of ggml's compute buffer",
                                              assumption=True),
     }
 
@@ -126,7 +132,8 @@ def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
                       constants=consts)
     ft, kv = q.choice.weight_quant, q.choice.kv_dtype
     model = rules.gguf_model(spec, ft)
-    fp = llamacpp.footprint(spec, hw, replace(req, quant=(ft,), kv_dtype=(kv,)), model, kv, margin_bytes=margin)
+    fp = llamacpp.footprint(spec, hw, replace(req, quant=(ft,), kv_dtype=(kv,)), model, kv, margin_bytes=margin,
+                            slots=runner_slots(req))
     placement, _ = fp.place(expert_offload=False)
     tag, said = ollama_tag(spec, ft)
     notes.append(said)
