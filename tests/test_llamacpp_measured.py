@@ -1,5 +1,6 @@
-"""vramplan's llama.cpp memory rules against what a real llama-server reported when it ran vramplan's exported commands
-(bench/llamacpp_serve.py, committed as bench/results/llamacpp-serve-cpu-dev.json: six models on a CPU build).
+"""vramplan's llama.cpp rules against what a real llama-server reported when it ran vramplan's exported commands
+(bench/llamacpp_serve.py, committed as bench/results/llamacpp-serve-cpu-dev.json: eight runs of six models on a CPU
+build), and its speed against the same runs with the efficiencies `--fit` fitted to them.
 
 The predictions are recomputed from the rules as they are now, so a change to the rules that drifts from what
 llama.cpp does fails here."""
@@ -7,13 +8,16 @@ llama.cpp does fails here."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from planner.architectures import spec_from_config
+from planner.calibration import fit
 from planner.engines import llamacpp_rules as rules
-from planner.engines.llamacpp import llama_server_command, plan_llamacpp
+from planner.engines.llamacpp import (LLAMA_CPP_BACKENDS, SPEED_LABEL, calibration_sample, llama_server_command,
+                                      plan_llamacpp, speed_hardware, with_llamacpp_calibration)
 from planner.profile_yaml import load_profile
 from planner.request import Request
 from planner.units import MiB
@@ -75,3 +79,60 @@ def test_planned_ram_covers_the_working_set(name):
     m = r["measured"]
     working_set = m["runs"][0]["rss"]["VmHWM"] - m["buffers_mib"].get("CPU_REPACK model", 0) * MiB
     assert working_set <= predicted <= max(working_set * (1 + RAM_OVER_MAX), working_set + rules.PROCESS_BASE_RAM_CPU_BUILD)
+
+
+# ---------------------------------------------------------------- speed
+def _samples(results: dict) -> list:
+    out = []
+    for name in results["fit"]["cases"]:
+        r, spec, _ = _case(name)
+        for run in r["measured"]["runs"]:
+            t = run["timings"]
+            out.append(calibration_sample(spec, HW, r["file_type"], r["kv_type"], prompt=run["prompt_tokens"],
+                                          new_tokens=r["n_predict"], decode_s_per_token=t["predicted_ms"] / 1000 /
+                                          t["predicted_n"], prefill_s=t["prompt_ms"] / 1000))
+    return out
+
+
+def test_the_profile_holds_the_fit_of_the_committed_runs():
+    """bench/llamacpp_serve.py --fit wrote these entries: refitting the committed runs gives them again."""
+    fitted = fit(_samples(RESULTS), measured_at="2026-11-24", versions={}).calibration
+    llama = [e for e in HW.calibration.entries if e.backend in LLAMA_CPP_BACKENDS]
+    assert sorted(e.key for e in fitted.entries) == sorted(e.key for e in llama)
+    for e in fitted.entries:
+        assert HW.calibration.lookup(*e.key) == e
+
+
+def test_llamacpp_speed_uses_only_llamacpp_entries():
+    """The torch runtime's calibrated kernels (attn-sdpa, bf16 ...) never stand in for llama.cpp's: without llama.cpp
+    entries its speed uses the defaults; with them, a file type without its own entry borrows another's."""
+    spec = _case("qwen3-0.6b-q4km-f16")[1]
+    bare = replace(HW, calibration=replace(HW.calibration, entries=tuple(
+        e for e in HW.calibration.entries if e.backend not in LLAMA_CPP_BACKENDS)))
+    assert bare.calibration.lookup("cpu", "attn-sdpa", "bf16") is not None
+    view, label = speed_hardware(bare, spec, "Q4_K_M")
+    assert view.calibration is None and label == SPEED_LABEL
+    view, label = speed_hardware(HW, spec, "Q4_K_M")
+    keys = {e.key for e in view.calibration.entries}
+    assert keys == {("cpu", "llama.cpp", "bf16"), ("cpu", "experts", "bf16"), ("cpu", "attn-sdpa", "bf16"),
+                    ("cpu", "prefill-attn-sdpa", "bf16")}
+    assert view.calibration.lookup("cpu", "llama.cpp", "bf16").per_layer_overhead_s == pytest.approx(
+        HW.calibration.lookup("cpu", "llama.cpp", "Q4_K_M").per_layer_overhead_s)
+    assert "calibrated on llama.cpp" in label and "borrows" not in label
+    assert "Q5_K_M borrows" in speed_hardware(HW, spec, "Q5_K_M")[1]
+    again = with_llamacpp_calibration(HW, replace(HW.calibration, entries=tuple(
+        e for e in HW.calibration.entries if e.backend in LLAMA_CPP_BACKENDS)), RESULTS["llama_cpp_commit"])
+    assert sorted(e.key for e in again.calibration.entries) == sorted(e.key for e in HW.calibration.entries)
+
+
+@pytest.mark.parametrize("name", RESULTS["fit"]["cases"])
+def test_calibrated_speed_on_the_runs_it_was_fitted_to(name):
+    """Decode within 20 % and TTFT within 10 % on the fitted runs (one sequence each; held-out runs are in
+    bench/results/llamacpp-serve-cpu-dev.md)."""
+    r, spec, req = _case(name)
+    for run in r["measured"]["runs"]:
+        t = run["timings"]
+        speed = plan_llamacpp(spec, HW, replace(req, batch=1, prompt_tokens=run["prompt_tokens"])).chosen.speed
+        decode = t["predicted_n"] / (t["predicted_ms"] / 1000)
+        assert abs(speed.decode_tokens_per_s - decode) <= 0.20 * decode
+        assert abs(speed.ttft_s - t["prompt_ms"] / 1000) <= 0.10 * t["prompt_ms"] / 1000

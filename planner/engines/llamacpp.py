@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields, replace
 from ..choice import Choice, ComputeDevice, OffloadMode
 from ..errors import PlanError
 from ..gguf import GGUF_FILE_TYPES, gguf_file_bytes
-from ..hardware import HardwareProfile
+from ..calibration import Sample
+from ..hardware import Calibration, CalibrationEntry, HardwareProfile
 from ..memory import CPUMemory, GPUMemory, LayerCosts, MemoryBreakdown
 from ..modelspec import ModelSpec
 from ..plan import Candidate, Plan, hardware_ref, model_ref
@@ -23,7 +24,8 @@ from ..request import LLAMA_CPP_KV_DTYPES, Request
 from ..search import check_context
 from ..search import _choose as choose_by_preference  # vramplan's preference rule, applied to any candidates
 from ..search import bisect_max
-from ..speed import ReadBytes, estimate
+from ..speed import (EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, ReadBytes, decode_work, estimate, prefill_attention_flop,
+                     prefill_flop)
 from ..units import MiB, format_bytes
 from . import llamacpp_rules as rules
 from .common import Export, assumption_notes, commented, device_memories, first_moe_layers, shell_command
@@ -33,6 +35,11 @@ SPEED_LABEL = "llama.cpp speed is predicted with vramplan's roofline; uncalibrat
 # The speed model reads efficiencies by scheme name; llama.cpp's kernels get the defaults of unquantized weights
 # under backend "llama.cpp", so a calibration with entries for that backend applies and none other does.
 SPEED_SCHEME = replace(SCHEMES["bf16"], backend="llama.cpp", description="GGUF weights run by llama.cpp")
+# llama.cpp's kernels are its own: its speed uses only calibration entries measured on llama.cpp (bench/llamacpp_serve.py
+# --fit): backend "llama.cpp" per GGUF file type for the weights, "attn-llama.cpp" and "prefill-attn-llama.cpp" for
+# its flash-attention kernels. Never those of vramplan's torch runtime; without them, the speed model's defaults.
+ATTENTION_IMPL = "llama.cpp"
+LLAMA_CPP_BACKENDS = (SPEED_SCHEME.backend, f"attn-{ATTENTION_IMPL}", f"{PREFILL_ATTENTION_BACKEND}-{ATTENTION_IMPL}")
 # Closest GGUF file type and llama.cpp cache type to each of vramplan's schemes.
 GGUF_FOR_SCHEME = {"bf16": "BF16", "fp16": "F16", "bnb-int8": "Q8_0", "quanto-int8": "Q8_0", "bnb-nf4": "Q4_K_M",
                    "bnb-nf4-dq": "Q4_K_M", "bnb-fp4": "Q4_K_M", "bnb-fp4-dq": "Q4_K_M", "quanto-int4": "Q4_K_M"}
@@ -138,6 +145,66 @@ def _max_resident_context(spec, hw, req, model, kv_type) -> int:
     return max(0, bisect_max(fits, 1, spec.max_context or req.context))
 
 
+def speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str) -> tuple[HardwareProfile, str]:
+    """`hw` as llama.cpp's speed sees it: its calibration reduced to the llama.cpp entries, under the keys the speed
+    model looks up (SPEED_SCHEME's weights, this model's attention implementation; routed experts at the weights'
+    efficiency with no cost per expert: ggml computes them in one op), and what the prediction rests on."""
+    cal = hw.calibration
+    entries: list[CalibrationEntry] = []
+    measured_on = set()
+    for device in ("gpu", "cpu"):
+        mine = [e for e in (cal.entries if cal is not None else ()) if e.device == device and e.backend == SPEED_SCHEME.backend]
+        weights = next((e for e in mine if e.quant == file_type), mine[0] if mine else None)
+        if weights is None:
+            continue
+        measured_on.add(weights.quant)
+        entries += [replace(weights, quant=SPEED_SCHEME.name),
+                    CalibrationEntry(device=device, backend=EXPERTS_BACKEND, quant=SPEED_SCHEME.name,
+                                     bandwidth_efficiency=weights.bandwidth_efficiency, compute_efficiency=None)]
+        for kind in ("attn", PREFILL_ATTENTION_BACKEND):
+            e = cal.lookup(device, f"{kind}-{ATTENTION_IMPL}", "bf16")
+            if e is not None:
+                entries.append(replace(e, backend=f"{kind}-{spec.attention_impl}"))
+    if not entries:
+        return replace(hw, calibration=None), SPEED_LABEL
+    label = (f"llama.cpp speed is predicted with efficiencies calibrated on llama.cpp ({cal.measured_at}, "
+             f"{cal.versions_dict.get('llama.cpp', 'unknown build')[:9]})")
+    if file_type not in measured_on:
+        label += f"; {file_type} borrows {', '.join(sorted(measured_on))}'s"
+    return replace(hw, calibration=replace(cal, entries=tuple(entries))), label
+
+
+def calibration_sample(spec: ModelSpec, hw: HardwareProfile, file_type: str, kv_type: str, *, prompt: int,
+                       new_tokens: int, decode_s_per_token: float, prefill_s: float, label: str = "") -> Sample:
+    """One llama-server run (a prompt, then `new_tokens` tokens of one sequence, all layers on the CPU) reduced to
+    the speed model's features, as llama.cpp's plans cost it: GGUF bytes, f16 attention, prompts in n_ubatch steps."""
+    model = rules.gguf_model(spec, file_type)
+    req = Request(context=prompt + new_tokens, prompt_tokens=prompt, engine=ENGINE, prefill_chunk=rules.N_UBATCH)
+    fp = footprint(spec, hw, req, model, kv_type)
+    work = decode_work(spec, SPEED_SCHEME, kv_scheme(kv_type), 1, prompt + new_tokens // 2, _costs(fp),
+                       _read_bytes(spec, model, 1))
+    return Sample(device="cpu", backend=SPEED_SCHEME.backend, quant=file_type,
+                  bandwidth_bytes_per_s=hw.host.ram_bandwidth_bytes_per_s, peak_flops=hw.host.cpu_bf16_flops,
+                  bytes_read_per_token=sum(work.weights_bytes) + work.head_bytes,
+                  kv_bytes_per_token=sum(work.kv_read_bytes), attention_flops_per_token=sum(work.attention_flop),
+                  attention_impl=ATTENTION_IMPL, num_layers=spec.num_layers, decode_s_per_token=decode_s_per_token,
+                  prefill_flops=prefill_flop(spec, prompt), prefill_attention_flops=prefill_attention_flop(spec, prompt),
+                  prefill_chunks=-(-prompt // rules.N_UBATCH), prefill_s=prefill_s,
+                  kv_dtype="fp16" if kv_type == "f16" else kv_type, label=label)
+
+
+def with_llamacpp_calibration(hw: HardwareProfile, fitted: Calibration, commit: str) -> HardwareProfile:
+    """`hw` with llama.cpp's fitted entries in place of any it had, the rest of its calibration kept."""
+    old = hw.calibration
+    kept = tuple(e for e in (old.entries if old is not None else ()) if e.backend not in LLAMA_CPP_BACKENDS)
+    residuals = {**(old.residuals_dict if old is not None else {}), **fitted.residuals_dict}
+    versions = {**(old.versions_dict if old is not None else {}), "llama.cpp": commit}
+    cal = Calibration(measured_at=old.measured_at if old is not None else fitted.measured_at, versions=versions,
+                      entries=kept + fitted.entries, residuals=residuals,
+                      runtime_ram_bytes=old.runtime_ram_bytes if old is not None else None)
+    return replace(hw, calibration=cal)
+
+
 def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str) -> Candidate:
     fp = footprint(spec, hw, req, model, kv_type)
     placement, closest = fp.place(req.gpu_layers)
@@ -148,8 +215,9 @@ def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str) -> Candidate
                 max_context_tokens=_max_resident_context(spec, hw, req, model, kv_type))
     if placement is None:
         return Candidate(**base, fits=False, reason=_overflow_reason(fp, p, req.gpu_layers))
-    speed = estimate(spec, hw, req, SPEED_SCHEME, kv_scheme(kv_type), choice, _costs(fp),
-                     _read_bytes(spec, model, req.batch))
+    fast_hw, _ = speed_hardware(hw, spec, model.file_type)
+    speed = estimate(spec, fast_hw, replace(req, prefill_chunk=rules.N_UBATCH), SPEED_SCHEME, kv_scheme(kv_type), choice,
+                     _costs(fp), _read_bytes(spec, model, req.batch))
     return Candidate(**base, fits=True, speed=speed, reason=_placement_reason(fp, p))
 
 
@@ -200,12 +268,13 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     common = dict(model=model_ref(spec), hardware=hardware_ref(hw), request=req, candidates=cands,
                   constants={k: {"value": c.value, "from": c.source + (" (assumption)" if c.assumption else "")}
                              for k, c in consts.items()})
-    warnings = [*context_warnings, SPEED_LABEL, *assumption_notes(consts)]
     if not any(c.fits for c in cands):
         first = cands[0]
+        warnings = [*context_warnings, speed_hardware(hw, spec, first.weight_quant)[1], *assumption_notes(consts)]
         return Plan(**common, chosen=None, warnings=warnings,
                     reasons=[f"nothing fits llama.cpp's rules: {first.weight_quant} + {first.kv_dtype} KV: {first.reason}"])
     chosen, reasons = choose_by_preference(cands, req)
+    warnings = [*context_warnings, speed_hardware(hw, spec, chosen.weight_quant)[1], *assumption_notes(consts)]
     file_bytes = gguf_file_bytes(spec, chosen.weight_quant)
     reasons.append(f"GGUF {chosen.weight_quant}: {file_bytes:,} B file ({format_bytes(file_bytes)}; planner/gguf.py, "
                    "llama-quantize's tensor types)")
@@ -277,7 +346,7 @@ def export_from_llamacpp_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, ext
     if c.on_gpu and c.gpu_layers < c.total_layers:
         notes.append(f"llama.cpp computes the {c.total_layers - c.gpu_layers} layers left in RAM on the CPU (it "
                      "does not stream them to the GPU)")
-    notes += [SPEED_LABEL, *assumption_notes(consts)]
+    notes += [speed_hardware(hw, spec, c.weight_quant)[1], *assumption_notes(consts)]
     argv = llama_server_command(spec, p)
     return Export(engine=ENGINE, fits=True, text=commented(notes, shell_command(argv)), notes=tuple(notes),
                   constants=consts, details={"argv": argv, "gguf_file": name, "gguf_file_type": c.weight_quant,
