@@ -75,23 +75,24 @@ CASES: dict[str, dict] = {
                         rope_scaling=None),
 }
 
-# Run by a fresh interpreter: convert_hf_to_gguf.py's main(), with every model class's
-# set_vocab made a no-op (the tiny models have no tokenizer; llama-quantize reads none).
-CONVERT_WITHOUT_VOCAB = """
+# Run by a fresh interpreter: convert_hf_to_gguf.py's main(), with every model class's set_vocab replaced by the
+# SET_VOCAB function put in its place (argv: the llama.cpp tree, then convert_hf_to_gguf.py's arguments).
+CONVERT_TEMPLATE = """
 import sys
 sys.path.insert(0, sys.argv[1])
-import convert_hf_to_gguf
+import convert_hf_to_gguf, gguf
+SET_VOCAB
 _get_model_class = convert_hf_to_gguf.get_model_class
-def _no_vocab(self):
-    pass
-def get_model_class_without_vocab(*args, **kwargs):
+def get_model_class(*args, **kwargs):
     cls = _get_model_class(*args, **kwargs)
-    cls.set_vocab = _no_vocab
+    cls.set_vocab = set_vocab
     return cls
-convert_hf_to_gguf.get_model_class = get_model_class_without_vocab
+convert_hf_to_gguf.get_model_class = get_model_class
 sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
 convert_hf_to_gguf.main()
 """
+# The tiny models have no tokenizer, and llama-quantize reads none.
+CONVERT_WITHOUT_VOCAB = CONVERT_TEMPLATE.replace("SET_VOCAB", "def set_vocab(self):\n    pass")
 
 
 def save_tiny_model(config_kwargs: dict, out_dir: Path) -> dict:
@@ -113,9 +114,8 @@ def _run(cmd: list[str]) -> None:
         raise RuntimeError(f"{cmd[0]} failed ({res.returncode}):\n{res.stderr[-4000:]}")
 
 
-def convert(llama_cpp: Path, model_dir: Path, out: Path) -> None:
-    _run([sys.executable, "-c", CONVERT_WITHOUT_VOCAB, str(llama_cpp), str(model_dir),
-          "--outtype", "f16", "--outfile", str(out)])
+def convert(llama_cpp: Path, model_dir: Path, out: Path, script: str = CONVERT_WITHOUT_VOCAB) -> None:
+    _run([sys.executable, "-c", script, str(llama_cpp), str(model_dir), "--outtype", "f16", "--outfile", str(out)])
 
 
 def quantize(binary: Path, src: Path, out: Path, file_type: str) -> None:

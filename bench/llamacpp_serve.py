@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gguf_golden import _run, llama_cpp_commit, quantize  # noqa: E402
+from gguf_golden import CONVERT_TEMPLATE, convert, llama_cpp_commit, quantize  # noqa: E402
 
 from planner.architectures import spec_from_config  # noqa: E402
 from planner.engines import llamacpp_rules as rules  # noqa: E402
@@ -83,14 +83,10 @@ SHORT_PROMPT = 256
 FIT_CASES = ("qwen3-0.6b-q4km-f16", "llama-3.2-1b-q4km-np4", "gemma-2-2b-q4km-swa", "qwen3-0.6b-q8-f16",
              "qwen2.5-0.5b-q6k-f16")
 
-# convert_hf_to_gguf.py's main() with every model class's set_vocab writing a byte-fallback SPM vocabulary of
-# exactly vocab_size tokens (llama.cpp sizes token_embd by the vocabulary, so the count must match).
-CONVERT_WITH_BYTE_VOCAB = """
-import sys
-sys.path.insert(0, sys.argv[1])
-import convert_hf_to_gguf, gguf
-_get_model_class = convert_hf_to_gguf.get_model_class
-def _byte_vocab(self):
+# convert_hf_to_gguf.py with every model class's set_vocab writing a byte-fallback SPM vocabulary of exactly
+# vocab_size tokens (llama.cpp sizes token_embd by the vocabulary, so the count must match).
+CONVERT_WITH_BYTE_VOCAB = CONVERT_TEMPLATE.replace("SET_VOCAB", """
+def set_vocab(self):
     n = self.hparams["vocab_size"]
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
@@ -105,14 +101,7 @@ def _byte_vocab(self):
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
-def get_model_class(*args, **kwargs):
-    cls = _get_model_class(*args, **kwargs)
-    cls.set_vocab = _byte_vocab
-    return cls
-convert_hf_to_gguf.get_model_class = get_model_class
-sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
-convert_hf_to_gguf.main()
-"""
+""")
 
 # llama.cpp's log lines (at -lv 4) this reads: "load_tensors:   CPU_Mapped model buffer size =   370.96 MiB",
 # "llama_kv_cache:        CPU KV buffer size =   448.00 MiB", "sched_reserve:        CPU compute buffer size = ...",
@@ -147,8 +136,7 @@ def make_gguf(llama_cpp: Path, bin_dir: Path, config: dict, file_type: str, work
     model_dir, f16 = work / key, work / f"{key}-f16.gguf"
     if not f16.exists():
         save_model(config, model_dir)
-        _run([sys.executable, "-c", CONVERT_WITH_BYTE_VOCAB, str(llama_cpp), str(model_dir),
-              "--outtype", "f16", "--outfile", str(f16)])
+        convert(llama_cpp, model_dir, f16, CONVERT_WITH_BYTE_VOCAB)
     quantize(bin_dir / "llama-quantize", f16, out, file_type)
     return out
 
