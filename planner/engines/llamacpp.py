@@ -24,8 +24,8 @@ from ..request import LLAMA_CPP_KV_DTYPES, Request
 from ..search import check_context
 from ..search import _choose as choose_by_preference  # vramplan's preference rule, applied to any candidates
 from ..search import bisect_max
-from ..speed import (EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, ReadBytes, decode_work, estimate, prefill_attention_flop,
-                     prefill_flop)
+from ..speed import (EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, ReadBytes, decode_work, estimate,
+                     prefill_attention_flop, prefill_flop)
 from ..units import MiB, format_bytes
 from . import llamacpp_rules as rules
 from .common import Export, assumption_notes, commented, device_memories, first_moe_layers, shell_command
@@ -35,9 +35,10 @@ SPEED_LABEL = "llama.cpp speed is predicted with vramplan's roofline; uncalibrat
 # The speed model reads efficiencies by scheme name; llama.cpp's kernels get the defaults of unquantized weights
 # under backend "llama.cpp", so a calibration with entries for that backend applies and none other does.
 SPEED_SCHEME = replace(SCHEMES["bf16"], backend="llama.cpp", description="GGUF weights run by llama.cpp")
-# llama.cpp's kernels are its own: its speed uses only calibration entries measured on llama.cpp (bench/llamacpp_serve.py
-# --fit): backend "llama.cpp" per GGUF file type for the weights, "attn-llama.cpp" and "prefill-attn-llama.cpp" for
-# its flash-attention kernels. Never those of vramplan's torch runtime; without them, the speed model's defaults.
+# llama.cpp's kernels are its own: its speed uses only calibration entries measured on llama.cpp
+# (bench/llamacpp_serve.py --fit): backend "llama.cpp" per GGUF file type for the weights, "attn-llama.cpp" and
+# "prefill-attn-llama.cpp" for its flash-attention kernels. Never those of vramplan's torch runtime; without them, the
+# speed model's defaults.
 ATTENTION_IMPL = "llama.cpp"
 LLAMA_CPP_BACKENDS = (SPEED_SCHEME.backend, f"attn-{ATTENTION_IMPL}", f"{PREFILL_ATTENTION_BACKEND}-{ATTENTION_IMPL}")
 # Closest GGUF file type and llama.cpp cache type to each of vramplan's schemes.
@@ -153,7 +154,8 @@ def speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str) -> tupl
     entries: list[CalibrationEntry] = []
     measured_on = set()
     for device in ("gpu", "cpu"):
-        mine = [e for e in (cal.entries if cal is not None else ()) if e.device == device and e.backend == SPEED_SCHEME.backend]
+        mine = [e for e in (cal.entries if cal is not None else ())
+                if e.device == device and e.backend == SPEED_SCHEME.backend]
         weights = next((e for e in mine if e.quant == file_type), mine[0] if mine else None)
         if weights is None:
             continue
@@ -188,7 +190,8 @@ def calibration_sample(spec: ModelSpec, hw: HardwareProfile, file_type: str, kv_
                   bytes_read_per_token=sum(work.weights_bytes) + work.head_bytes,
                   kv_bytes_per_token=sum(work.kv_read_bytes), attention_flops_per_token=sum(work.attention_flop),
                   attention_impl=ATTENTION_IMPL, num_layers=spec.num_layers, decode_s_per_token=decode_s_per_token,
-                  prefill_flops=prefill_flop(spec, prompt), prefill_attention_flops=prefill_attention_flop(spec, prompt),
+                  prefill_flops=prefill_flop(spec, prompt),
+                  prefill_attention_flops=prefill_attention_flop(spec, prompt),
                   prefill_chunks=-(-prompt // rules.N_UBATCH), prefill_s=prefill_s,
                   kv_dtype="fp16" if kv_type == "f16" else kv_type, label=label)
 
@@ -216,8 +219,8 @@ def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str) -> Candidate
     if placement is None:
         return Candidate(**base, fits=False, reason=_overflow_reason(fp, p, req.gpu_layers))
     fast_hw, _ = speed_hardware(hw, spec, model.file_type)
-    speed = estimate(spec, fast_hw, replace(req, prefill_chunk=rules.N_UBATCH), SPEED_SCHEME, kv_scheme(kv_type), choice,
-                     _costs(fp), _read_bytes(spec, model, req.batch))
+    speed = estimate(spec, fast_hw, replace(req, prefill_chunk=rules.N_UBATCH), SPEED_SCHEME, kv_scheme(kv_type),
+                     choice, _costs(fp), _read_bytes(spec, model, req.batch))
     return Candidate(**base, fits=True, speed=speed, reason=_placement_reason(fp, p))
 
 

@@ -38,6 +38,7 @@ def runner_slots(req) -> rules.Slots:
     for a logits row per token of a batch (llama.cpp's rule before llama-server reserved one per slot): unmeasured."""
     return rules.Slots(count=req.batch, unified=True, logit_rows=NUM_BATCH)
 
+
 # GGUF file type -> Ollama's quant suffix (the library spells the K-quants with a capital K).
 QUANT_TAG = {"F16": "fp16", "BF16": "fp16", "Q8_0": "q8_0", "Q6_K": "q6_K", "Q5_K_M": "q5_K_M", "Q4_K_M": "q4_K_M",
              "IQ4_XS": "q4_K_S", "Q3_K_M": "q3_K_M", "Q2_K": "q2_K"}
