@@ -51,9 +51,8 @@ from gguf_golden import CONVERT_TEMPLATE, convert, llama_cpp_commit, quantize  #
 from planner.architectures import spec_from_config  # noqa: E402
 from planner.engines import llamacpp_rules as rules  # noqa: E402
 from planner.gguf import gguf_file_bytes  # noqa: E402
-from planner.calibration import fit  # noqa: E402
-from planner.engines.llamacpp import (LLAMA_CPP_BACKENDS, calibration_sample, llama_server_command,  # noqa: E402
-                                      plan_llamacpp, with_llamacpp_calibration)
+from planner.engines.llamacpp import (LLAMA_CPP_BACKENDS, ServerRun, fit_llamacpp,  # noqa: E402
+                                      llama_server_command, plan_llamacpp)
 from planner.profile_yaml import dumps_profile  # noqa: E402
 from planner.profile_yaml import load_profile  # noqa: E402
 from planner.request import Request  # noqa: E402
@@ -71,6 +70,8 @@ CASES: dict[str, tuple] = {
     "qwen3-0.6b-q8-f16": ("Qwen--Qwen3-0.6B.json", "Q8_0", "f16", 4096, 1, 1024),
     "qwen3-0.6b-q8-q8kv": ("Qwen--Qwen3-0.6B.json", "Q8_0", "q8_0", 8192, 1, 1024),
     "llama-3.2-1b-q4km-np4": ("meta-llama--Llama-3.2-1B.json", "Q4_K_M", "f16", 2048, 4, 512),
+    "llama-3.2-1b-q4km-q8kv": ("meta-llama--Llama-3.2-1B.json", "Q4_K_M", "q8_0", 4096, 1, 1024),
+    "llama-3.2-1b-q4km-q4kv": ("meta-llama--Llama-3.2-1B.json", "Q4_K_M", "q4_0", 4096, 1, 1024),
     "gemma-2-2b-q4km-swa": ("google--gemma-2-2b.json", "Q4_K_M", "f16", 8192, 1, 1024),
     "qwen2.5-0.5b-q6k-f16": ("Qwen--Qwen2.5-0.5B.json", "Q6_K", "f16", 4096, 1, 1024),
     "qwen2.5-0.5b-q6k-q4kv": ("Qwen--Qwen2.5-0.5B.json", "Q6_K", "q4_0", 16384, 1, 1024),
@@ -79,9 +80,10 @@ CASES: dict[str, tuple] = {
 N_PREDICT = 32
 # Each case also runs this short prompt first: decode and prefill at two sizes.
 SHORT_PROMPT = 256
-# --fit fits llama.cpp's efficiencies to these (dense models, f16 caches); the other cases are held out.
+# --fit fits llama.cpp's efficiencies to these (dense models): weights and attention on the f16-cache runs, then the
+# attention on each quantized cache type given those; the other cases are held out.
 FIT_CASES = ("qwen3-0.6b-q4km-f16", "llama-3.2-1b-q4km-np4", "gemma-2-2b-q4km-swa", "qwen3-0.6b-q8-f16",
-             "qwen2.5-0.5b-q6k-f16")
+             "qwen2.5-0.5b-q6k-f16", "qwen3-0.6b-q8-q8kv", "qwen2.5-0.5b-q6k-q4kv")
 
 # convert_hf_to_gguf.py with every model class's set_vocab writing a byte-fallback SPM vocabulary of exactly
 # vocab_size tokens (llama.cpp sizes token_embd by the vocabulary, so the count must match).
@@ -256,21 +258,16 @@ def _decode_s(run: dict) -> float:
     return t["predicted_ms"] / 1000 / t["predicted_n"]
 
 
-def fit_llamacpp(results: dict, hw) -> tuple[object, list[str]]:
-    """llama.cpp's efficiencies fitted to the FIT_CASES runs (planner.calibration.fit, as `vramplan calibrate` fits
-    vramplan's runtime) and put into `hw`'s calibration in place of any llama.cpp entries it had."""
-    samples = []
-    for name in FIT_CASES:
+def server_runs(results: dict, names) -> list[ServerRun]:
+    """The measured requests of these cases, as the fit takes them."""
+    runs = []
+    for name in names:
         r = results["cases"][name]
         spec, _ = case_spec_request(r)
-        for run in r["measured"]["runs"]:
-            samples.append(calibration_sample(spec, hw, r["file_type"], r["kv_type"], prompt=run["prompt_tokens"],
-                                              new_tokens=r["n_predict"], decode_s_per_token=_decode_s(run),
-                                              prefill_s=run["timings"]["prompt_ms"] / 1000,
-                                              label=f"{name} prompt {run['prompt_tokens']}"))
-    commit = results["llama_cpp_commit"]
-    fitted = fit(samples, measured_at=date.today().isoformat(), versions={"llama.cpp": commit})
-    return with_llamacpp_calibration(hw, fitted.calibration, commit), list(fitted.warnings)
+        runs += [ServerRun(spec=spec, file_type=r["file_type"], kv_type=r["kv_type"], prompt=run["prompt_tokens"],
+                           new_tokens=r["n_predict"], decode_s_per_token=_decode_s(run),
+                           prefill_s=run["timings"]["prompt_ms"] / 1000) for run in r["measured"]["runs"]]
+    return runs
 
 
 def without_llamacpp_calibration(hw):
@@ -411,7 +408,8 @@ def main() -> None:
                 results["cases"][name] = run_case(name, args, hw, work)
         results["cases"] = {name: results["cases"][name] for name in CASES if name in results["cases"]}
     if args.fit:
-        hw, warnings = fit_llamacpp(results, hw)
+        hw, warnings = fit_llamacpp(hw, server_runs(results, FIT_CASES), commit=results["llama_cpp_commit"],
+                                    measured_at=date.today().isoformat())
         results["fit"] = {"cases": list(FIT_CASES), "warnings": warnings,
                           "entries": [asdict(e) for e in hw.calibration.entries if e.backend in LLAMA_CPP_BACKENDS]}
         Path(args.profile).write_text(dumps_profile(hw))

@@ -9,13 +9,14 @@ file and cache types, into a `llama-server` command. Pure.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, fields, replace
 
 from ..choice import Choice, ComputeDevice, OffloadMode
 from ..errors import PlanError
 from ..gguf import GGUF_FILE_TYPES, gguf_file_bytes
-from ..calibration import Sample
-from ..hardware import Calibration, CalibrationEntry, HardwareProfile
+from ..calibration import MIN_EFFICIENCY, Sample, fit
+from ..hardware import MAX_EFFICIENCY, Calibration, CalibrationEntry, HardwareProfile
 from ..memory import CPUMemory, GPUMemory, LayerCosts, MemoryBreakdown
 from ..modelspec import ModelSpec
 from ..plan import Candidate, Plan, hardware_ref, model_ref
@@ -146,13 +147,17 @@ def _max_resident_context(spec, hw, req, model, kv_type) -> int:
     return max(0, bisect_max(fits, 1, spec.max_context or req.context))
 
 
-def speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str) -> tuple[HardwareProfile, str]:
+def speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_type: str = "f16"
+                   ) -> tuple[HardwareProfile, str]:
     """`hw` as llama.cpp's speed sees it: its calibration reduced to the llama.cpp entries, under the keys the speed
     model looks up (SPEED_SCHEME's weights, this model's attention implementation; routed experts at the weights'
-    efficiency with no cost per expert: ggml computes them in one op), and what the prediction rests on."""
+    efficiency with no cost per expert: ggml computes them in one op), and what the prediction rests on. Attention
+    entries are per cache type (quant "bf16" for f16: flash attention dequantizes a q8_0 / q4_0 cache as it reads it);
+    a cache type without its own borrows f16's."""
     cal = hw.calibration
     entries: list[CalibrationEntry] = []
     measured_on = set()
+    cache_borrowed = False
     for device in ("gpu", "cpu"):
         mine = [e for e in (cal.entries if cal is not None else ())
                 if e.device == device and e.backend == SPEED_SCHEME.backend]
@@ -164,36 +169,111 @@ def speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str) -> tupl
                     CalibrationEntry(device=device, backend=EXPERTS_BACKEND, quant=SPEED_SCHEME.name,
                                      bandwidth_efficiency=weights.bandwidth_efficiency, compute_efficiency=None)]
         for kind in ("attn", PREFILL_ATTENTION_BACKEND):
-            e = cal.lookup(device, f"{kind}-{ATTENTION_IMPL}", "bf16")
+            e = cal.lookup(device, f"{kind}-{ATTENTION_IMPL}", cache_entry(kv_type))
+            if e is None and kv_type != "f16":
+                e = cal.lookup(device, f"{kind}-{ATTENTION_IMPL}", cache_entry("f16"))
+                cache_borrowed = cache_borrowed or e is not None
             if e is not None:
-                entries.append(replace(e, backend=f"{kind}-{spec.attention_impl}"))
+                entries.append(replace(e, backend=f"{kind}-{spec.attention_impl}", quant="bf16"))
     if not entries:
         return replace(hw, calibration=None), SPEED_LABEL
     label = (f"llama.cpp speed is predicted with efficiencies calibrated on llama.cpp ({cal.measured_at}, "
              f"{cal.versions_dict.get('llama.cpp', 'unknown build')[:9]})")
     if file_type not in measured_on:
         label += f"; {file_type} borrows {', '.join(sorted(measured_on))}'s"
+    if cache_borrowed:
+        label += f"; its {kv_type} cache's attention borrows f16's"
     return replace(hw, calibration=replace(cal, entries=tuple(entries))), label
 
 
-def calibration_sample(spec: ModelSpec, hw: HardwareProfile, file_type: str, kv_type: str, *, prompt: int,
-                       new_tokens: int, decode_s_per_token: float, prefill_s: float, label: str = "") -> Sample:
-    """One llama-server run (a prompt, then `new_tokens` tokens of one sequence, all layers on the CPU) reduced to
-    the speed model's features, as llama.cpp's plans cost it: GGUF bytes, f16 attention, prompts in n_ubatch steps."""
-    model = rules.gguf_model(spec, file_type)
-    req = Request(context=prompt + new_tokens, prompt_tokens=prompt, engine=ENGINE, prefill_chunk=rules.N_UBATCH)
-    fp = footprint(spec, hw, req, model, kv_type)
-    work = decode_work(spec, SPEED_SCHEME, kv_scheme(kv_type), 1, prompt + new_tokens // 2, _costs(fp),
+def cache_entry(kv_type: str) -> str:
+    """The quant of the attention entries for a llama.cpp cache type ("bf16", as calibration.fit names it, for f16)."""
+    return "bf16" if kv_type == "f16" else kv_type
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerRun:
+    """One measured llama-server request: a prompt of one sequence, then `new_tokens` tokens, all layers on the CPU."""
+
+    spec: ModelSpec
+    file_type: str
+    kv_type: str
+    prompt: int
+    new_tokens: int
+    decode_s_per_token: float
+    prefill_s: float
+
+
+def _predicted(hw: HardwareProfile, run: ServerRun) -> tuple[float, float]:
+    """(decode s per token, TTFT) llama.cpp's plan predicts for `run` on `hw`."""
+    req = Request(context=run.prompt + run.new_tokens, prompt_tokens=run.prompt, engine=ENGINE,
+                  quant=(run.file_type,), kv_dtype=(run.kv_type,))
+    speed = plan_llamacpp(run.spec, hw, req).chosen.speed
+    return 1.0 / speed.decode_tokens_per_s, speed.ttft_s
+
+
+def fit_cache_attention(hw: HardwareProfile, runs: list[ServerRun], *, bisections: int = 40) -> tuple[CalibrationEntry, ...]:
+    """llama.cpp's attention on quantized caches: per cache type, the decode and prefill attention efficiencies that
+    make `hw`'s fitted model (weights entries for the runs' file types) meet each run, the median over the runs. Each is
+    found by bisection on the planner's own prediction, which falls as the efficiency rises."""
+    found: dict[tuple[str, str], list[float]] = {}
+    for run in runs:
+        for kind, which in (("attn", 0), (PREFILL_ATTENTION_BACKEND, 1)):
+            measured = (run.decode_s_per_token, run.prefill_s)[which]
+            lo, hi = MIN_EFFICIENCY, MAX_EFFICIENCY
+            for _ in range(bisections):
+                mid = (lo * hi) ** 0.5
+                entry = CalibrationEntry(device="cpu", backend=f"{kind}-{ATTENTION_IMPL}", quant=run.kv_type,
+                                         bandwidth_efficiency=None, compute_efficiency=mid)
+                trial = with_entries(hw, (entry,))
+                if _predicted(trial, run)[which] > measured:
+                    lo = mid
+                else:
+                    hi = mid
+            found.setdefault((kind, run.kv_type), []).append((lo * hi) ** 0.5)
+    return tuple(CalibrationEntry(device="cpu", backend=f"{kind}-{ATTENTION_IMPL}", quant=kv,
+                                  bandwidth_efficiency=None, compute_efficiency=round(statistics.median(effs), 5))
+                 for (kind, kv), effs in sorted(found.items()))
+
+
+def with_entries(hw: HardwareProfile, entries: tuple[CalibrationEntry, ...]) -> HardwareProfile:
+    """`hw` with these calibration entries in place of any of the same keys."""
+    keys = {e.key for e in entries}
+    cal = hw.calibration
+    kept = tuple(e for e in cal.entries if e.key not in keys)
+    return replace(hw, calibration=replace(cal, entries=kept + tuple(entries)))
+
+
+def calibration_sample(hw: HardwareProfile, run: ServerRun, label: str = "") -> Sample:
+    """One llama-server run reduced to the speed model's features, as llama.cpp's plans cost it: GGUF bytes, f16
+    attention, prompts in n_ubatch steps."""
+    spec, model = run.spec, rules.gguf_model(run.spec, run.file_type)
+    req = Request(context=run.prompt + run.new_tokens, prompt_tokens=run.prompt, engine=ENGINE,
+                  prefill_chunk=rules.N_UBATCH)
+    fp = footprint(spec, hw, req, model, run.kv_type)
+    work = decode_work(spec, SPEED_SCHEME, kv_scheme(run.kv_type), 1, run.prompt + run.new_tokens // 2, _costs(fp),
                        _read_bytes(spec, model, 1))
-    return Sample(device="cpu", backend=SPEED_SCHEME.backend, quant=file_type,
+    return Sample(device="cpu", backend=SPEED_SCHEME.backend, quant=run.file_type,
                   bandwidth_bytes_per_s=hw.host.ram_bandwidth_bytes_per_s, peak_flops=hw.host.cpu_bf16_flops,
                   bytes_read_per_token=sum(work.weights_bytes) + work.head_bytes,
                   kv_bytes_per_token=sum(work.kv_read_bytes), attention_flops_per_token=sum(work.attention_flop),
-                  attention_impl=ATTENTION_IMPL, num_layers=spec.num_layers, decode_s_per_token=decode_s_per_token,
-                  prefill_flops=prefill_flop(spec, prompt),
-                  prefill_attention_flops=prefill_attention_flop(spec, prompt),
-                  prefill_chunks=-(-prompt // rules.N_UBATCH), prefill_s=prefill_s,
-                  kv_dtype="fp16" if kv_type == "f16" else kv_type, label=label)
+                  attention_impl=ATTENTION_IMPL, num_layers=spec.num_layers,
+                  decode_s_per_token=run.decode_s_per_token, prefill_flops=prefill_flop(spec, run.prompt),
+                  prefill_attention_flops=prefill_attention_flop(spec, run.prompt),
+                  prefill_chunks=-(-run.prompt // rules.N_UBATCH), prefill_s=run.prefill_s,
+                  kv_dtype="fp16" if run.kv_type == "f16" else run.kv_type, label=label)
+
+
+def fit_llamacpp(hw: HardwareProfile, runs: list[ServerRun], *, commit: str, measured_at: str
+                 ) -> tuple[HardwareProfile, list[str]]:
+    """llama.cpp's efficiencies fitted to measured llama-server runs, in `hw`'s calibration in place of any llama.cpp
+    entries it had: the weights per file type and the attention on the f16 cache by planner.calibration.fit (as
+    `vramplan calibrate` fits vramplan's runtime), then the attention on each quantized cache given those."""
+    samples = [calibration_sample(hw, r, f"{r.spec.name} {r.file_type} prompt {r.prompt}")
+               for r in runs if r.kv_type == "f16"]
+    fitted = fit(samples, measured_at=measured_at, versions={"llama.cpp": commit})
+    hw = with_llamacpp_calibration(hw, fitted.calibration, commit)
+    return with_entries(hw, fit_cache_attention(hw, [r for r in runs if r.kv_type != "f16"])), list(fitted.warnings)
 
 
 def with_llamacpp_calibration(hw: HardwareProfile, fitted: Calibration, commit: str) -> HardwareProfile:
@@ -218,7 +298,7 @@ def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str) -> Candidate
                 max_context_tokens=_max_resident_context(spec, hw, req, model, kv_type))
     if placement is None:
         return Candidate(**base, fits=False, reason=_overflow_reason(fp, p, req.gpu_layers))
-    fast_hw, _ = speed_hardware(hw, spec, model.file_type)
+    fast_hw, _ = speed_hardware(hw, spec, model.file_type, kv_type)
     speed = estimate(spec, fast_hw, replace(req, prefill_chunk=rules.N_UBATCH), SPEED_SCHEME, kv_scheme(kv_type),
                      choice, _costs(fp), _read_bytes(spec, model, req.batch))
     return Candidate(**base, fits=True, speed=speed, reason=_placement_reason(fp, p))
@@ -273,11 +353,11 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
                              for k, c in consts.items()})
     if not any(c.fits for c in cands):
         first = cands[0]
-        warnings = [*context_warnings, speed_hardware(hw, spec, first.weight_quant)[1], *assumption_notes(consts)]
+        warnings = [*context_warnings, speed_hardware(hw, spec, first.weight_quant, first.kv_dtype)[1], *assumption_notes(consts)]
         return Plan(**common, chosen=None, warnings=warnings,
                     reasons=[f"nothing fits llama.cpp's rules: {first.weight_quant} + {first.kv_dtype} KV: {first.reason}"])
     chosen, reasons = choose_by_preference(cands, req)
-    warnings = [*context_warnings, speed_hardware(hw, spec, chosen.weight_quant)[1], *assumption_notes(consts)]
+    warnings = [*context_warnings, speed_hardware(hw, spec, chosen.weight_quant, chosen.kv_dtype)[1], *assumption_notes(consts)]
     file_bytes = gguf_file_bytes(spec, chosen.weight_quant)
     reasons.append(f"GGUF {chosen.weight_quant}: {file_bytes:,} B file ({format_bytes(file_bytes)}; planner/gguf.py, "
                    "llama-quantize's tensor types)")
@@ -349,7 +429,7 @@ def export_from_llamacpp_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, ext
     if c.on_gpu and c.gpu_layers < c.total_layers:
         notes.append(f"llama.cpp computes the {c.total_layers - c.gpu_layers} layers left in RAM on the CPU (it "
                      "does not stream them to the GPU)")
-    notes += [speed_hardware(hw, spec, c.weight_quant)[1], *assumption_notes(consts)]
+    notes += [speed_hardware(hw, spec, c.weight_quant, c.kv_dtype)[1], *assumption_notes(consts)]
     argv = llama_server_command(spec, p)
     return Export(engine=ENGINE, fits=True, text=commented(notes, shell_command(argv)), notes=tuple(notes),
                   constants=consts, details={"argv": argv, "gguf_file": name, "gguf_file_type": c.weight_quant,
