@@ -601,3 +601,32 @@ def test_llamacpp_export_caps_the_prompt_cache_at_what_the_plan_leaves_free():
     full = plan_for_engine(spec, CPU_SERVER, replace(req, ram_budget_bytes=need))
     assert llama_server_command(spec, full)[-2:] == ["--cache-ram", "0"]
     assert "disabled (--cache-ram 0)" in emit("llama.cpp", spec, CPU_SERVER, full).text
+
+
+def test_llamacpp_drops_the_windows_llamacpp_drops():
+    """llama.cpp keeps sliding windows only for the architectures that set one (gemma2, gpt-oss, ...): phi3's window
+    is dropped ("Phi SWA is currently disabled", src/models/phi3.cpp) and its layers cache the whole context."""
+    phi3 = model_spec("microsoft/Phi-3-mini-4k-instruct")
+    assert phi3.attention[0].window == 2047 and rules.window(phi3, phi3.attention[0]) is None
+    req = Request(context=4096, batch=2, engine="llama.cpp")
+    assert rules.kv_bytes_per_layer(phi3, "f16", req) == [2 * 2 * 4096 * 3072 * 2] * 32  # 2 slots x 4096 cells
+    assert rules.as_run(phi3).attention[0].window is None
+    gemma = model_spec("gemma-2-9b")
+    assert rules.window(gemma, gemma.attention[0]) == 4096 and rules.as_run(gemma) is gemma
+
+
+def test_ollama_keeps_its_runner_rules():
+    """Ollama's runner is not llama-server: a unified pool of its parallel sequences, logits rows for a whole batch in
+    the graph, one output row per sequence, its own assumed process RAM."""
+    from planner.engines import llamacpp
+    from planner.engines.ollama import RUNNER_BASE_RAM_ASSUMED, runner_slots
+
+    req = Request(context=8192, engine="llama.cpp", quant=("Q4_K_M",), kv_dtype=("f16",))
+    model = rules.gguf_model(LLAMA_8B, "Q4_K_M")
+    fp = llamacpp.footprint(LLAMA_8B, RTX4090, req, model, "f16", slots=runner_slots(req),
+                            base_ram_bytes=RUNNER_BASE_RAM_ASSUMED)
+    p, _ = fp.place(expert_offload=False)
+    assert p.gpu_layers == 32
+    # RAM: the token embedding, one output row of logits, the runner
+    assert fp.host_total(p) == model.token_embd_bytes + 128256 * 4 + RUNNER_BASE_RAM_ASSUMED
+    assert fp.with_logits - fp.scratch == 128256 * 512 * 4

@@ -1,5 +1,5 @@
 """vramplan's llama.cpp rules against what a real llama-server reported when it ran vramplan's exported commands
-(bench/llamacpp_serve.py, committed as bench/results/llamacpp-serve-cpu-dev.json: eight runs of six models on a CPU
+(bench/llamacpp_serve.py, committed as bench/results/llamacpp-serve-cpu-dev.json: ten runs of five models on a CPU
 build), and its speed against the same runs with the efficiencies `--fit` fitted to them.
 
 The predictions are recomputed from the rules as they are now, so a change to the rules that drifts from what
@@ -144,3 +144,14 @@ def test_calibrated_speed_on_the_runs_it_was_fitted_to(name):
         decode = t["predicted_n"] / (t["predicted_ms"] / 1000)
         assert abs(speed.decode_tokens_per_s - decode) <= 0.20 * decode
         assert abs(speed.ttft_s - t["prompt_ms"] / 1000) <= 0.10 * t["prompt_ms"] / 1000
+
+
+def test_a_gpu_profile_says_its_gpu_has_no_llamacpp_entries():
+    from planner.profiles import resolve_profile
+
+    gpu = replace(resolve_profile("rtx-4090")[0], calibration=HW.calibration)
+    spec = _case("qwen3-0.6b-q4km-f16")[1]
+    _, label = speed_hardware(gpu, spec, "Q4_K_M")
+    assert "none for the GPU: its defaults there" in label
+    with pytest.raises(ValueError, match="has a GPU"):
+        fit_llamacpp(gpu, _runs(["qwen3-0.6b-q4km-f16"]), commit="x", measured_at="2026-11-24")

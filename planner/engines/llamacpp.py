@@ -41,6 +41,9 @@ SPEED_SCHEME = replace(SCHEMES["bf16"], backend="llama.cpp", description="GGUF w
 # "prefill-attn-llama.cpp" for its flash-attention kernels. Never those of vramplan's torch runtime; without them, the
 # speed model's defaults.
 ATTENTION_IMPL = "llama.cpp"
+# The calibration's versions name the llama.cpp build ("llama.cpp") and when its entries were fitted (this key): the
+# calibration's own measured_at is that of vramplan's runtime.
+MEASURED_AT_VERSION = "llama.cpp measured_at"
 LLAMA_CPP_BACKENDS = (SPEED_SCHEME.backend, f"attn-{ATTENTION_IMPL}", f"{PREFILL_ATTENTION_BACKEND}-{ATTENTION_IMPL}")
 # Closest GGUF file type and llama.cpp cache type to each of vramplan's schemes.
 GGUF_FOR_SCHEME = {"bf16": "BF16", "fp16": "F16", "bnb-int8": "Q8_0", "quanto-int8": "Q8_0", "bnb-nf4": "Q4_K_M",
@@ -83,12 +86,15 @@ def _capacities(hw: HardwareProfile, req: Request) -> list[int]:
     return [req.vram_budget_bytes if req.vram_budget_bytes is not None else m for m in device_memories(hw)]
 
 
-def footprint(spec, hw, req, model, kv_type, margin_bytes=rules.FIT_TARGET_MARGIN_BYTES, slots=None):
-    """llama-server's bytes (its slots unless `slots` says otherwise: Ollama's runner)."""
+def footprint(spec, hw, req, model, kv_type, margin_bytes=rules.FIT_TARGET_MARGIN_BYTES, slots=None,
+              base_ram_bytes=None):
+    """llama-server's bytes (its slots and process unless `slots` and `base_ram_bytes` say otherwise: Ollama's
+    runner)."""
     ram = req.ram_budget_bytes if req.ram_budget_bytes is not None else hw.host.ram_bytes
     cuda = hw.overheads.cuda_context_bytes if hw.has_gpu else 0
+    base = base_ram_bytes if base_ram_bytes is not None else rules.process_base_ram(hw.has_gpu)
     return rules.LlamaCppFootprint(spec, model, kv_type, req, _capacities(hw, req), cuda, ram, margin_bytes,
-                                   slots=slots, base_ram_bytes=rules.process_base_ram(hw.has_gpu))
+                                   slots=slots, base_ram_bytes=base)
 
 
 def _choice(spec: ModelSpec, hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.Placement) -> LlamaCppChoice:
@@ -120,7 +126,8 @@ def _breakdown(hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.Placem
     cpu = CPUMemory(weights_bytes=host.weights, kv_cache_bytes=host.kv, workspace_bytes=host.compute,
                     runtime_base_bytes=fp.base_ram_bytes, capacity_bytes=fp.ram_capacity)
     return MemoryBreakdown(gpus=gpus, cpu=cpu, workspace_terms={
-        "compute_buffers_gpu": sum(d.compute for d in devices), "compute_buffer_host": host.compute})
+        "compute_buffers_gpu": sum(d.compute for d in devices), "compute_buffer_host": host.compute - fp.output_buffer,
+        "output_buffer_host": fp.output_buffer})
 
 
 def _costs(fp: rules.LlamaCppFootprint) -> LayerCosts:
@@ -151,20 +158,25 @@ def speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_type
                    ) -> tuple[HardwareProfile, str]:
     """`hw` as llama.cpp's speed sees it: its calibration reduced to the llama.cpp entries, under the keys the speed
     model looks up (SPEED_SCHEME's weights, this model's attention implementation; routed experts at the weights'
-    efficiency with no cost per expert: ggml computes them in one op), and what the prediction rests on. Attention
-    entries are per cache type (quant "bf16" for f16: flash attention dequantizes a q8_0 / q4_0 cache as it reads it);
-    a cache type without its own borrows f16's."""
+    efficiency with no cost per expert: ggml computes them in one op), and what the prediction rests on. A file type
+    without an entry of its own borrows the nearest measured one's (GGUF_FILE_TYPES runs largest to smallest); attention
+    entries are per cache type (quant "bf16" for f16: flash attention dequantizes a q8_0 / q4_0 cache as it reads it),
+    and a cache type without its own borrows f16's."""
     cal = hw.calibration
+    order = list(GGUF_FILE_TYPES)
     entries: list[CalibrationEntry] = []
-    measured_on = set()
-    cache_borrowed = False
+    said: list[str] = []
     for device in ("gpu", "cpu"):
         mine = [e for e in (cal.entries if cal is not None else ())
-                if e.device == device and e.backend == SPEED_SCHEME.backend]
-        weights = next((e for e in mine if e.quant == file_type), mine[0] if mine else None)
-        if weights is None:
+                if e.device == device and e.backend == SPEED_SCHEME.backend and e.quant in order]
+        if not mine:
+            if device == "gpu" and hw.has_gpu and cal is not None and any(
+                    e.backend == SPEED_SCHEME.backend for e in cal.entries):
+                said.append("none for the GPU: its defaults there")
             continue
-        measured_on.add(weights.quant)
+        weights = min(mine, key=lambda e: (abs(order.index(e.quant) - order.index(file_type)), e.quant))
+        if weights.quant != file_type:
+            said.append(f"{file_type} borrows {weights.quant}'s on the {device.upper()}")
         entries += [replace(weights, quant=SPEED_SCHEME.name),
                     CalibrationEntry(device=device, backend=EXPERTS_BACKEND, quant=SPEED_SCHEME.name,
                                      bandwidth_efficiency=weights.bandwidth_efficiency, compute_efficiency=None)]
@@ -172,18 +184,16 @@ def speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_type
             e = cal.lookup(device, f"{kind}-{ATTENTION_IMPL}", cache_entry(kv_type))
             if e is None and kv_type != "f16":
                 e = cal.lookup(device, f"{kind}-{ATTENTION_IMPL}", cache_entry("f16"))
-                cache_borrowed = cache_borrowed or e is not None
+                if e is not None:
+                    said.append(f"the {kv_type} cache's {kind} borrows f16's on the {device.upper()}")
             if e is not None:
                 entries.append(replace(e, backend=f"{kind}-{spec.attention_impl}", quant="bf16"))
     if not entries:
         return replace(hw, calibration=None), SPEED_LABEL
-    label = (f"llama.cpp speed is predicted with efficiencies calibrated on llama.cpp ({cal.measured_at}, "
-             f"{cal.versions_dict.get('llama.cpp', 'unknown build')[:9]})")
-    if file_type not in measured_on:
-        label += f"; {file_type} borrows {', '.join(sorted(measured_on))}'s"
-    if cache_borrowed:
-        label += f"; its {kv_type} cache's attention borrows f16's"
-    return replace(hw, calibration=replace(cal, entries=tuple(entries))), label
+    versions = cal.versions_dict
+    label = (f"llama.cpp speed is predicted with efficiencies calibrated on llama.cpp "
+             f"({versions.get(MEASURED_AT_VERSION, cal.measured_at)}, build {versions.get('llama.cpp', 'unknown')[:9]})")
+    return replace(hw, calibration=replace(cal, entries=tuple(entries))), "; ".join([label, *said])
 
 
 def cache_entry(kv_type: str) -> str:
@@ -212,11 +222,14 @@ def _predicted(hw: HardwareProfile, run: ServerRun) -> tuple[float, float]:
     return 1.0 / speed.decode_tokens_per_s, speed.ttft_s
 
 
-def fit_cache_attention(hw: HardwareProfile, runs: list[ServerRun], *, bisections: int = 40) -> tuple[CalibrationEntry, ...]:
+def fit_cache_attention(hw: HardwareProfile, runs: list[ServerRun], *, bisections: int = 40
+                        ) -> tuple[tuple[CalibrationEntry, ...], list[str]]:
     """llama.cpp's attention on quantized caches: per cache type, the decode and prefill attention efficiencies that
     make `hw`'s fitted model (weights entries for the runs' file types) meet each run, the median over the runs. Each is
-    found by bisection on the planner's own prediction, which falls as the efficiency rises."""
+    found by bisection on the planner's own prediction, which falls as the efficiency rises; a run the model cannot
+    meet within the bounds (faster than at efficiency 1, slower than at the least) is said in a warning."""
     found: dict[tuple[str, str], list[float]] = {}
+    warnings: list[str] = []
     for run in runs:
         for kind, which in (("attn", 0), (PREFILL_ATTENTION_BACKEND, 1)):
             measured = (run.decode_s_per_token, run.prefill_s)[which]
@@ -230,10 +243,15 @@ def fit_cache_attention(hw: HardwareProfile, runs: list[ServerRun], *, bisection
                     lo = mid
                 else:
                     hi = mid
-            found.setdefault((kind, run.kv_type), []).append((lo * hi) ** 0.5)
-    return tuple(CalibrationEntry(device="cpu", backend=f"{kind}-{ATTENTION_IMPL}", quant=kv,
-                                  bandwidth_efficiency=None, compute_efficiency=round(statistics.median(effs), 5))
-                 for (kind, kv), effs in sorted(found.items()))
+            eff = (lo * hi) ** 0.5
+            if eff > 0.99 * MAX_EFFICIENCY or eff < 1.01 * MIN_EFFICIENCY:
+                warnings.append(f"{run.spec.name} {run.file_type} {run.kv_type} cache, prompt {run.prompt}: its "
+                                f"{kind} time is out of the model's reach (efficiency held at {eff:.3g})")
+            found.setdefault((kind, run.kv_type), []).append(eff)
+    entries = tuple(CalibrationEntry(device="cpu", backend=f"{kind}-{ATTENTION_IMPL}", quant=kv,
+                                     bandwidth_efficiency=None, compute_efficiency=round(statistics.median(effs), 5))
+                    for (kind, kv), effs in sorted(found.items()))
+    return entries, warnings
 
 
 def with_entries(hw: HardwareProfile, entries: tuple[CalibrationEntry, ...]) -> HardwareProfile:
@@ -269,19 +287,30 @@ def fit_llamacpp(hw: HardwareProfile, runs: list[ServerRun], *, commit: str, mea
     """llama.cpp's efficiencies fitted to measured llama-server runs, in `hw`'s calibration in place of any llama.cpp
     entries it had: the weights per file type and the attention on the f16 cache by planner.calibration.fit (as
     `vramplan calibrate` fits vramplan's runtime), then the attention on each quantized cache given those."""
+    if hw.has_gpu:
+        raise ValueError(f"{hw.name} has a GPU: llama.cpp's efficiencies are fitted to CPU runs on a CPU profile")
     samples = [calibration_sample(hw, r, f"{r.spec.name} {r.file_type} prompt {r.prompt}")
                for r in runs if r.kv_type == "f16"]
     fitted = fit(samples, measured_at=measured_at, versions={"llama.cpp": commit})
     hw = with_llamacpp_calibration(hw, fitted.calibration, commit)
-    return with_entries(hw, fit_cache_attention(hw, [r for r in runs if r.kv_type != "f16"])), list(fitted.warnings)
+    entries, warnings = fit_cache_attention(hw, [r for r in runs if r.kv_type != "f16"])
+    return with_entries(hw, entries), [*fitted.warnings, *warnings]
+
+
+def _fitted_here(residual: str) -> bool:
+    """A residual of a llama.cpp entry ("cpu/llama.cpp/Q4_K_M: decode_abs_pct_median")."""
+    parts = residual.split(":")[0].split("/")
+    return len(parts) > 1 and parts[1] in LLAMA_CPP_BACKENDS
 
 
 def with_llamacpp_calibration(hw: HardwareProfile, fitted: Calibration, commit: str) -> HardwareProfile:
     """`hw` with llama.cpp's fitted entries in place of any it had, the rest of its calibration kept."""
     old = hw.calibration
     kept = tuple(e for e in (old.entries if old is not None else ()) if e.backend not in LLAMA_CPP_BACKENDS)
-    residuals = {**(old.residuals_dict if old is not None else {}), **fitted.residuals_dict}
-    versions = {**(old.versions_dict if old is not None else {}), "llama.cpp": commit}
+    residuals = {k: v for k, v in (old.residuals_dict if old is not None else {}).items() if not _fitted_here(k)}
+    residuals.update(fitted.residuals_dict)
+    versions = {**(old.versions_dict if old is not None else {}), "llama.cpp": commit,
+                MEASURED_AT_VERSION: fitted.measured_at}
     cal = Calibration(measured_at=old.measured_at if old is not None else fitted.measured_at, versions=versions,
                       entries=kept + fitted.entries, residuals=residuals,
                       runtime_ram_bytes=old.runtime_ram_bytes if old is not None else None)
@@ -299,7 +328,7 @@ def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str) -> Candidate
     if placement is None:
         return Candidate(**base, fits=False, reason=_overflow_reason(fp, p, req.gpu_layers))
     fast_hw, _ = speed_hardware(hw, spec, model.file_type, kv_type)
-    speed = estimate(spec, fast_hw, replace(req, prefill_chunk=rules.N_UBATCH), SPEED_SCHEME, kv_scheme(kv_type),
+    speed = estimate(rules.as_run(spec), fast_hw, replace(req, prefill_chunk=rules.N_UBATCH), SPEED_SCHEME, kv_scheme(kv_type),
                      choice, _costs(fp), _read_bytes(spec, model, req.batch))
     return Candidate(**base, fits=True, speed=speed, reason=_placement_reason(fp, p))
 
@@ -423,7 +452,7 @@ def export_from_llamacpp_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, ext
                      "that fits in what the plan leaves free" if cache == rules.PROMPT_CACHE_DEFAULT_MIB else
                      f"capped at the {cache} MiB the plan leaves free" if cache else
                      "the plan leaves no RAM free: disabled (--cache-ram 0)"))
-    if spec.sliding_window_layers:
+    if any(rules.window(spec, a) for a in spec.attention):
         notes.append(f"sliding-window layers: llama-server also keeps up to {rules.CTX_CHECKPOINTS_DEFAULT} copies of "
                      "their cache per slot in RAM (--ctx-checkpoints), sized by the prompts: not in the plan")
     if c.on_gpu and c.gpu_layers < c.total_layers:

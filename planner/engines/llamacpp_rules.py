@@ -14,7 +14,7 @@ Pure: no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..gguf import GGML_TYPES, GGUFTensor, gguf_tensors
 from ..modelspec import ModelSpec
@@ -67,15 +67,20 @@ PROMPT_CACHE_DEFAULT_MIB = 8192
 CTX_CHECKPOINTS_DEFAULT = 32
 # n_ctx and every cache stream are padded to 256 cells (src/llama-context.cpp, src/llama-kv-cache-iswa.cpp).
 KV_PAD = 256
+# The architectures whose sliding windows llama.cpp keeps (src/models/*.cpp set a swa_type; HF model_type names). Any
+# other's window is dropped and its layers cache the whole context: phi3 says so ("Phi SWA is currently disabled",
+# src/models/phi3.cpp), and the llama, qwen2 and starcoder2 graphs have no window.
+SWA_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "gemma3n", "gemma3n_text", "cohere2", "gpt_oss",
+                             "exaone4", "olmo3", "llama4"})
 # Compute buffers: ggml-alloc sizes them from a worst-case graph at load (llama.cpp logs "compute buffer size").
 # Not derivable exactly without building the graph: ESTIMATED here, with flash attention on, as
 #   scratch n_ubatch x (4 hidden + 3 x FFN width) x 4 B + the f16 KQ mask n_ubatch x cells of a stream x 2 B per cache
 #   logits  n_vocab x slots x 4 B (f32, on the device holding the output layer: one row per slot is reserved)
-# Measured against a CPU build (bench/results/llamacpp-serve-cpu-dev.md, 10 runs of 6 models): 2-9 % over. CUDA's
+# Measured against a CPU build (bench/results/llamacpp-serve-cpu-dev.md, 10 runs of 5 models): 2-10 % over. CUDA's
 # are unmeasured.
 COMPUTE_HIDDEN_COPIES = 4
 COMPUTE_FFN_COPIES = 3
-COMPUTE_SOURCE = ("estimate of the compute buffer ggml-alloc reserves at load; measured 2-9 % over on 6 models with a "
+COMPUTE_SOURCE = ("estimate of the compute buffer ggml-alloc reserves at load; measured 2-10 % over on 5 models with a "
                   "CPU build (bench/results/llamacpp-serve-cpu-dev.md)")
 # RSS of llama-server beside its buffers (binary, libraries, tokenizer, slots, heap). A CPU build: MEASURED, peak RSS
 # after a first request less every buffer llama.cpp reports: at most 51 MiB over the 10 runs of
@@ -177,7 +182,8 @@ class Slots:
 
     count: int
     unified: bool
-    logit_rows: int
+    logit_rows: int  # in the compute graph, on the device with the output layer
+    output_rows: int  # in the host output buffer the logits are copied to
 
 
 def llama_server_slots(req: Request) -> Slots:
@@ -186,8 +192,8 @@ def llama_server_slots(req: Request) -> Slots:
     kv_unified = false). The graph is reserved for one logits row per slot (server-context.cpp server_output_limits:
     n_outputs_max = n_parallel)."""
     if req.batch > 1:
-        return Slots(count=req.batch, unified=False, logit_rows=req.batch)
-    return Slots(count=SERVER_AUTO_SLOTS, unified=True, logit_rows=SERVER_AUTO_SLOTS)
+        return Slots(count=req.batch, unified=False, logit_rows=req.batch, output_rows=req.batch)
+    return Slots(count=SERVER_AUTO_SLOTS, unified=True, logit_rows=SERVER_AUTO_SLOTS, output_rows=SERVER_AUTO_SLOTS)
 
 
 def _pad(n: int) -> int:
@@ -199,6 +205,18 @@ def kv_streams(req: Request, slots: Slots) -> tuple[int, int]:
     (src/llama-context.cpp); without a unified pool each slot's stream holds -c / slots cells, padded too."""
     n_ctx = _pad(req.context * req.batch)
     return (n_ctx, 1) if slots.unified else (_pad(n_ctx // slots.count), slots.count)
+
+
+def window(spec: ModelSpec, layer) -> int | None:
+    """A layer's sliding window as llama.cpp keeps it (None: the whole context; see SWA_MODEL_TYPES)."""
+    return layer.window if spec.model_type in SWA_MODEL_TYPES else None
+
+
+def as_run(spec: ModelSpec) -> ModelSpec:
+    """The model as llama.cpp runs it: without the sliding windows it drops (its speed attends the whole context)."""
+    if spec.model_type in SWA_MODEL_TYPES or not any(a.window for a in spec.attention):
+        return spec
+    return replace(spec, attention=tuple(replace(a, window=None) for a in spec.attention))
 
 
 def layer_cells(window: int | None, req: Request, slots: Slots) -> tuple[int, int]:
@@ -221,7 +239,7 @@ def kv_bytes_per_layer(spec: ModelSpec, kv_type: str, req: Request, slots: Slots
 
     out = []
     for a in spec.attention:
-        cells, streams = layer_cells(a.window, req, slots)
+        cells, streams = layer_cells(window(spec, a), req, slots)
         n = cells * streams
         out.append(n * row(a.kv_elements_per_token) if a.kind == "mla"
                    else 2 * n * row(a.num_kv_heads * a.head_dim))
@@ -236,14 +254,14 @@ def compute_buffer_bytes(spec: ModelSpec, req: Request, *, with_logits: bool, sl
     cells, streams = kv_streams(req, slots)
     tokens = min(N_UBATCH, cells * streams)
     scratch = tokens * (COMPUTE_HIDDEN_COPIES * spec.hidden_size + COMPUTE_FFN_COPIES * spec.mlp_width) * 4
-    caches = {a.window: layer_cells(a.window, req, slots)[0] for a in spec.attention}  # a mask per cache
+    caches = {window(spec, a): layer_cells(window(spec, a), req, slots)[0] for a in spec.attention}  # a mask per cache
     mask = tokens * sum(caches.values()) * 2
     return scratch + mask + (spec.vocab_size * slots.logit_rows * 4 if with_logits else 0)
 
 
 def output_buffer_bytes(spec: ModelSpec, slots: Slots) -> int:
     """The host buffer the logits are copied to: n_vocab x max(outputs, slots) f32 (llama-context.cpp output_reserve)."""
-    return spec.vocab_size * slots.logit_rows * 4
+    return spec.vocab_size * slots.output_rows * 4
 
 
 @dataclass(frozen=True)

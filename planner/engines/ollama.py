@@ -33,10 +33,16 @@ NUM_BATCH = 512
 TYPES_GO = f"{OLLAMA} api/types.go @ b8761ab020a91873a4f27e6008deeace9b2d101f"
 
 
+# The runner process beside its buffers (Go, llama.cpp, CUDA): unmeasured, as vramplan assumed for llama-server before
+# it measured one.
+RUNNER_BASE_RAM_ASSUMED = 256 * MiB
+
+
 def runner_slots(req) -> rules.Slots:
     """Ollama's runner: OLLAMA_NUM_PARALLEL sequences in one KV pool of num_ctx x parallel cells, its graph reserved
-    for a logits row per token of a batch (llama.cpp's rule before llama-server reserved one per slot): unmeasured."""
-    return rules.Slots(count=req.batch, unified=True, logit_rows=NUM_BATCH)
+    for a logits row per token of a batch (llama.cpp's rule before llama-server reserved one per slot) and a row per
+    sequence in its output buffer: unmeasured."""
+    return rules.Slots(count=req.batch, unified=True, logit_rows=NUM_BATCH, output_rows=req.batch)
 
 
 # GGUF file type -> Ollama's quant suffix (the library spells the K-quants with a capital K).
@@ -134,7 +140,7 @@ def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
     ft, kv = q.choice.weight_quant, q.choice.kv_dtype
     model = rules.gguf_model(spec, ft)
     fp = llamacpp.footprint(spec, hw, replace(req, quant=(ft,), kv_dtype=(kv,)), model, kv, margin_bytes=margin,
-                            slots=runner_slots(req))
+                            slots=runner_slots(req), base_ram_bytes=RUNNER_BASE_RAM_ASSUMED)
     placement, _ = fp.place(expert_offload=False)
     tag, said = ollama_tag(spec, ft)
     notes.append(said)
