@@ -73,6 +73,7 @@ CASES: dict[str, tuple] = {
     "llama-3.2-1b-q4km-q8kv": ("meta-llama--Llama-3.2-1B.json", "Q4_K_M", "q8_0", 4096, 1, 1024),
     "llama-3.2-1b-q4km-q4kv": ("meta-llama--Llama-3.2-1B.json", "Q4_K_M", "q4_0", 4096, 1, 1024),
     "gemma-2-2b-q4km-swa": ("google--gemma-2-2b.json", "Q4_K_M", "f16", 8192, 1, 1024),
+    "gemma-2-2b-q4km-np3": ("google--gemma-2-2b.json", "Q4_K_M", "f16", 3000, 3, 1024),  # a stream per slot, padded
     "qwen2.5-0.5b-q6k-f16": ("Qwen--Qwen2.5-0.5B.json", "Q6_K", "f16", 4096, 1, 1024),
     "qwen2.5-0.5b-q6k-q4kv": ("Qwen--Qwen2.5-0.5B.json", "Q6_K", "q4_0", 16384, 1, 1024),
     "small-moe-q4km": (SMALL_MOE, "Q4_K_M", "f16", 4096, 1, 1024),
@@ -399,7 +400,10 @@ def main() -> None:
                    llama_cpp_commit(args.llama_cpp), "machine": args.machine, "profile": Path(args.profile).name,
                    "threads": args.threads, "repeats": args.repeats, "cases": {}}
         if args.keep and out.with_suffix(".json").exists():  # measure only --cases, keep the others' measurements
-            results["cases"] = json.loads(out.with_suffix(".json").read_text())["cases"]
+            before = json.loads(out.with_suffix(".json").read_text())
+            results["cases"] = before["cases"]
+            if "fit" in before:
+                results["fit"] = before["fit"]
         with tempfile.TemporaryDirectory() as tmp:
             work = args.work or Path(tmp)
             work.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """vramplan's llama.cpp rules against what a real llama-server reported when it ran vramplan's exported commands
-(bench/llamacpp_serve.py, committed as bench/results/llamacpp-serve-cpu-dev.json: ten runs of five models on a CPU
+(bench/llamacpp_serve.py, committed as bench/results/llamacpp-serve-cpu-dev.json: eleven runs of five models on a CPU
 build), and its speed against the same runs with the efficiencies `--fit` fitted to them.
 
 The predictions are recomputed from the rules as they are now, so a change to the rules that drifts from what
