@@ -76,6 +76,9 @@ CASES: dict[str, tuple] = {
     "gemma-2-2b-q4km-np3": ("google--gemma-2-2b.json", "Q4_K_M", "f16", 3000, 3, 1024),  # a stream per slot, padded
     "qwen2.5-0.5b-q6k-f16": ("Qwen--Qwen2.5-0.5B.json", "Q6_K", "f16", 4096, 1, 1024),
     "qwen2.5-0.5b-q6k-q4kv": ("Qwen--Qwen2.5-0.5B.json", "Q6_K", "q4_0", 16384, 1, 1024),
+    # held out: prompts twice the fitted ones' (prefill attention grows with their square)
+    "qwen2.5-0.5b-q6k-f16-2k": ("Qwen--Qwen2.5-0.5B.json", "Q6_K", "f16", 4096, 1, 2048),
+    "qwen2.5-0.5b-q6k-q4kv-2k": ("Qwen--Qwen2.5-0.5B.json", "Q6_K", "q4_0", 4096, 1, 2048),
     "small-moe-q4km": (SMALL_MOE, "Q4_K_M", "f16", 4096, 1, 1024),
 }
 N_PREDICT = 32

@@ -191,9 +191,10 @@ def speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_type
     if not entries:
         return replace(hw, calibration=None), SPEED_LABEL
     versions = cal.versions_dict
-    label = (f"llama.cpp speed is predicted with efficiencies calibrated on llama.cpp "
-             f"({versions.get(MEASURED_AT_VERSION, cal.measured_at)}, build {versions.get('llama.cpp', 'unknown')[:9]})")
-    return replace(hw, calibration=replace(cal, entries=tuple(entries))), "; ".join([label, *said])
+    when = versions.get(MEASURED_AT_VERSION, cal.measured_at)
+    label = (f"llama.cpp speed is predicted with efficiencies calibrated on llama.cpp ({when}, build "
+             f"{versions.get('llama.cpp', 'unknown')[:9]})")
+    return replace(hw, calibration=replace(cal, entries=tuple(entries), measured_at=when)), "; ".join([label, *said])
 
 
 def cache_entry(kv_type: str) -> str:

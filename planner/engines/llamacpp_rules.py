@@ -76,14 +76,14 @@ SWA_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "gemma3n", "gemm
 # Not derivable exactly without building the graph: ESTIMATED here, with flash attention on, as
 #   scratch n_ubatch x (4 hidden + 3 x FFN width) x 4 B + the f16 KQ mask n_ubatch x cells of a stream x 2 B per cache
 #   logits  n_vocab x slots x 4 B (f32, on the device holding the output layer: one row per slot is reserved)
-# Measured against a CPU build (bench/results/llamacpp-serve-cpu-dev.md, 11 runs of 5 models): 2-10 % over. CUDA's
+# Measured against a CPU build (bench/results/llamacpp-serve-cpu-dev.md, 13 runs of 5 models): 2-11 % over. CUDA's
 # are unmeasured.
 COMPUTE_HIDDEN_COPIES = 4
 COMPUTE_FFN_COPIES = 3
-COMPUTE_SOURCE = ("estimate of the compute buffer ggml-alloc reserves at load; measured 2-10 % over on 5 models with a "
+COMPUTE_SOURCE = ("estimate of the compute buffer ggml-alloc reserves at load; measured 2-11 % over on 5 models with a "
                   "CPU build (bench/results/llamacpp-serve-cpu-dev.md)")
 # RSS of llama-server beside its buffers (binary, libraries, tokenizer, slots, heap). A CPU build: MEASURED, peak RSS
-# after a first request less every buffer llama.cpp reports: at most 51 MiB over the 11 runs of
+# after a first request less every buffer llama.cpp reports: at most 51 MiB over the 13 runs of
 # bench/results/llamacpp-serve-cpu-dev.md (Gemma-2's, with a 13 MiB context checkpoint), rounded up. Its prompt cache
 # comes on top, bounded by --cache-ram (PROMPT_CACHE_DEFAULT_MIB). A CUDA build also maps the CUDA runtime and
 # cuBLAS: ASSUMED, unmeasured.
@@ -260,7 +260,8 @@ def compute_buffer_bytes(spec: ModelSpec, req: Request, *, with_logits: bool, sl
 
 
 def output_buffer_bytes(spec: ModelSpec, slots: Slots) -> int:
-    """The host buffer the logits are copied to: n_vocab x max(outputs, slots) f32 (llama-context.cpp output_reserve)."""
+    """The host buffer the logits are copied to: n_vocab x max(outputs, slots) f32 (llama-context.cpp
+    output_reserve)."""
     return spec.vocab_size * slots.output_rows * 4
 
 
