@@ -80,11 +80,17 @@ def summarize(rows: list[dict]) -> dict:
     return {m: stats(m) for m in ("decode_tokens_per_s", "ttft_s", "peak_ram_bytes", "peak_vram_bytes")}
 
 
-def plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
+def plot(rows: list[dict], path: Path, title: str) -> bool:
+    """The predicted-vs-measured PNG, when matplotlib (the `bench` extra) is installed; False, and a line saying so,
+    when it is not: the JSON and Markdown are written before this and stand on their own."""
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed (pip install -e '.[bench]'): {path.name} not drawn", flush=True)
+        return False
 
     ok = [r for r in rows if "error_pct" in r]
     fig, axes = plt.subplots(1, 2, figsize=(11, 5))
@@ -118,6 +124,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def markdown(out: dict) -> str:
