@@ -38,6 +38,7 @@ class Step:
     command: str  # a shell command; {work} is the work directory, {profile} the best profile so far
     timeout_s: int
     outputs: tuple[str, ...] = ()  # files (in the work directory) the step writes
+    optional: tuple[str, ...] = ()  # files it writes when it can (a PNG needs matplotlib, the `bench` extra)
 
 
 def gpu_steps() -> list[Step]:
@@ -56,7 +57,7 @@ def gpu_steps() -> list[Step]:
         Step("accuracy", f"{PY} bench/accuracy.py --hardware {{profile}} --machine gpu --models {model} "
                          "--quants bf16,bnb-nf4,bnb-int8,quanto-int4 --contexts 4k --prompts 1024 --new-tokens 64 "
                          "--gpu-layers 16 --offload-modes stream,cpu --repeats 1 --out {work}", 540,
-             ("accuracy-gpu.json", "accuracy-gpu.md", "accuracy-gpu.png")),
+             ("accuracy-gpu.json", "accuracy-gpu.md"), ("accuracy-gpu.png",)),
         Step("offload-nf4", f"{PY} bench/offload.py --model {model} --quant bnb-nf4 --gpu-layers 16 --context 1088 "
                             "--max-new-tokens 64 --hardware {profile} --machine gpu-nf4 --out {work}", 240,
              ("offload-gpu-nf4.json", "offload-gpu-nf4.md")),
@@ -86,7 +87,7 @@ def cpu_smoke_steps() -> list[Step]:
              ("calibration-runs.json", "profile-calibrated.yaml", "calibrate.json")),
         Step("accuracy", f"{PY} bench/accuracy.py --hardware {{profile}} --machine smoke --models llama-3.2-1b "
                          "--quants bf16 --contexts 256 --prompts 64 --new-tokens 4 --repeats 1 --out {work}", 300,
-             ("accuracy-smoke.json", "accuracy-smoke.md", "accuracy-smoke.png")),
+             ("accuracy-smoke.json", "accuracy-smoke.md"), ("accuracy-smoke.png",)),
         Step("offload-nf4", f"{PY} bench/offload.py --allow-cpu --model qwen2.5-0.5b --quant bnb-nf4 "
                             "--offload-fraction 0.5 --context 24 --max-new-tokens 3 --machine smoke-nf4 --out {work}",
              300, ("offload-smoke-nf4.json", "offload-smoke-nf4.md")),
@@ -142,6 +143,7 @@ def run_step(step: Step, work: Path, remaining_s: float) -> Record:
     if status == "ok" and len(outputs) < len(step.outputs):
         status = "failed"
         tail += f"\n[gpu_validate] missing outputs: {sorted(set(step.outputs) - set(outputs))}"
+    outputs += [o for o in step.optional if (work / o).is_file()]
     return Record(step.name, status, round(time.perf_counter() - t0, 1), rc, command, outputs, tail)
 
 
