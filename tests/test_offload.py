@@ -93,25 +93,25 @@ def test_streaming_really_reloads_the_slots(reference):
     bit-for-bit comparisons above can fail: stale slots or a wrong KV-cache index change the logits."""
     model, ref_logits, _ = reference("llama", "bnb-nf4")
     with apply_offload(model, gpu_layers=0, mode="stream", device="cpu") as engine:
-        assert len(engine._slots) == 2 and engine.slot_bytes == 2 * engine.layer_buffer_bytes
-        assert engine._slots[0].module.self_attn.config is model.config  # shared, not copied
+        assert len(engine.stream._slots) == 2 and engine.slot_bytes == 2 * engine.layer_buffer_bytes
+        assert engine.stream._slots[0].module.self_attn.config is model.config  # shared, not copied
         first_logits(model, PROMPT[:, :1], 1)  # the first forward also loads layer 0 itself
         assert engine.h2d_bytes_last_forward == 4 * engine.layer_buffer_bytes
         assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
         assert engine.h2d_bytes_last_forward == 3 * engine.layer_buffer_bytes  # layers 1, 2, then 0 for the next
-        assert all(slot.verified for slot in engine._slots)
+        assert all(slot.verified for slot in engine.stream._slots)
 
-        load = engine._load
-        engine._load = lambda index, slot: setattr(slot, "layer", index) or slot  # no copy: stale weights
+        load = engine.stream._load
+        engine.stream._load = lambda index, slot: setattr(slot, "layer", index) or slot  # no copy: stale weights
         assert not torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
-        engine._load = load
-        for slot in engine._slots:
+        engine.stream._load = load
+        for slot in engine.stream._slots:
             slot.layer = None  # they say they hold layers they never received
         assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), ref_logits)
 
-        key = engine._attribute_keys.index(("self_attn", "layer_idx"))
-        engine._attribute_values = {i: values[:key] + (0,) + values[key + 1:]
-                                    for i, values in engine._attribute_values.items()}
+        key = engine.stream._attribute_keys.index(("self_attn", "layer_idx"))
+        engine.stream._attribute_values = {i: values[:key] + (0,) + values[key + 1:]
+                                    for i, values in engine.stream._attribute_values.items()}
         try:  # every layer on KV-cache entry 0
             broken = first_logits(model, PROMPT, PREFILL_CHUNK)
         except RuntimeError:  # that entry grows three times per chunk: the mask no longer fits
@@ -376,7 +376,7 @@ def test_bnb4_cpu_packed_layer_bound_for_cuda_gets_the_cuda_layout_back(double_q
     import bitsandbytes.functional as F
     from bitsandbytes.functional import _convert_weight_packed_for_cpu
 
-    from runtime.offload import _bnb4_device_form
+    from runtime.stream import bnb4_device_form
 
     torch.manual_seed(0)
     layer = torch.nn.Sequential(bnb.nn.Linear4bit(256, 128, bias=False, compute_dtype=torch.bfloat16,
@@ -389,7 +389,7 @@ def test_bnb4_cpu_packed_layer_bound_for_cuda_gets_the_cuda_layout_back(double_q
     expected = F.dequantize_4bit(weight.data, weight.quant_state)
     weight.data, weight.quant_state = _convert_weight_packed_for_cpu(weight.data, weight.quant_state)
     assert weight.quant_state.absmax.shape != absmax.shape  # the CPU form really differs
-    _bnb4_device_form(layer, torch.device("cuda"))
+    bnb4_device_form(layer, torch.device("cuda"))
     qs = layer[0].weight.quant_state
     assert not getattr(qs, "packing_format_for_cpu", False)
     assert torch.equal(layer[0].weight.data, data) and qs.absmax.shape == absmax.shape and qs.absmax.dtype == absmax.dtype
