@@ -40,7 +40,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import PlanError
 from .modelspec import Kind, ModelSpec, TensorSpec, dtype_bytes
 
 
@@ -286,20 +285,6 @@ KV_SCHEMES: dict[str, KVScheme] = {k.name: k for k in [
              quality=QualityCost(ppl_increase_pct=10.0, source="transformers KV-quantization blog (2024): int2 "
                                  "degrades perplexity noticeably; rough figure")),
 ]}
-
-
-def weight_scheme(name: str) -> WeightScheme:
-    try:
-        return SCHEMES[name.lower()]
-    except KeyError:
-        raise PlanError(f"unknown quantization {name!r}; choose one of: {', '.join(SCHEMES)}") from None
-
-
-def kv_scheme(name: str) -> KVScheme:
-    try:
-        return KV_SCHEMES[name.lower()]
-    except KeyError:
-        raise PlanError(f"unknown KV-cache dtype {name!r}; choose one of: {', '.join(KV_SCHEMES)}") from None
 
 
 def layer_kv_bytes(a, kv: KVScheme, context: int, batch: int) -> float:
