@@ -37,6 +37,9 @@ PLANNING_ENGINES = ("vramplan", "llama.cpp")
 # What --quant / --kv-dtype name for an engine with its own formats: llama.cpp plans GGUF file types
 # (planner.gguf) and its own KV cache types (common/arg.cpp kv_cache_types; the three llama.cpp users pick).
 LLAMA_CPP_KV_DTYPES = ("f16", "q8_0", "q4_0")
+# Where --expert-placement may put an MoE's routed experts: with their layers on the GPU, or all in RAM computed by the
+# CPU (llama.cpp's --cpu-moe); a number N puts those of the first N MoE layers in RAM (llama.cpp's --n-cpu-moe).
+EXPERT_PLACEMENTS = ("gpu", "cpu")
 # Nodes of the profile's machine type a scale-out export (vLLM over Ray) may use; more is a typo.
 MAX_NODES = 1024
 
@@ -52,6 +55,9 @@ class Request:
     kv_dtype: tuple[str, ...] = ()  # forced KV dtypes (empty: all)
     gpu_layers: int | None = None  # forced number of decoder layers on the GPU (>= num layers: all)
     offload: OffloadMode | None = None  # forced offload mode for layers not on the GPU
+    # Forced place of an MoE's routed experts: "gpu", "cpu" (all in RAM) or N (the first N MoE layers' in RAM);
+    # None: the search chooses. Only the experts of layers on the GPU move: an offloaded layer's go with it.
+    expert_placement: str | int | None = None
     vram_budget_bytes: int | None = None  # replaces the GPU's memory as capacity
     ram_budget_bytes: int | None = None  # replaces the host RAM as capacity
     headroom_bytes: int = DEFAULT_HEADROOM_BYTES
@@ -100,6 +106,8 @@ class Request:
             if self.offload not in OFFLOAD_MODES:
                 raise PlanError(f"the offload mode must be one of {', '.join(OFFLOAD_MODES)}, got {self.offload!r}")
             object.__setattr__(self, "offload", OffloadMode(self.offload))
+        if self.expert_placement is not None:
+            object.__setattr__(self, "expert_placement", _expert_placement(self.expert_placement))
         if self.vram_budget_bytes == 0 and self.gpu_layers:
             raise PlanError("a GPU memory budget of 0 contradicts placing layers on the GPU")
         f = self.balanced_speed_fraction
@@ -124,6 +132,18 @@ class Request:
         d["quant"] = tuple(d.get("quant") or ())
         d["kv_dtype"] = tuple(d.get("kv_dtype") or ())
         return cls(**d)
+
+
+def _expert_placement(v) -> str | int:
+    """"gpu", "cpu" or a whole number of MoE layers (0 is "gpu"), from a name, a digit string or an int."""
+    if isinstance(v, str) and v.strip().lower() in EXPERT_PLACEMENTS:
+        return v.strip().lower()
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v.strip())
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise PlanError(f"request.expert_placement must be {' or '.join(EXPERT_PLACEMENTS)} or a number of MoE layers "
+                        f"(those of the first N in RAM), got {v!r}")
+    return v or "gpu"
 
 
 def _int(req: Request, name: str, minimum: int, maximum: int | None, what: str) -> None:

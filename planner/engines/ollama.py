@@ -128,7 +128,8 @@ def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
     consts = constants(hw)
     if p.request.engine == llamacpp.ENGINE:
         req, notes = replace(p.request, quant=(p.choice.weight_quant,) if p.fits else (),
-                             kv_dtype=(p.choice.kv_dtype,) if p.fits else (), gpu_layers=None), []
+                             kv_dtype=(p.choice.kv_dtype,) if p.fits else (), gpu_layers=None,
+                             expert_placement=None), []
     else:
         req, notes = llamacpp.mapped_request(p)
     margin = _minimum_memory(hw) + GPU_OVERHEAD_BYTES

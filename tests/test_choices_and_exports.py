@@ -1,0 +1,140 @@
+"""Forced choices and what the exports say: --expert-placement and --gpu-layers on an MoE, --prefer balanced's
+quality floor, the Ollama tag of the model that was planned, the words beside --n-cpu-moe, --nodes and --emit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import cli
+
+
+def main(capsys, *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+def assert_one_line_error(code: int, err: str, expected: int = 2) -> None:
+    assert code == expected, err
+    assert "Traceback" not in err and "internal error" not in err, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, err
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("VRAMPLAN_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.delenv("VRAMPLAN_PROFILES", raising=False)
+    monkeypatch.delenv("VRAMPLAN_DEBUG", raising=False)
+
+
+def plan_json(capsys, *argv: str) -> tuple[int, dict]:
+    code, out, err = main(capsys, "plan", *argv, "--json")
+    assert "Traceback" not in err, err
+    return code, json.loads(out)
+
+
+# ---------------------------------------------------------------- 1. expert placement
+QWEN_MOE = ("--model", "qwen3-30b-a3b", "--context", "32k", "--hardware", "rtx-3060-12gb")
+MIXTRAL = ("--model", "mixtral-8x7b-v0.1", "--context", "32k", "--hardware", "rtx-4090")
+
+
+@pytest.mark.parametrize("case", [QWEN_MOE, MIXTRAL], ids=["qwen3-30b-a3b", "mixtral"])
+def test_gpu_layers_all_keeps_the_experts_in_ram_placement(capsys, case):
+    """The search puts every layer on the GPU with some layers' experts in RAM; asking for every layer on the GPU
+    (--gpu-layers L) must find that same placement, not "nothing fits"."""
+    code, auto = plan_json(capsys, *case)
+    c = auto["choice"]
+    assert code == 0 and c["gpu_layers"] == c["total_layers"] and c["offload"] == "none"
+    assert isinstance(c["expert_placement"], int) and 0 < c["expert_placement"] < c["moe_layers"]
+    code, forced = plan_json(capsys, *case, "--gpu-layers", str(c["total_layers"]))
+    assert code == 0, forced["reasons"]
+    f = forced["choice"]
+    for key in ("weight_quant", "kv_dtype", "gpu_layers", "offload", "expert_placement", "expert_layers_in_ram"):
+        assert f[key] == c[key], key
+
+
+def test_expert_placement_forced_cpu_gpu_and_n(capsys):
+    code, cpu = plan_json(capsys, *MIXTRAL, "--expert-placement", "cpu")
+    c = cpu["choice"]
+    assert code == 0 and c["expert_placement"] == "cpu" and c["gpu_layers"] == 32 and c["offload"] == "none"
+    assert c["expert_layers_in_ram"] == list(range(32))
+    assert "routed experts of all 32 MoE layers in RAM" in cpu["reason"]
+
+    code, gpu = plan_json(capsys, *MIXTRAL, "--expert-placement", "gpu")
+    g = gpu["choice"]
+    # every expert stays with its layer: the model does not fit whole, so whole layers are offloaded instead
+    assert code == 0 and g["expert_placement"] == "gpu" and g["expert_layers_in_ram"] == []
+    assert g["gpu_layers"] < 32 and g["offload"] != "none"
+    assert all(x["expert_placement"] in ("gpu", None) for x in gpu["candidates"])
+
+    code, n = plan_json(capsys, *MIXTRAL, "--expert-placement", "20")
+    e = n["choice"]
+    assert code == 0 and e["expert_placement"] == 20 and e["gpu_layers"] == 32
+    assert "routed experts of the first 20 of 32 MoE layers (layers 0-19) in RAM" in n["reason"]
+    # the search alone picks 8 layers' experts: forcing 20 is honoured, not replaced by the search's choice
+    assert plan_json(capsys, *MIXTRAL)[1]["choice"]["expert_placement"] == 8
+
+
+def test_expert_placement_with_gpu_layers_moves_only_resident_layers_experts(capsys):
+    code, d = plan_json(capsys, *MIXTRAL, "--expert-placement", "cpu", "--gpu-layers", "20", "--offload", "cpu")
+    c = d["choice"]
+    assert code == 0 and c["gpu_layers"] == 20 and c["offload"] == "cpu"
+    assert c["expert_layers_in_ram"] == list(range(20))  # the offloaded layers' experts go with their layers
+
+
+def test_expert_placement_llama_cpp(capsys):
+    code, d = plan_json(capsys, *MIXTRAL, "--engine", "llama.cpp", "--expert-placement", "5")
+    c = d["choice"]
+    assert code == 0 and c["expert_placement"] == 5 and c["gpu_layers"] == 32
+    assert "experts of the first 5 of 32 MoE layers (layers 0-4) in RAM (--n-cpu-moe 5)" in d["reason"]
+    code, d = plan_json(capsys, *MIXTRAL, "--engine", "llama.cpp", "--expert-placement", "gpu")
+    assert code == 0 and d["choice"]["expert_placement"] == "gpu"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (("--model", "llama-3.1-8b", "--hardware", "rtx-4090", "--expert-placement", "cpu"), "dense model"),
+    (("--model", "llama-3.1-8b", "--hardware", "rtx-4090", "--expert-placement", "cpu", "--engine", "llama.cpp"),
+     "dense model"),
+    ((*MIXTRAL, "--expert-placement", "33"), "has 32 MoE layers"),
+    ((*MIXTRAL, "--expert-placement", "some"), "--expert-placement must be gpu or cpu or a number"),
+    ((*MIXTRAL, "--expert-placement", "-1"), "--expert-placement must be"),
+    (("--model", "mixtral-8x7b-v0.1", "--hardware", "cpu-epyc-server", "--expert-placement", "cpu"), "no GPU"),
+])
+def test_expert_placement_refusals(capsys, argv, says):
+    code, _, err = main(capsys, "plan", *argv)
+    assert_one_line_error(code, err)
+    assert says in err
+
+
+def test_run_takes_expert_placement(capsys, tmp_path):
+    """`run` plans with it (a dense model is refused before anything loads) and refuses it beside --plan."""
+    code, _, err = main(capsys, "run", "--model", "llama-3.2-1b", "--dummy-weights", "--hardware", "rtx-4090",
+                        "--expert-placement", "2", "--prompt", "hi")
+    assert_one_line_error(code, err)
+    assert "--expert-placement 2: meta-llama/Llama-3.2-1B is a dense model" in err
+    code, _, err = main(capsys, "run", "--model", "llama-3.2-1b", "--plan", str(tmp_path / "p.yaml"),
+                        "--expert-placement", "cpu", "--prompt", "hi")
+    assert_one_line_error(code, err)
+    assert "drop --expert-placement" in err
+
+
+# ---------------------------------------------------------------- 4. the words beside --n-cpu-moe
+def test_deepseek_v3_llama_cpp_words_and_flag_agree(capsys):
+    """DeepSeek-V3's first 3 layers are dense and --n-cpu-moe counts layers from 0: the words name the MoE layers
+    and the layer range that the flag covers."""
+    argv = ("plan", "--model", "deepseek-v3", "--context", "8k", "--hardware", "h200", "--engine", "llama.cpp")
+    code, out, _ = main(capsys, *argv, "--emit", "llama.cpp")
+    assert code == 0
+    flag = int(out.split("--n-cpu-moe ")[-1].split()[0])
+    assert flag == 45
+    words = "experts of the first 42 of 58 MoE layers (layers 3-44) in RAM (--n-cpu-moe 45)"
+    assert words in out
+    code, out, _ = main(capsys, *argv)  # the human plan: its summary line and its reason
+    assert code == 0
+    assert "routed experts of the first 42 of 58 MoE layers (layers 3-44) in RAM (--n-cpu-moe 45)" in out
+    assert words in " ".join(out.split())
