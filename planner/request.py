@@ -16,7 +16,9 @@ class Preference(StrEnum):
 
     QUALITY = "quality"  # the smallest quality cost
     SPEED = "speed"  # the fastest predicted decode
-    BALANCED = "balanced"  # the best quality within reach of the fastest (BALANCED_SPEED_FRACTION)
+    # the best quality within reach of the fastest (BALANCED_SPEED_FRACTION), among the options that keep the quality
+    # floor (BALANCED_MAX_QUALITY_COST_PCT) when any does
+    BALANCED = "balanced"
 
 
 PREFERENCES = tuple(p.value for p in Preference)
@@ -27,6 +29,12 @@ DEFAULT_HEADROOM_BYTES = 512 * MiB  # kept free on the GPU for the display, othe
 # "Within reach" for --prefer balanced: the best-quality option whose predicted decode speed is at
 # least this fraction of the fastest option's.
 BALANCED_SPEED_FRACTION = 0.5
+# The quality floor of --prefer balanced, as the most perplexity an option may add over bf16 (the planner's quality
+# ranking, Candidate.quality_cost_pct): balanced chooses among the options within it whenever any runs, so it never
+# trades quality past it for speed. 8 % keeps every 4-bit weight scheme with a 4-bit KV cache (the costliest,
+# bnb-fp4 at 6.0 % + quanto-int4 KV at 1.0 %, planner/quant.py; GGUF IQ4_XS + q4_0 at 4.7 %,
+# planner/engines/llamacpp_rules.py) and leaves out GGUF Q3_K_M (10.5 %), Q2_K (56 %) and a 2-bit KV cache (10 %).
+BALANCED_MAX_QUALITY_COST_PCT = 8.0
 # RSS of a Python process with torch + transformers imported, before any weight is loaded.
 # Measured on the CPU dev machine (torch 2.13, transformers 5.23): ~0.6-0.8 GiB; a CUDA build adds
 # its libraries. The calibration may replace it.
@@ -63,6 +71,7 @@ class Request:
     headroom_bytes: int = DEFAULT_HEADROOM_BYTES
     runtime_base_ram_bytes: int = RUNTIME_BASE_RAM_BYTES
     balanced_speed_fraction: float = BALANCED_SPEED_FRACTION
+    balanced_max_quality_cost_pct: float = BALANCED_MAX_QUALITY_COST_PCT
     nodes: int = 1  # machines of the profile's type available to an engine that scales out (vLLM over Ray)
     engine: str = "vramplan"  # whose memory rules the plan follows: one of PLANNING_ENGINES
     allow_context_overflow: bool = False  # plan a context beyond what the model is made for (see context_limit)
@@ -113,6 +122,9 @@ class Request:
         f = self.balanced_speed_fraction
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
             raise PlanError("the balanced speed fraction must lie in (0, 1]")
+        q = self.balanced_max_quality_cost_pct
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q < float("inf"):
+            raise PlanError("the balanced quality floor (most perplexity cost, %) must be a finite number >= 0")
 
     @property
     def prompt(self) -> int:

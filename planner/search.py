@@ -304,14 +304,36 @@ def _choose(cands: list[Candidate], req: Request) -> tuple[Candidate, list[str]]
         reasons.append(f"--prefer quality: the smallest quality cost that runs (~{choice.quality_cost_pct:.1f} % "
                        "perplexity over bf16)")
     else:
-        floor = req.balanced_speed_fraction * top
-        within = [c for c in runnable if c.speed.decode_tokens_per_s >= floor]
-        choice = min(within, key=lambda c: (c.quality_cost_pct, -c.speed.decode_tokens_per_s))
-        reasons.append(
-            f"--prefer balanced: the best quality whose predicted decode speed is within reach of the fastest option, "
-            f"i.e. at least {req.balanced_speed_fraction:.0%} of {top:.2f} tok/s "
-            f"({fastest.weight_quant} + {fastest.kv_dtype} KV); {len(within)} of {len(runnable)} options qualify")
+        choice, why = _balanced(runnable, req)
+        reasons.extend(why)
     reasons.append(f"{choice.weight_quant} weights + {choice.kv_dtype} KV cache: {choice.reason}")
+    return choice, reasons
+
+
+def _balanced(runnable: list[Candidate], req: Request) -> tuple[Candidate, list[str]]:
+    """--prefer balanced: among the options that keep the quality floor (all of them when none does), the best quality
+    whose predicted decode speed is within reach of the fastest of them; and why."""
+    cap = req.balanced_max_quality_cost_pct
+    kept = [c for c in runnable if c.quality_cost_pct <= cap]
+    pool = kept or runnable
+    fastest = max(pool, key=lambda c: c.speed.decode_tokens_per_s)
+    top = fastest.speed.decode_tokens_per_s
+    within = [c for c in pool if c.speed.decode_tokens_per_s >= req.balanced_speed_fraction * top]
+    choice = min(within, key=lambda c: (c.quality_cost_pct, -c.speed.decode_tokens_per_s))
+    reasons = [f"--prefer balanced: the best quality whose predicted decode speed is within reach of the fastest option"
+               f"{' that keeps the quality floor' if kept else ''}, i.e. at least {req.balanced_speed_fraction:.0%} of "
+               f"{top:.2f} tok/s ({fastest.weight_quant} + {fastest.kv_dtype} KV); {len(within)} of {len(runnable)} "
+               "options qualify"]
+    dropped = [c for c in runnable if c not in kept]
+    floor = f"the quality floor (at most {cap:g} % perplexity over bf16, planner.request.BALANCED_MAX_QUALITY_COST_PCT)"
+    if not kept:
+        reasons.append(f"no option that runs keeps {floor}: balanced chose among all of them")
+    elif dropped:
+        quick = max(dropped, key=lambda c: c.speed.decode_tokens_per_s)
+        if quick.speed.decode_tokens_per_s > top:
+            reasons.append(f"{floor} outranks speed: it leaves out {len(dropped)} option{'s' if len(dropped) > 1 else ''}"
+                           f", the fastest {quick.weight_quant} + {quick.kv_dtype} KV at "
+                           f"{quick.speed.decode_tokens_per_s:.2f} tok/s (~{quick.quality_cost_pct:.1f} % perplexity)")
     return choice, reasons
 
 
@@ -351,6 +373,8 @@ def _constants(hw: HardwareProfile, req: Request) -> dict:
             f"profile {hw.name}: calibration.runtime_ram" if hw.calibration is not None
             and hw.calibration.runtime_ram_bytes == req.runtime_base_ram_bytes else "planner.request.RUNTIME_BASE_RAM_BYTES")},
         "balanced_speed_fraction": {"value": req.balanced_speed_fraction, "from": "planner.request.BALANCED_SPEED_FRACTION"},
+        "balanced_max_quality_cost_pct": {"value": req.balanced_max_quality_cost_pct,
+                                          "from": "planner.request.BALANCED_MAX_QUALITY_COST_PCT"},
         "activation_hidden_copies": {"value": m.ACTIVATION_HIDDEN_COPIES, "from": "planner.memory"},
         "activation_mlp_copies": {"value": m.ACTIVATION_MLP_COPIES, "from": "planner.memory"},
         "logits_bytes_per_element": {"value": m.LOGITS_BYTES_PER_ELEMENT, "from": "planner.memory"},

@@ -114,7 +114,7 @@ def test_expert_placement_refusals(capsys, argv, says):
 def test_run_takes_expert_placement(capsys, tmp_path):
     """`run` plans with it (a dense model is refused before anything loads) and refuses it beside --plan."""
     code, _, err = main(capsys, "run", "--model", "llama-3.2-1b", "--dummy-weights", "--hardware", "rtx-4090",
-                        "--expert-placement", "2", "--prompt", "hi")
+                        "--expert-placement", "2", "--kv-dtype", "bf16", "--prompt", "hi")
     assert_one_line_error(code, err)
     assert "--expert-placement 2: meta-llama/Llama-3.2-1B is a dense model" in err
     code, _, err = main(capsys, "run", "--model", "llama-3.2-1b", "--plan", str(tmp_path / "p.yaml"),
@@ -127,7 +127,8 @@ def test_run_takes_expert_placement(capsys, tmp_path):
 def test_deepseek_v3_llama_cpp_words_and_flag_agree(capsys):
     """DeepSeek-V3's first 3 layers are dense and --n-cpu-moe counts layers from 0: the words name the MoE layers
     and the layer range that the flag covers."""
-    argv = ("plan", "--model", "deepseek-v3", "--context", "8k", "--hardware", "h200", "--engine", "llama.cpp")
+    argv = ("plan", "--model", "deepseek-v3", "--context", "8k", "--hardware", "h200", "--engine", "llama.cpp",
+            "--quant", "Q5_K_M")
     code, out, _ = main(capsys, *argv, "--emit", "llama.cpp")
     assert code == 0
     flag = int(out.split("--n-cpu-moe ")[-1].split()[0])
@@ -138,3 +139,51 @@ def test_deepseek_v3_llama_cpp_words_and_flag_agree(capsys):
     assert code == 0
     assert "routed experts of the first 42 of 58 MoE layers (layers 3-44) in RAM (--n-cpu-moe 45)" in out
     assert words in " ".join(out.split())
+    # and whatever the search picks: the flag is one past the last MoE layer the words name
+    code, out, _ = main(capsys, *argv[:-2], "--emit", "llama.cpp")
+    flag = int(out.split("--n-cpu-moe ")[-1].split()[0])
+    said = out.split("MoE layers (layers 3-")[1].split(")")[0]
+    assert code == 0 and flag == int(said) + 1
+
+
+# ---------------------------------------------------------------- 2. balanced's quality floor
+LLAMA_70B_4090 = ("--model", "llama-3.1-70b", "--context", "32k", "--hardware", "rtx-4090", "--engine", "llama.cpp")
+
+
+def test_balanced_keeps_the_quality_floor_and_says_why(capsys):
+    """Only Q2_K options are within 50 % of the fastest: balanced must not take Q2_K (+56 % perplexity), and the
+    reasons say the floor outranked speed."""
+    from planner.request import BALANCED_MAX_QUALITY_COST_PCT
+
+    code, d = plan_json(capsys, *LLAMA_70B_4090)
+    assert code == 0
+    fastest = max((c for c in d["candidates"] if c["fits"]), key=lambda c: c["predicted"]["decode_tokens_per_s"])
+    assert fastest["weight_quant"] == "Q2_K"  # the case: the fastest option is the lossy one
+    assert d["choice"]["weight_quant"] not in ("Q2_K", "Q3_K_M")
+    assert d["quality_cost_pct"] <= BALANCED_MAX_QUALITY_COST_PCT
+    said = [r for r in d["reasons"] if "outranks speed" in r]
+    assert len(said) == 1 and "the quality floor (at most 8 % perplexity over bf16" in said[0]
+    assert "the fastest Q2_K + q4_0 KV" in said[0]
+    assert "within reach of the fastest option that keeps the quality floor" in d["reasons"][0]
+    # --prefer speed still takes the fastest, floor or not
+    code, d = plan_json(capsys, *LLAMA_70B_4090, "--prefer", "speed")
+    assert code == 0 and d["choice"]["weight_quant"] == "Q2_K"
+
+
+def test_balanced_without_an_option_above_the_floor_chooses_among_all(capsys):
+    code, d = plan_json(capsys, *LLAMA_70B_4090, "--quant", "Q2_K")
+    assert code == 0 and d["choice"]["weight_quant"] == "Q2_K"
+    assert any("no option that runs keeps the quality floor" in r for r in d["reasons"])
+
+
+def test_balanced_floor_is_a_request_field_echoed_in_the_plan():
+    from planner.errors import PlanError
+    from planner.profiles import resolve_profile
+    from planner.request import BALANCED_MAX_QUALITY_COST_PCT, Request
+    from planner.search import plan
+    from planner.sources import model_spec
+
+    with pytest.raises(PlanError, match="quality floor"):
+        Request(context=4096, balanced_max_quality_cost_pct=-1)
+    p = plan(model_spec("llama-3.1-8b"), resolve_profile("rtx-4090")[0], Request(context=4096))
+    assert p.constants["balanced_max_quality_cost_pct"]["value"] == BALANCED_MAX_QUALITY_COST_PCT
