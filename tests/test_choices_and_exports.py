@@ -187,3 +187,53 @@ def test_balanced_floor_is_a_request_field_echoed_in_the_plan():
         Request(context=4096, balanced_max_quality_cost_pct=-1)
     p = plan(model_spec("llama-3.1-8b"), resolve_profile("rtx-4090")[0], Request(context=4096))
     assert p.constants["balanced_max_quality_cost_pct"]["value"] == BALANCED_MAX_QUALITY_COST_PCT
+
+
+# ---------------------------------------------------------------- 3. the Ollama tag of the model that was planned
+def _ollama(capsys, model: str) -> str:
+    code, out, _ = main(capsys, "plan", "--model", model, "--hardware", "rtx-4090", "--emit", "ollama")
+    assert code == 0
+    return out
+
+
+@pytest.mark.parametrize("model, tag", [
+    ("llama-3.1-8b", "llama3.1:8b-text-fp16"),
+    ("llama-2-7b-hf", "llama2:7b-text-fp16"),
+    ("mixtral-8x7b-v0.1", "mixtral:8x7b-text-v0.1-"),
+    ("gemma-2-9b", "gemma2:9b-text-"),
+])
+def test_ollama_base_checkpoints_get_base_tags(capsys, model, tag):
+    out = _ollama(capsys, model)
+    line = next(ln for ln in out.splitlines() if ln.startswith("FROM "))
+    assert line.startswith(f"FROM {tag}") and "instruct" not in line and "chat" not in line
+
+
+def test_ollama_base_checkpoint_without_a_base_tag_gets_its_own_gguf(capsys):
+    out = _ollama(capsys, "qwen2.5-7b")
+    line = next(ln for ln in out.splitlines() if ln.startswith("FROM "))
+    assert line.startswith("FROM ./Qwen2.5-7B-") and line.endswith(".gguf")
+    assert "qwen2.5:7b-instruct is the instruct model, a different one" in out
+    assert "python convert_hf_to_gguf.py <Qwen/Qwen2.5-7B checkpoint dir>" in out
+    assert "ollama pull" not in out
+
+
+def test_ollama_instruct_checkpoints_get_instruct_tags():
+    from dataclasses import replace
+
+    from planner.engines.ollama import LIBRARY, ollama_tag
+    from planner.sources import model_spec
+
+    spec = model_spec("llama-3.1-8b")
+    for name, tag in [("meta-llama/Llama-3.1-8B-Instruct", "llama3.1:8b-instruct-q4_K_M"),
+                      ("meta-llama/Llama-2-7b-chat-hf", "llama2:7b-chat-q4_K_M"),
+                      ("mistralai/Mistral-7B-Instruct-v0.3", "mistral:7b-instruct-v0.3-q4_K_M"),
+                      ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5:7b-instruct-q4_K_M"),
+                      ("google/gemma-2-9b-it", "gemma2:9b-instruct-q4_K_M")]:
+        assert ollama_tag(replace(spec, name=name), "Q4_K_M")[0] == tag
+    # the whole table: an instruct id never gets a base tag, a base id of a family with base tags never an instruct one
+    instruct_marks = ("Instruct", "-it", "chat")
+    for name, (_, stem, _) in LIBRARY.items():
+        if any(m in name for m in instruct_marks):
+            assert "text" not in stem, name
+        elif name.startswith(("meta-llama/", "mistralai/", "google/gemma-2-")):
+            assert "text" in stem, name
