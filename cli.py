@@ -70,7 +70,8 @@ VramOpt = Annotated[Optional[str], typer.Option("--vram-budget", help="GPU memor
 RamOpt = Annotated[Optional[str], typer.Option("--ram-budget", help="Host RAM to plan for, e.g. 64GiB.")]
 HeadroomOpt = Annotated[Optional[str], typer.Option("--headroom", help="GPU memory kept free (default 512MiB).")]
 ChunkOpt = Annotated[Optional[int], typer.Option("--prefill-chunk", help="Prefill chunk in tokens (default 2048).")]
-EmitOpt = Annotated[Optional[str], typer.Option("--emit", help="Also write the plan for another engine: vllm, "
+# A list so that a repeated --emit can be refused (a plain option keeps only the last one given).
+EmitOpt = Annotated[Optional[list[str]], typer.Option("--emit", help="Also write the plan for another engine: vllm, "
                     "llama.cpp, ollama or transformers (printed to stdout; with --json, as an \"emit\" object).")]
 EngineOpt = Annotated[Optional[str], typer.Option("--engine", help="Whose memory rules to plan by: vramplan (its own "
                       "runtime, default) or llama.cpp (GGUF file types x llama.cpp KV caches; --quant takes GGUF "
@@ -328,10 +329,16 @@ def plan_cmd(
     req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
                         ram_budget, headroom, prefill_chunk, nodes=nodes, engine=engine,
                         allow_context_overflow=allow_context_overflow, expert_placement=expert_placement)
-    target = emit.lower() if emit is not None else None
+    if emit and len(emit) > 1:
+        raise UsageError(f"--emit was given {len(emit)} times ({', '.join(emit)}): one export per plan; run `vramplan "
+                         "plan` once per engine")
+    target = emit[0].lower() if emit else None
+    if nodes is not None and target != "vllm":
+        raise UsageError("--nodes only applies to the vLLM export (its scale-out over Ray): add --emit vllm, or drop "
+                         "--nodes")
     if target is not None:
         if target not in EMIT_ENGINES:
-            raise UsageError(f"--emit {emit!r}: choose one of {', '.join(EMIT_ENGINES)} (see `vramplan plan --help`)")
+            raise UsageError(f"--emit {emit[0]!r}: choose one of {', '.join(EMIT_ENGINES)} (see `vramplan plan --help`)")
         check_emit(target, req.engine)
     _, spec = resolve_model(model, revision)
     req = _fit_default_context(req, context, spec)

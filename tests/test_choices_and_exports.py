@@ -237,3 +237,26 @@ def test_ollama_instruct_checkpoints_get_instruct_tags():
             assert "text" not in stem, name
         elif name.startswith(("meta-llama/", "mistralai/", "google/gemma-2-")):
             assert "text" in stem, name
+
+
+# ---------------------------------------------------------------- 5. --nodes and a repeated --emit
+PLAN_8B = ("plan", "--model", "llama-3.1-8b", "--hardware", "rtx-4090")
+
+
+@pytest.mark.parametrize("extra, says", [
+    (("--nodes", "2"), "--nodes only applies to the vLLM export"),
+    (("--nodes", "2", "--emit", "ollama"), "--nodes only applies to the vLLM export"),
+    (("--emit", "vllm", "--emit", "ollama"), "--emit was given 2 times (vllm, ollama)"),
+    (("--emit", "ollama", "--emit", "ollama", "--json"), "--emit was given 2 times"),
+])
+def test_nodes_without_vllm_and_a_repeated_emit_are_refused(capsys, extra, says):
+    code, out, err = main(capsys, *PLAN_8B, *extra)
+    assert_one_line_error(code, err)
+    assert out == "" and says in err
+
+
+def test_nodes_with_emit_vllm_and_one_emit_still_work(capsys):
+    code, out, _ = main(capsys, *PLAN_8B, "--nodes", "2", "--emit", "vllm", "--json")
+    assert code == 0 and json.loads(out)["emit"]["engine"] == "vllm"
+    code, out, _ = main(capsys, *PLAN_8B, "--emit", "ollama")
+    assert code == 0 and "FROM llama3.1:8b-text-" in out
