@@ -113,7 +113,7 @@ def _placements(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weig
 
     if req.gpu_layers is not None:
         n = min(req.gpu_layers, L)
-        tried = [at(n, m, True) for m in modes] or [at(L, OffloadMode.NONE, True)]
+        tried = list(dict.fromkeys(at(n, m, True) for m in modes)) or [at(L, OffloadMode.NONE, True)]  # n = L: one
         fitting = [p for p in tried if fp.over(p) is None]
         if not fitting and not forced_experts and fp.moe_layers:
             # the layers asked for stay on the GPUs: the fewest of their layers' experts in RAM that make room
@@ -264,7 +264,7 @@ def _placement_reason(c: Choice, mem: MemoryBreakdown, costs: LayerCosts, scored
 def _label(c: Choice) -> str:
     experts = f"experts of {c.expert_layers_on_cpu} layers in RAM" if c.expert_layers_on_cpu else ""
     if c.offload is OffloadMode.NONE:
-        return experts
+        return experts or "every layer on the GPU"
     return f"{c.offload.value} offload ({c.gpu_layers} GPU layers{', ' + experts if experts else ''})"
 
 
@@ -324,7 +324,7 @@ def _balanced(runnable: list[Candidate], req: Request) -> tuple[Candidate, list[
                f"{' that keeps the quality floor' if kept else ''}, i.e. at least {req.balanced_speed_fraction:.0%} of "
                f"{top:.2f} tok/s ({fastest.weight_quant} + {fastest.kv_dtype} KV); {len(within)} of {len(runnable)} "
                "options qualify"]
-    dropped = [c for c in runnable if c not in kept]
+    dropped = [c for c in runnable if c.quality_cost_pct > cap]
     floor = f"the quality floor (at most {cap:g} % perplexity over bf16, planner.request.BALANCED_MAX_QUALITY_COST_PCT)"
     if not kept:
         reasons.append(f"no option that runs keeps {floor}: balanced chose among all of them")
