@@ -63,11 +63,15 @@ KVOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="Force KV-cache
 GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", help="Force decoder layers on the GPU "
                                                      "(>= layers: all).")]
 OffloadOpt = Annotated[Optional[str], typer.Option("--offload", help="Force the offload mode: stream or cpu.")]
+ExpertsOpt = Annotated[Optional[str], typer.Option("--expert-placement", help="Force where an MoE's routed experts "
+                       "live: gpu (with their layers), cpu (all in RAM, computed by the CPU) or N (those of the first N "
+                       "MoE layers in RAM).")]
 VramOpt = Annotated[Optional[str], typer.Option("--vram-budget", help="GPU memory to plan for, e.g. 24GiB.")]
 RamOpt = Annotated[Optional[str], typer.Option("--ram-budget", help="Host RAM to plan for, e.g. 64GiB.")]
 HeadroomOpt = Annotated[Optional[str], typer.Option("--headroom", help="GPU memory kept free (default 512MiB).")]
 ChunkOpt = Annotated[Optional[int], typer.Option("--prefill-chunk", help="Prefill chunk in tokens (default 2048).")]
-EmitOpt = Annotated[Optional[str], typer.Option("--emit", help="Also write the plan for another engine: vllm, "
+# A list so that a repeated --emit can be refused (a plain option keeps only the last one given).
+EmitOpt = Annotated[Optional[list[str]], typer.Option("--emit", help="Also write the plan for another engine: vllm, "
                     "llama.cpp, ollama or transformers (printed to stdout; with --json, as an \"emit\" object).")]
 EngineOpt = Annotated[Optional[str], typer.Option("--engine", help="Whose memory rules to plan by: vramplan (its own "
                       "runtime, default) or llama.cpp (GGUF file types x llama.cpp KV caches; --quant takes GGUF "
@@ -105,7 +109,8 @@ def _save_path(save: str | None) -> str | None:
 def build_request(context: str | None, batch: int | None, prompt_tokens: int | None, prefer: str | None,
                   quant: str | None, kv_dtype: str | None, gpu_layers: int | None, offload: str | None,
                   vram_budget: str | None, ram_budget: str | None, headroom: str | None, prefill_chunk: int | None,
-                  *, nodes: int | None = None, engine: str | None = None, allow_context_overflow: bool = False):
+                  *, nodes: int | None = None, engine: str | None = None, allow_context_overflow: bool = False,
+                  expert_placement: str | None = None):
     from planner.request import DEFAULT_HEADROOM_BYTES, DEFAULT_PREFILL_CHUNK, Request
     from planner.units import parse_bytes, parse_context
 
@@ -118,7 +123,7 @@ def build_request(context: str | None, batch: int | None, prompt_tokens: int | N
         headroom_bytes=parse_bytes(headroom, what="--headroom") if headroom is not None else DEFAULT_HEADROOM_BYTES,
         prefill_chunk=prefill_chunk if prefill_chunk is not None else DEFAULT_PREFILL_CHUNK,
         nodes=1 if nodes is None else nodes, engine=(engine or "vramplan").lower(),
-        allow_context_overflow=allow_context_overflow,
+        allow_context_overflow=allow_context_overflow, expert_placement=expert_placement,
     )
 
 
@@ -300,6 +305,7 @@ def plan_cmd(
     kv_dtype: KVOpt = None,
     gpu_layers: GpuLayersOpt = None,
     offload: OffloadOpt = None,
+    expert_placement: ExpertsOpt = None,
     vram_budget: VramOpt = None,
     ram_budget: RamOpt = None,
     headroom: HeadroomOpt = None,
@@ -322,11 +328,17 @@ def plan_cmd(
     path = _save_path(save)
     req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
                         ram_budget, headroom, prefill_chunk, nodes=nodes, engine=engine,
-                        allow_context_overflow=allow_context_overflow)
-    target = emit.lower() if emit is not None else None
+                        allow_context_overflow=allow_context_overflow, expert_placement=expert_placement)
+    if emit and len(emit) > 1:
+        raise UsageError(f"--emit was given {len(emit)} times ({', '.join(emit)}): one export per plan; run `vramplan "
+                         "plan` once per engine")
+    target = emit[0].lower() if emit else None
+    if nodes is not None and target != "vllm":
+        raise UsageError("--nodes only applies to the vLLM export (its scale-out over Ray): add --emit vllm, or drop "
+                         "--nodes")
     if target is not None:
         if target not in EMIT_ENGINES:
-            raise UsageError(f"--emit {emit!r}: choose one of {', '.join(EMIT_ENGINES)} (see `vramplan plan --help`)")
+            raise UsageError(f"--emit {emit[0]!r}: choose one of {', '.join(EMIT_ENGINES)} (see `vramplan plan --help`)")
         check_emit(target, req.engine)
     _, spec = resolve_model(model, revision)
     req = _fit_default_context(req, context, spec)
@@ -430,6 +442,7 @@ def run_cmd(
     kv_dtype: KVOpt = None,
     gpu_layers: GpuLayersOpt = None,
     offload: OffloadOpt = None,
+    expert_placement: ExpertsOpt = None,
     vram_budget: VramOpt = None,
     ram_budget: RamOpt = None,
     headroom: HeadroomOpt = None,
@@ -451,7 +464,8 @@ def run_cmd(
     if batch not in (None, 1):
         raise UsageError("run executes batch 1; plan larger batches with `vramplan plan --batch`")
     planning = {"--context": context, "--batch": batch, "--prefer": prefer, "--quant": quant, "--kv-dtype": kv_dtype,
-                "--gpu-layers": gpu_layers, "--offload": offload, "--vram-budget": vram_budget,
+                "--gpu-layers": gpu_layers, "--offload": offload, "--expert-placement": expert_placement,
+                "--vram-budget": vram_budget,
                 "--ram-budget": ram_budget, "--headroom": headroom, "--prefill-chunk": prefill_chunk,
                 "--allow-context-overflow": allow_context_overflow or None}
     if plan_file is not None:
@@ -469,7 +483,8 @@ def run_cmd(
         p = load_plan(plan_file)
     else:
         req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
-                            ram_budget, headroom, prefill_chunk, allow_context_overflow=allow_context_overflow)
+                            ram_budget, headroom, prefill_chunk, allow_context_overflow=allow_context_overflow,
+                            expert_placement=expert_placement)
         req = _fit_default_context(req, context, spec)
         if not req.kv_dtype:  # only the caches this transformers can build
             from dataclasses import replace
@@ -553,7 +568,8 @@ def _usage(e: Exception) -> str:
 # The library names request fields (request.<field>); the user typed flags.
 _REQUEST_FLAGS = {"allow_context_overflow": "--allow-context-overflow", "vram_budget_bytes": "--vram-budget",
                   "ram_budget_bytes": "--ram-budget", "gpu_layers": "--gpu-layers", "kv_dtype": "--kv-dtype",
-                  "quant": "--quant", "offload": "--offload", "context": "--context", "prompt_tokens": "--prompt-tokens"}
+                  "quant": "--quant", "offload": "--offload", "context": "--context", "prompt_tokens": "--prompt-tokens",
+                  "expert_placement": "--expert-placement"}
 
 
 def _as_flags(message: str) -> str:

@@ -16,6 +16,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from planner.choice import experts_in_ram_text
 from planner.modelspec import INVENTORY_HAND_WRITTEN
 from planner.units import format_bandwidth, format_bytes, format_count, format_flops, format_tokens
 
@@ -215,11 +216,12 @@ def profiles_list(entries: list[Any], searched: list[tuple[Any, str]]) -> None:
 # ---------------------------------------------------------------- plan
 def _experts_where(c: dict) -> str:
     placement = c.get("expert_placement")
-    if placement == "cpu":
-        return ", routed experts in RAM (computed by the CPU)"
-    if isinstance(placement, int):
-        return f", routed experts of the first {placement} of {c['moe_layers']} MoE layers in RAM"
-    return ""
+    if placement in (None, "gpu"):
+        return ""
+    where = c.get("expert_layers_in_ram") or []
+    on_cpu = c["moe_layers"] if placement == "cpu" else placement
+    flag = f" (--n-cpu-moe {max(where) + 1})" if c.get("engine") == "llama.cpp" and where else ""
+    return f", routed experts of {experts_in_ram_text(on_cpu, c['moe_layers'], where)} in RAM{flag}"
 
 
 def plan(d: dict) -> None:

@@ -58,6 +58,9 @@ class Choice:
     # Of those, how many keep their routed experts in RAM, computed by the CPU (the first ones, like llama.cpp's
     # --n-cpu-moe); attention, shared experts and the KV cache of those layers stay where the layer is.
     expert_layers_on_cpu: int = 0
+    # Those layers' indices among all decoder layers (an MoE's first layers may be dense: DeepSeek-V3's MoE layers start
+    # at layer 3), so the words can name the layers llama.cpp's --n-cpu-moe counts; () when not known (an older plan).
+    expert_layers_in_ram: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.weight_quant not in SCHEMES:
@@ -89,6 +92,12 @@ class Choice:
                 raise PlanError(f"choice.{name} must be a non-negative integer, got {v!r}")
         if self.expert_layers_on_cpu > self.moe_layers:
             raise PlanError(f"choice: {self.expert_layers_on_cpu} layers' experts in RAM, of {self.moe_layers} MoE layers")
+        where = tuple(self.expert_layers_in_ram)
+        if where and (len(where) != self.expert_layers_on_cpu or any(
+                isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.total_layers for i in where)):
+            raise PlanError(f"choice.expert_layers_in_ram {list(where)} must be {self.expert_layers_on_cpu} layer "
+                            f"indices below {self.total_layers}")
+        object.__setattr__(self, "expert_layers_in_ram", where)
 
     @property
     def on_gpu(self) -> bool:
@@ -117,7 +126,7 @@ class Choice:
                 "total_layers": self.total_layers, "offload": self.offload.value,
                 "compute_device": self.compute_device.value, "embeddings_device": self.embeddings_device,
                 "gpu_layers_per_device": list(self.gpu_layers_per_device), "moe_layers": self.moe_layers,
-                "expert_placement": self.expert_placement}
+                "expert_placement": self.expert_placement, "expert_layers_in_ram": list(self.expert_layers_in_ram)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Choice":
@@ -128,7 +137,28 @@ class Choice:
                    total_layers=d["total_layers"], offload=d["offload"], compute_device=d["compute_device"],
                    embeddings_on_gpu=d.get("embeddings_device") not in (None, ComputeDevice.CPU.value),
                    gpu_layers_per_device=tuple(d.get("gpu_layers_per_device") or ()), moe_layers=moe_layers,
-                   expert_layers_on_cpu=on_cpu)
+                   expert_layers_on_cpu=on_cpu, expert_layers_in_ram=tuple(d.get("expert_layers_in_ram") or ()))
+
+
+def layer_span(indices) -> str:
+    """Decoder layer indices in words: "layers 3-44", "layer 5", "layers 1, 3, 5-7"."""
+    runs: list[list[int]] = []
+    for i in sorted(indices):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+    return f"layer{'s' if len(indices) > 1 else ''} {text}"
+
+
+def experts_in_ram_text(on_cpu: int, moe_layers: int, where=()) -> str:
+    """Which routed experts are in RAM, in the words every output uses (a Choice's expert_layers_on_cpu, moe_layers and
+    expert_layers_in_ram): "the first 42 of 58 MoE layers (layers 3-44)", "all 48 MoE layers"."""
+    text = f"all {moe_layers} MoE layers" if on_cpu == moe_layers else f"the first {on_cpu} of {moe_layers} MoE layers"
+    if where and (on_cpu < moe_layers or min(where)):
+        text += f" ({layer_span(where)})"
+    return text
 
 
 def _enum(cls, value, what: str):

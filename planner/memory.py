@@ -15,6 +15,7 @@ Pure: no torch.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from .hardware import HardwareProfile
@@ -291,6 +292,10 @@ class Footprint:
     @property
     def moe_layers(self) -> int:
         return len(self.expert_end) - 1
+
+    def moe_layers_before(self, n: int) -> int:
+        """How many MoE layers are among the first n decoder layers."""
+        return bisect_right(self.expert_end, n) - 1
 
     def embeddings_on_gpu(self, n: int) -> bool:
         return self.gpu_count > 0 and embeddings_on_gpu(n, self.L, self.tied)

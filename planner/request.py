@@ -16,7 +16,9 @@ class Preference(StrEnum):
 
     QUALITY = "quality"  # the smallest quality cost
     SPEED = "speed"  # the fastest predicted decode
-    BALANCED = "balanced"  # the best quality within reach of the fastest (BALANCED_SPEED_FRACTION)
+    # the best quality within reach of the fastest (BALANCED_SPEED_FRACTION), among the options that keep the quality
+    # floor (BALANCED_MAX_QUALITY_COST_PCT) when any does
+    BALANCED = "balanced"
 
 
 PREFERENCES = tuple(p.value for p in Preference)
@@ -27,6 +29,12 @@ DEFAULT_HEADROOM_BYTES = 512 * MiB  # kept free on the GPU for the display, othe
 # "Within reach" for --prefer balanced: the best-quality option whose predicted decode speed is at
 # least this fraction of the fastest option's.
 BALANCED_SPEED_FRACTION = 0.5
+# The quality floor of --prefer balanced, as the most perplexity an option may add over bf16 (the planner's quality
+# ranking, Candidate.quality_cost_pct): balanced chooses among the options within it whenever any runs, so it never
+# trades quality past it for speed. 8 % keeps every 4-bit weight scheme with a 4-bit KV cache (the costliest,
+# bnb-fp4 at 6.0 % + quanto-int4 KV at 1.0 %, planner/quant.py; GGUF IQ4_XS + q4_0 at 4.7 %,
+# planner/engines/llamacpp_rules.py) and leaves out GGUF Q3_K_M (10.5 %), Q2_K (56 %) and a 2-bit KV cache (10 %).
+BALANCED_MAX_QUALITY_COST_PCT = 8.0
 # RSS of a Python process with torch + transformers imported, before any weight is loaded.
 # Measured on the CPU dev machine (torch 2.13, transformers 5.23): ~0.6-0.8 GiB; a CUDA build adds
 # its libraries. The calibration may replace it.
@@ -37,6 +45,9 @@ PLANNING_ENGINES = ("vramplan", "llama.cpp")
 # What --quant / --kv-dtype name for an engine with its own formats: llama.cpp plans GGUF file types
 # (planner.gguf) and its own KV cache types (common/arg.cpp kv_cache_types; the three llama.cpp users pick).
 LLAMA_CPP_KV_DTYPES = ("f16", "q8_0", "q4_0")
+# Where --expert-placement may put an MoE's routed experts: with their layers on the GPU, or all in RAM computed by the
+# CPU (llama.cpp's --cpu-moe); a number N puts those of the first N MoE layers in RAM (llama.cpp's --n-cpu-moe).
+EXPERT_PLACEMENTS = ("gpu", "cpu")
 # Nodes of the profile's machine type a scale-out export (vLLM over Ray) may use; more is a typo.
 MAX_NODES = 1024
 
@@ -52,11 +63,15 @@ class Request:
     kv_dtype: tuple[str, ...] = ()  # forced KV dtypes (empty: all)
     gpu_layers: int | None = None  # forced number of decoder layers on the GPU (>= num layers: all)
     offload: OffloadMode | None = None  # forced offload mode for layers not on the GPU
+    # Forced place of an MoE's routed experts: "gpu", "cpu" (all in RAM) or N (the first N MoE layers' in RAM);
+    # None: the search chooses. Only the experts of layers on the GPU move: an offloaded layer's go with it.
+    expert_placement: str | int | None = None
     vram_budget_bytes: int | None = None  # replaces the GPU's memory as capacity
     ram_budget_bytes: int | None = None  # replaces the host RAM as capacity
     headroom_bytes: int = DEFAULT_HEADROOM_BYTES
     runtime_base_ram_bytes: int = RUNTIME_BASE_RAM_BYTES
     balanced_speed_fraction: float = BALANCED_SPEED_FRACTION
+    balanced_max_quality_cost_pct: float = BALANCED_MAX_QUALITY_COST_PCT
     nodes: int = 1  # machines of the profile's type available to an engine that scales out (vLLM over Ray)
     engine: str = "vramplan"  # whose memory rules the plan follows: one of PLANNING_ENGINES
     allow_context_overflow: bool = False  # plan a context beyond what the model is made for (see context_limit)
@@ -100,11 +115,16 @@ class Request:
             if self.offload not in OFFLOAD_MODES:
                 raise PlanError(f"the offload mode must be one of {', '.join(OFFLOAD_MODES)}, got {self.offload!r}")
             object.__setattr__(self, "offload", OffloadMode(self.offload))
+        if self.expert_placement is not None:
+            object.__setattr__(self, "expert_placement", _expert_placement(self.expert_placement))
         if self.vram_budget_bytes == 0 and self.gpu_layers:
             raise PlanError("a GPU memory budget of 0 contradicts placing layers on the GPU")
         f = self.balanced_speed_fraction
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
             raise PlanError("the balanced speed fraction must lie in (0, 1]")
+        q = self.balanced_max_quality_cost_pct
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q < float("inf"):
+            raise PlanError("the balanced quality floor (most perplexity cost, %) must be a finite number >= 0")
 
     @property
     def prompt(self) -> int:
@@ -124,6 +144,18 @@ class Request:
         d["quant"] = tuple(d.get("quant") or ())
         d["kv_dtype"] = tuple(d.get("kv_dtype") or ())
         return cls(**d)
+
+
+def _expert_placement(v) -> str | int:
+    """"gpu", "cpu" or a whole number of MoE layers (0 is "gpu"), from a name, a digit string or an int."""
+    if isinstance(v, str) and v.strip().lower() in EXPERT_PLACEMENTS:
+        return v.strip().lower()
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v.strip())
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise PlanError(f"request.expert_placement must be {' or '.join(EXPERT_PLACEMENTS)} or a number of MoE layers "
+                        f"(those of the first N in RAM), got {v!r}")
+    return v or "gpu"
 
 
 def _int(req: Request, name: str, minimum: int, maximum: int | None, what: str) -> None:

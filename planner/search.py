@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from .choice import Choice, ComputeDevice, OffloadMode
+from .choice import Choice, ComputeDevice, OffloadMode, experts_in_ram_text
 from .errors import PlanError
 from .hardware import HardwareProfile
 from .memory import (Footprint, LayerCosts, MemoryBreakdown, Placement, WeightCosts, embeddings_on_gpu, gpu_capacity,
@@ -53,16 +53,29 @@ def offload_modes(hw: HardwareProfile, scheme: WeightScheme) -> tuple[OffloadMod
 def _choice(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, hw: HardwareProfile, p: Placement) -> Choice:
     """The Choice a placement makes, with the scheme names."""
     L = spec.num_layers
-    moe_layers = len(spec.moe.moe_layers) if spec.moe is not None else 0
+    moe = sorted(spec.moe.moe_layers) if spec.moe is not None else []
     if not hw.has_gpu:
         return Choice(weight_quant=scheme.name, kv_dtype=kv.name, gpu_layers=0, total_layers=L,
                       offload=OffloadMode.NONE, compute_device=ComputeDevice.CPU, embeddings_on_gpu=False,
-                      moe_layers=moe_layers)
+                      moe_layers=len(moe))
     n = p.n
     return Choice(weight_quant=scheme.name, kv_dtype=kv.name, gpu_layers=n, total_layers=L,
                   offload=OffloadMode.NONE if n == L else p.mode, compute_device=ComputeDevice(hw.accelerator),
                   embeddings_on_gpu=embeddings_on_gpu(n, L, spec.tie_word_embeddings), gpu_layers_per_device=p.split,
-                  moe_layers=moe_layers, expert_layers_on_cpu=p.experts_on_cpu)
+                  moe_layers=len(moe), expert_layers_on_cpu=p.experts_on_cpu,
+                  expert_layers_in_ram=tuple(moe[:p.experts_on_cpu]))
+
+
+def check_experts(spec: ModelSpec, req: Request) -> None:
+    """Refuse an expert placement the model cannot take: a dense model, or more MoE layers than it has."""
+    f = req.expert_placement
+    if f is None:
+        return
+    moe = len(spec.moe.moe_layers) if spec.moe is not None else 0
+    if not moe:
+        raise PlanError(f"request.expert_placement {f}: {spec.name} is a dense model (no routed experts to place)")
+    if isinstance(f, int) and f > moe:
+        raise PlanError(f"request.expert_placement {f}: {spec.name} has {moe} MoE layers")
 
 
 def _footprint(spec, hw, req, scheme, kv, weights: WeightCosts) -> Footprint:
@@ -75,53 +88,72 @@ def _placement(fp: Footprint, n: int, mode: OffloadMode, e: int = 0, *, best_eff
     return None if split is None else Placement(split, OffloadMode.NONE if n == fp.L else mode, e)
 
 
+def _forced_experts(fp: Footprint, req: Request, n: int) -> int:
+    """How many MoE layers keep their routed experts in RAM with n layers on the GPUs under --expert-placement (0 when
+    not forced): only those of resident layers move, an offloaded layer's experts go with it."""
+    f, resident = req.expert_placement, fp.moe_layers_before(n)
+    return 0 if f in (None, "gpu") else resident if f == "cpu" else min(f, resident)
+
+
 def _placements(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme,
                 fp: Footprint) -> tuple[list[Placement], Placement]:
     """The placements that fit (for each offload mode, the most GPU layers; for an MoE, the fewest layers' experts in
-    RAM that let every layer stay on the GPUs), and the one that came closest."""
+    RAM that let every layer stay on the GPUs, or the forced --gpu-layers stay there), and the one that came closest.
+    A forced --expert-placement fixes the experts in RAM at every layer count."""
     L = spec.num_layers
     if not hw.has_gpu:
         p = Placement(())
         return ([p] if fp.over(p) is None else []), p
     possible = offload_modes(hw, scheme)
     modes = [m for m in ([OffloadMode(req.offload)] if req.offload else possible) if m in possible]
+    forced_experts = req.expert_placement is not None
+
+    def at(n: int, mode: OffloadMode, best_effort: bool = False) -> Placement | None:
+        return _placement(fp, n, mode, _forced_experts(fp, req, min(n, L)), best_effort=best_effort)
+
     if req.gpu_layers is not None:
-        tried = [_placement(fp, req.gpu_layers, m, best_effort=True) for m in modes] or [
-            _placement(fp, L, OffloadMode.NONE, best_effort=True)]
-        return [p for p in tried if fp.over(p) is None], tried[0]
-    full = _placement(fp, L, OffloadMode.NONE)
+        n = min(req.gpu_layers, L)
+        tried = list(dict.fromkeys(at(n, m, True) for m in modes)) or [at(L, OffloadMode.NONE, True)]  # n = L: one
+        fitting = [p for p in tried if fp.over(p) is None]
+        if not fitting and not forced_experts and fp.moe_layers:
+            # the layers asked for stay on the GPUs: the fewest of their layers' experts in RAM that make room
+            fitting = [p for m in ([OffloadMode.NONE] if n == L else modes)
+                       if (p := _experts_in_ram(fp, n, m)) is not None]
+        return fitting, tried[0]
+    full = at(L, OffloadMode.NONE)
     if full is not None and fp.over(full) is None:
         return [full], full
     fitting: list[Placement] = []
-    closest = _placement(fp, L, OffloadMode.NONE, best_effort=True)
+    closest = at(L, OffloadMode.NONE, True)
     for mode in modes:
         # the most layers the GPUs have room for (fewer always have room); fewer GPU layers only put more in RAM
-        n = bisect_max(lambda k: _placement(fp, k, mode) is not None, 0, L - 1)
-        p = _placement(fp, n, mode) if n >= 0 else None
+        n = bisect_max(lambda k: at(k, mode) is not None, 0, L - 1)
+        p = at(n, mode) if n >= 0 else None
         if p is not None:
             if fp.over(p) is None:
                 fitting.append(p)
             else:
                 closest = p  # the GPUs have room; RAM ran out
-    experts = _experts_in_ram(fp) if not req.offload else None
+    experts = _experts_in_ram(fp, L, OffloadMode.NONE) if not (req.offload or forced_experts) else None
     if experts is not None:
         fitting.append(experts)
     return fitting, closest
 
 
-def _experts_in_ram(fp: Footprint) -> Placement | None:
-    """For an MoE: every layer on the GPUs with the routed experts of the fewest (first) layers in RAM, computed by
-    the CPU (llama.cpp's --n-cpu-moe); None when even all experts in RAM leave too little room."""
-    if not fp.moe_layers:
+def _experts_in_ram(fp: Footprint, n: int, mode: OffloadMode) -> Placement | None:
+    """For an MoE: n layers on the GPUs with the routed experts of the fewest (first) of them in RAM, computed by the
+    CPU (llama.cpp's --n-cpu-moe); None when even all their experts in RAM leave too little room."""
+    most = fp.moe_layers_before(n)
+    if not most:
         return None
 
     def fits(e: int) -> Placement | None:
-        p = _placement(fp, fp.L, OffloadMode.NONE, e)
+        p = _placement(fp, n, mode, e)
         return p if p is not None and fp.over(p) is None else None
 
-    if fits(fp.moe_layers) is None:
+    if fits(most) is None:
         return None
-    lo, hi = 0, fp.moe_layers  # fits(hi); find the smallest e that fits
+    lo, hi = 0, most  # fits(hi); find the smallest e that fits (e = 0, no expert in RAM, is the caller's own try)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if fits(mid) is not None else (mid, hi)
@@ -205,9 +237,8 @@ def _placement_reason(c: Choice, mem: MemoryBreakdown, costs: LayerCosts, scored
                 f"{format_bytes(cpu.runtime_base_bytes)})")
     g = mem.gpu
     where = _split_text(c, mem)
+    experts = experts_in_ram_text(c.expert_layers_on_cpu, c.moe_layers, c.expert_layers_in_ram)
     if c.offload is OffloadMode.NONE and c.expert_layers_on_cpu:
-        experts = ("all MoE layers" if c.expert_placement == "cpu"
-                   else f"the first {c.expert_layers_on_cpu} of {c.moe_layers} MoE layers")
         text = (f"all {L} layers on {where}, with the routed experts of {experts} in RAM, computed by the CPU "
                 f"({format_bytes(cpu.weights_bytes)} in RAM; a token reads only its top-k experts): "
                 f"GPU holds {_gpu_parts(g)}, {format_bytes(g.free_bytes)} free")
@@ -219,6 +250,8 @@ def _placement_reason(c: Choice, mem: MemoryBreakdown, costs: LayerCosts, scored
         nxt = costs.weights[n] + (costs.kv[n] if c.offload is OffloadMode.CPU else 0)
         text = (f"layers 0-{n - 1} on {where}, {n}-{L - 1} offloaded ({c.offload.value}): " if n
                 else f"no layer fits on the GPU; all {L} offloaded ({c.offload.value}): ")
+        if c.expert_layers_on_cpu:
+            text += f"the routed experts of {experts} in RAM, computed by the CPU; "
         text += (f"GPU 0 budget {format_bytes(g.capacity_bytes)} holds {_gpu_parts(g)}; one more layer needs "
                  f"{format_bytes(nxt)}; RAM {format_bytes(cpu.total_bytes)} of {format_bytes(cpu.capacity_bytes)}")
     if len(scored) > 1:
@@ -229,9 +262,10 @@ def _placement_reason(c: Choice, mem: MemoryBreakdown, costs: LayerCosts, scored
 
 
 def _label(c: Choice) -> str:
-    if c.offload is OffloadMode.NONE and c.expert_layers_on_cpu:
-        return f"experts of {c.expert_layers_on_cpu} layers in RAM"
-    return f"{c.offload.value} offload ({c.gpu_layers} GPU layers)"
+    experts = f"experts of {c.expert_layers_on_cpu} layers in RAM" if c.expert_layers_on_cpu else ""
+    if c.offload is OffloadMode.NONE:
+        return experts or "every layer on the GPU"
+    return f"{c.offload.value} offload ({c.gpu_layers} GPU layers{', ' + experts if experts else ''})"
 
 
 def bisect_max(ok: Callable[[int], bool], lo: int, hi: int) -> int:
@@ -270,14 +304,36 @@ def _choose(cands: list[Candidate], req: Request) -> tuple[Candidate, list[str]]
         reasons.append(f"--prefer quality: the smallest quality cost that runs (~{choice.quality_cost_pct:.1f} % "
                        "perplexity over bf16)")
     else:
-        floor = req.balanced_speed_fraction * top
-        within = [c for c in runnable if c.speed.decode_tokens_per_s >= floor]
-        choice = min(within, key=lambda c: (c.quality_cost_pct, -c.speed.decode_tokens_per_s))
-        reasons.append(
-            f"--prefer balanced: the best quality whose predicted decode speed is within reach of the fastest option, "
-            f"i.e. at least {req.balanced_speed_fraction:.0%} of {top:.2f} tok/s "
-            f"({fastest.weight_quant} + {fastest.kv_dtype} KV); {len(within)} of {len(runnable)} options qualify")
+        choice, why = _balanced(runnable, req)
+        reasons.extend(why)
     reasons.append(f"{choice.weight_quant} weights + {choice.kv_dtype} KV cache: {choice.reason}")
+    return choice, reasons
+
+
+def _balanced(runnable: list[Candidate], req: Request) -> tuple[Candidate, list[str]]:
+    """--prefer balanced: among the options that keep the quality floor (all of them when none does), the best quality
+    whose predicted decode speed is within reach of the fastest of them; and why."""
+    cap = req.balanced_max_quality_cost_pct
+    kept = [c for c in runnable if c.quality_cost_pct <= cap]
+    pool = kept or runnable
+    fastest = max(pool, key=lambda c: c.speed.decode_tokens_per_s)
+    top = fastest.speed.decode_tokens_per_s
+    within = [c for c in pool if c.speed.decode_tokens_per_s >= req.balanced_speed_fraction * top]
+    choice = min(within, key=lambda c: (c.quality_cost_pct, -c.speed.decode_tokens_per_s))
+    reasons = [f"--prefer balanced: the best quality whose predicted decode speed is within reach of the fastest option"
+               f"{' that keeps the quality floor' if kept else ''}, i.e. at least {req.balanced_speed_fraction:.0%} of "
+               f"{top:.2f} tok/s ({fastest.weight_quant} + {fastest.kv_dtype} KV); {len(within)} of {len(runnable)} "
+               "options qualify"]
+    dropped = [c for c in runnable if c.quality_cost_pct > cap]
+    floor = f"the quality floor (at most {cap:g} % perplexity over bf16, planner.request.BALANCED_MAX_QUALITY_COST_PCT)"
+    if not kept:
+        reasons.append(f"no option that runs keeps {floor}: balanced chose among all of them")
+    elif dropped:
+        quick = max(dropped, key=lambda c: c.speed.decode_tokens_per_s)
+        if quick.speed.decode_tokens_per_s > top:
+            reasons.append(f"{floor} outranks speed: it leaves out {len(dropped)} option{'s' if len(dropped) > 1 else ''}"
+                           f", the fastest {quick.weight_quant} + {quick.kv_dtype} KV at "
+                           f"{quick.speed.decode_tokens_per_s:.2f} tok/s (~{quick.quality_cost_pct:.1f} % perplexity)")
     return choice, reasons
 
 
@@ -317,6 +373,8 @@ def _constants(hw: HardwareProfile, req: Request) -> dict:
             f"profile {hw.name}: calibration.runtime_ram" if hw.calibration is not None
             and hw.calibration.runtime_ram_bytes == req.runtime_base_ram_bytes else "planner.request.RUNTIME_BASE_RAM_BYTES")},
         "balanced_speed_fraction": {"value": req.balanced_speed_fraction, "from": "planner.request.BALANCED_SPEED_FRACTION"},
+        "balanced_max_quality_cost_pct": {"value": req.balanced_max_quality_cost_pct,
+                                          "from": "planner.request.BALANCED_MAX_QUALITY_COST_PCT"},
         "activation_hidden_copies": {"value": m.ACTIVATION_HIDDEN_COPIES, "from": "planner.memory"},
         "activation_mlp_copies": {"value": m.ACTIVATION_MLP_COPIES, "from": "planner.memory"},
         "logits_bytes_per_element": {"value": m.LOGITS_BYTES_PER_ELEMENT, "from": "planner.memory"},
@@ -351,6 +409,7 @@ def check_request(hw: HardwareProfile, req: Request) -> None:
     """Refuse requests this hardware cannot honour, before any search."""
     if not hw.has_gpu:
         for given, what in ((req.gpu_layers, "a number of GPU layers"), (req.offload, "an offload mode"),
+                            (req.expert_placement, "an expert placement"),
                             (req.vram_budget_bytes, "a GPU memory budget")):
             if given is not None and not (what.startswith("a number") and given == 0):
                 raise PlanError(f"{what} was given, but hardware {hw.name!r} has no GPU")
@@ -401,6 +460,7 @@ def assess(spec: ModelSpec, hw: HardwareProfile, req: Request, c: Choice) -> tup
 def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     """Decide how to run `spec` on `hw` for `req`; pure and fast (< 100 ms for a 405B model)."""
     check_request(hw, req)
+    check_experts(spec, req)
     req = _measured_runtime(hw, req)
     schemes = [SCHEMES[q] for q in req.quant] if req.quant else list(SCHEMES.values())
     kvs = [KV_SCHEMES[k] for k in req.kv_dtype] if req.kv_dtype else list(KV_SCHEMES.values())
@@ -412,7 +472,8 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     common = dict(model=model_ref(spec), hardware=hardware_ref(hw), request=req, candidates=cands,
                   constants=_constants(hw, req))
     if not any(c.fits for c in cands):
-        forced = req.gpu_layers is not None or req.quant or req.kv_dtype or req.offload
+        forced = (req.gpu_layers is not None or req.quant or req.kv_dtype or req.offload
+                  or req.expert_placement is not None)
         alts = [] if forced else _alternatives(spec, hw, req)
         first = cands[0]  # the best-quality option asked for
         reasons = [f"nothing fits: {first.weight_quant} + {first.kv_dtype} KV: {first.reason}"]

@@ -123,15 +123,15 @@ GOLDEN = {
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what the plan leaves free",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('dense-8b-24gb', 'ollama'): (
-        r"""# ollama pull llama3.1:8b-instruct-fp16
-FROM llama3.1:8b-instruct-fp16
+        r"""# ollama pull llama3.1:8b-text-fp16
+FROM llama3.1:8b-text-fp16
 PARAMETER num_ctx 32768
 PARAMETER num_gpu 33""",
         ["vramplan's plan: bf16 + fp8 KV, 32/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache q8_0, placed by llama.cpp's own rules",
          "Ollama quant fp16; tag by ollama.com/library's naming convention: check it is published",
          "num_gpu 33 of 33 layers (the output layer counts as one): GGUF BF16 bytes by planner/gguf.py, kept free per GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
          'server environment (not a Modelfile setting): OLLAMA_FLASH_ATTENTION=1 OLLAMA_KV_CACHE_TYPE=q8_0 ollama serve',
-         'ollama pull llama3.1:8b-instruct-fp16']),
+         'ollama pull llama3.1:8b-text-fp16']),
     ('dense-8b-24gb', 'transformers'): (
         r"""import torch
 from transformers import AutoModelForCausalLM
@@ -174,14 +174,14 @@ cache = QuantizedCache(backend="fp8", config=model.config)""",
          'llama.cpp computes the 38 layers left in RAM on the CPU (it does not stream them to the GPU)',
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('70b-offloaded', 'ollama'): (
-        r"""# ollama pull llama3.1:70b-instruct-q4_K_M
-FROM llama3.1:70b-instruct-q4_K_M
+        r"""# ollama pull llama3.1:70b-text-q4_K_M
+FROM llama3.1:70b-text-q4_K_M
 PARAMETER num_ctx 8192
 PARAMETER num_gpu 43""",
         ["vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, cache f16, placed by llama.cpp's own rules",
          "Ollama quant q4_K_M; tag by ollama.com/library's naming convention: check it is published",
          "num_gpu 43 of 81 layers (the output layer counts as one): GGUF Q4_K_M bytes by planner/gguf.py, kept free per GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
-         'ollama pull llama3.1:70b-instruct-q4_K_M']),
+         'ollama pull llama3.1:70b-text-q4_K_M']),
     ('70b-offloaded', 'transformers'): (
         r"""import torch
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -227,7 +227,7 @@ model = AutoModelForCausalLM.from_pretrained(
         ["vramplan's plan: bf16 + bf16 KV, 48/48 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache f16, placed by llama.cpp's own rules",
          "GGUF BF16: Qwen3-30B-A3B-BF16.gguf, 61,095,806,112 B (56.90 GiB; planner/gguf.py: llama-quantize's tensor types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Qwen3-30B-A3B-GGUF (a naming convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> Qwen3-30B-A3B-BF16.gguf BF16',
-         'all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 32 layers in RAM (--n-cpu-moe 32): GPU 0: 21.88 GiB of 22.50 GiB usable (weights 20.31 GiB + KV 1.50 GiB + compute 70.32 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 36.90 GiB of 64.00 GiB',
+         'all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 32 of 48 MoE layers (layers 0-31) in RAM (--n-cpu-moe 32): GPU 0: 21.88 GiB of 22.50 GiB usable (weights 20.31 GiB + KV 1.50 GiB + compute 70.32 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 36.90 GiB of 64.00 GiB',
          '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan sized the cache with it',
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what the plan leaves free",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
@@ -278,14 +278,14 @@ model = AutoModelForCausalLM.from_pretrained(
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what the plan leaves free",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('two-gpus', 'ollama'): (
-        r"""# ollama pull llama3.1:70b-instruct-q4_K_M
-FROM llama3.1:70b-instruct-q4_K_M
+        r"""# ollama pull llama3.1:70b-text-q4_K_M
+FROM llama3.1:70b-text-q4_K_M
 PARAMETER num_ctx 8192
 PARAMETER num_gpu 81""",
         ["vramplan's plan: bnb-nf4-dq + bf16 KV, 80/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, cache f16, placed by llama.cpp's own rules",
          "Ollama quant q4_K_M; tag by ollama.com/library's naming convention: check it is published",
          "num_gpu 81 of 81 layers (the output layer counts as one): GGUF Q4_K_M bytes by planner/gguf.py, kept free per GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
-         'ollama pull llama3.1:70b-instruct-q4_K_M']),
+         'ollama pull llama3.1:70b-text-q4_K_M']),
     ('two-gpus', 'transformers'): (
         r"""import torch
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -323,14 +323,14 @@ model = AutoModelForCausalLM.from_pretrained(
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what the plan leaves free",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('cpu-only', 'ollama'): (
-        r"""# ollama pull llama3.1:8b-instruct-fp16
-FROM llama3.1:8b-instruct-fp16
+        r"""# ollama pull llama3.1:8b-text-fp16
+FROM llama3.1:8b-text-fp16
 PARAMETER num_ctx 8192
 PARAMETER num_gpu 0""",
         ["vramplan's plan: bf16 + bf16 KV, 0/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache f16, placed by llama.cpp's own rules",
          "Ollama quant fp16; tag by ollama.com/library's naming convention: check it is published",
          "num_gpu 0 of 33 layers (the output layer counts as one): GGUF BF16 bytes by planner/gguf.py, kept free per GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
-         'ollama pull llama3.1:8b-instruct-fp16']),
+         'ollama pull llama3.1:8b-text-fp16']),
     ('cpu-only', 'transformers'): (
         r"""import torch
 from transformers import AutoModelForCausalLM
@@ -558,12 +558,13 @@ def test_vllm_weight_formats():
 
 # ---------------------------------------------------------------- Ollama tags, transformers, dispatch
 def test_ollama_tags_follow_the_library_convention():
-    assert ollama_tag(LLAMA_8B, "Q4_K_M")[0] == "llama3.1:8b-instruct-q4_K_M"
-    assert ollama_tag(LLAMA_8B, "IQ4_XS")[0] == "llama3.1:8b-instruct-q4_K_S"
+    assert ollama_tag(LLAMA_8B, "Q4_K_M")[0] == "llama3.1:8b-text-q4_K_M"
+    assert ollama_tag(LLAMA_8B, "IQ4_XS")[0] == "llama3.1:8b-text-q4_K_S"
     tag, said = ollama_tag(model_spec("qwen3-8b"), "Q6_K")
     assert tag == "qwen3:8b-q4_K_M" and "closest published to Q6_K: q6_K is not" in said
     tag, said = ollama_tag(model_spec("microsoft/Phi-4-mini-instruct"), "Q4_K_M")
-    assert tag is None and said.startswith("no known Ollama library tag for microsoft/Phi-4-mini-instruct")
+    assert tag is None and said.startswith("no known Ollama library tag for microsoft/Phi-4-mini-instruct: FROM the "
+                                           "GGUF converted from the planned checkpoint")
 
 
 def test_transformers_quanto_cannot_split_and_says_so():

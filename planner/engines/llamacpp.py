@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, fields, replace
 
-from ..choice import Choice, ComputeDevice, OffloadMode
+from ..choice import Choice, ComputeDevice, OffloadMode, experts_in_ram_text
 from ..errors import PlanError
 from ..gguf import GGUF_FILE_TYPES, gguf_file_bytes
 from ..calibration import MIN_EFFICIENCY, Sample, fit
@@ -22,7 +22,7 @@ from ..modelspec import ModelSpec
 from ..plan import Candidate, Plan, hardware_ref, model_ref
 from ..quant import SCHEMES, KVScheme, QualityCost
 from ..request import LLAMA_CPP_KV_DTYPES, Request
-from ..search import check_context
+from ..search import check_context, check_experts
 from ..search import _choose as choose_by_preference  # vramplan's preference rule, applied to any candidates
 from ..search import bisect_max
 from ..speed import (EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, ReadBytes, decode_work, estimate,
@@ -104,12 +104,13 @@ def _choice(spec: ModelSpec, hw: HardwareProfile, fp: rules.LlamaCppFootprint, p
         last = max(i for i, n in enumerate(per_device) if n)
         per_device[last] -= 1
     on_gpu = hw.has_gpu
+    in_ram = [i for i in sorted(spec.moe.moe_layers) if i < p.cpu_moe] if spec.moe is not None and on_gpu else []
     return LlamaCppChoice(weight_quant=fp.model.file_type, kv_dtype=fp.kv_type, gpu_layers=p.gpu_layers if on_gpu else 0,
                           total_layers=L, offload=OffloadMode.CPU if on_gpu and p.gpu_layers < L else OffloadMode.NONE,
                           compute_device=ComputeDevice(hw.accelerator) if on_gpu else ComputeDevice.CPU,
                           embeddings_on_gpu=False, gpu_layers_per_device=tuple(per_device) if on_gpu else (),
                           moe_layers=len(spec.moe.moe_layers) if spec.moe is not None else 0,
-                          expert_layers_on_cpu=sum(1 for i in spec.moe.moe_layers if i < p.cpu_moe) if spec.moe else 0)
+                          expert_layers_on_cpu=len(in_ram), expert_layers_in_ram=tuple(in_ram))
 
 
 def _breakdown(hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.Placement) -> MemoryBreakdown:
@@ -318,9 +319,20 @@ def with_llamacpp_calibration(hw: HardwareProfile, fitted: Calibration, commit: 
     return replace(hw, calibration=cal)
 
 
+def forced_cpu_moe(spec: ModelSpec, req: Request) -> int | None:
+    """--n-cpu-moe for a forced --expert-placement (it counts decoder layers from the first, dense ones included: the
+    experts of MoE layers below it stay in RAM), or None when the search chooses."""
+    f = req.expert_placement
+    if f is None:
+        return None
+    moe = sorted(spec.moe.moe_layers) if spec.moe is not None else []
+    count = 0 if f == "gpu" else len(moe) if f == "cpu" else f
+    return moe[count - 1] + 1 if count else 0
+
+
 def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str) -> Candidate:
     fp = footprint(spec, hw, req, model, kv_type)
-    placement, closest = fp.place(req.gpu_layers)
+    placement, closest = fp.place(req.gpu_layers, forced_cpu_moe=forced_cpu_moe(spec, req))
     p = placement or closest
     choice, mem = _choice(spec, hw, fp, p), _breakdown(hw, fp, p)
     base = dict(weight_quant=model.file_type, kv_dtype=kv_type,
@@ -356,7 +368,9 @@ def _placement_reason(fp: rules.LlamaCppFootprint, p: rules.Placement) -> str:
     where = (f"all {L} layers and the output layer on the GPU (-ngl {p.ngl})" if p.gpu_layers == L else
              f"layers {L - p.gpu_layers}-{L - 1} and the output layer on the GPU, 0-{L - p.gpu_layers - 1} computed "
              f"by the CPU (-ngl {p.ngl})" if p.gpu_layers else f"every layer computed by the CPU (-ngl {p.ngl})")
-    moe = f", experts of the first {p.cpu_moe} layers in RAM (--n-cpu-moe {p.cpu_moe})" if p.cpu_moe else ""
+    in_ram = [i for i in sorted(fp.spec.moe.moe_layers) if i < p.cpu_moe] if fp.spec.moe is not None else []
+    moe = (f", experts of {experts_in_ram_text(len(in_ram), len(fp.spec.moe.moe_layers), in_ram)} in RAM "
+           f"(--n-cpu-moe {p.cpu_moe})" if in_ram else "")
     usable = (f"usable = memory - CUDA context {format_bytes(fp.cuda_context_bytes)} - --fit margin "
               f"{format_bytes(fp.margin_bytes)}")
     return f"{where}{moe}: {per_dev or 'nothing on the GPU'} ({usable}); RAM {format_bytes(fp.host_total(p))} of {format_bytes(fp.ram_capacity)}"
@@ -367,8 +381,10 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     if req.offload is OffloadMode.STREAM:
         raise PlanError("llama.cpp computes the layers it does not offload on the CPU: it has no stream mode "
                         "(drop --offload stream)")
-    if not hw.has_gpu and (req.gpu_layers or req.vram_budget_bytes is not None):
-        raise PlanError(f"GPU layers or a GPU budget were given, but hardware {hw.name!r} has no GPU")
+    if not hw.has_gpu and (req.gpu_layers or req.vram_budget_bytes is not None or req.expert_placement is not None):
+        raise PlanError(f"GPU layers, an expert placement or a GPU budget were given, but hardware {hw.name!r} has "
+                        "no GPU")
+    check_experts(spec, req)
     context_warnings = check_context(spec, req)
     types = req.quant or rules.PLANNED_FILE_TYPES
     caches = req.kv_dtype or LLAMA_CPP_KV_DTYPES
@@ -482,7 +498,8 @@ def mapped_request(p: Plan) -> tuple[Request, list[str]]:
             notes.append("llama.cpp has no 2-bit KV cache: q4_0 is its smallest of the three planned")
     else:
         notes.append("vramplan's plan found nothing that fits: llama.cpp's rules choose the file type themselves")
-    return replace(r, engine=ENGINE, quant=quant, kv_dtype=kv, offload=None, gpu_layers=None), notes
+    return replace(r, engine=ENGINE, quant=quant, kv_dtype=kv, offload=None, gpu_layers=None,
+                   expert_placement=None), notes
 
 
 def export_llamacpp(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:

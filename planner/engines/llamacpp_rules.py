@@ -367,11 +367,12 @@ class LlamaCppFootprint:
     def fits_host(self, p: Placement) -> bool:
         return self.host_total(p) <= self.ram_capacity
 
-    def place(self, forced_gpu_layers: int | None = None, *, expert_offload: bool = True
-              ) -> tuple[Placement | None, Placement]:
+    def place(self, forced_gpu_layers: int | None = None, *, expert_offload: bool = True,
+              forced_cpu_moe: int | None = None) -> tuple[Placement | None, Placement]:
         """The placement llama.cpp users pick (every layer on the GPUs; for an MoE, the fewest layers' experts in
         RAM first, then fewer layers on the GPUs), and the one that came closest when none fits. Without
-        `expert_offload` (an engine with no --n-cpu-moe) only whole layers move."""
+        `expert_offload` (an engine with no --n-cpu-moe) only whole layers move; `forced_cpu_moe` fixes
+        --n-cpu-moe at every layer count."""
         L = self.L
         moe = self._moe_layers() if expert_offload else 0
         cpu_only = Placement(gpu_layers=0, cpu_moe=0, per_device=())
@@ -380,7 +381,10 @@ class LlamaCppFootprint:
         tries: list[tuple[int, int]] = []
         counts = [min(forced_gpu_layers, L)] if forced_gpu_layers is not None else list(range(L, -1, -1))
         for n in counts:
-            tries.extend((n, m) for m in (range(0, moe + 1) if n == L and moe else [moe if n < L else 0]))
+            if forced_cpu_moe is not None:
+                tries.append((n, forced_cpu_moe))
+            else:
+                tries.extend((n, m) for m in (range(0, moe + 1) if n == L and moe else [moe if n < L else 0]))
         closest = cpu_only
         for n, m in tries:
             p = self.pack(n, m)

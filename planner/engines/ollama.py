@@ -52,22 +52,43 @@ QUANT_TAG = {"F16": "fp16", "BF16": "fp16", "Q8_0": "q8_0", "Q6_K": "q6_K", "Q5_
 # phi4, ...) only these three.
 FULL_QUANTS = ("fp16", "q8_0", "q6_K", "q5_K_M", "q4_K_M", "q4_K_S", "q3_K_M", "q2_K")
 FEW_QUANTS = ("fp16", "q8_0", "q4_K_M")
-# Catalog model -> (library name, tag stem, published quants); stems as on ollama.com/library.
+# Hub id -> (library name, tag stem, published quants); stems as on ollama.com/library. The export names the model
+# that was planned: a base (pretrained) checkpoint maps to the library's base ("text") tags, an instruct / chat one to
+# its instruct tags, never one to the other. The base tags used here are all listed in an ollama.com/library tag
+# listing auto-generated on 2025-08-09 (a public TypeScript `OllamaChatModelId` union: llama3.1:{8b,70b,405b}-text-*,
+# llama3.2:{1b,3b}-text-*, llama2:{7b,13b}-text-*, mixtral:8x7b-text-v0.1-*, gemma2:{2b,9b,27b}-text-*). Qwen3, Phi-4,
+# DeepSeek-V3/R1 and Gemma 3 "-it" hub ids are themselves the post-trained models those tags hold.
 LIBRARY = {
-    "meta-llama/Llama-3.1-8B": ("llama3.1", "8b-instruct", FULL_QUANTS),
-    "meta-llama/Llama-3.1-70B": ("llama3.1", "70b-instruct", FULL_QUANTS),
-    "meta-llama/Llama-3.1-405B": ("llama3.1", "405b-instruct", FULL_QUANTS),
-    "meta-llama/Llama-3.2-1B": ("llama3.2", "1b-instruct", FULL_QUANTS),
-    "meta-llama/Llama-3.2-3B": ("llama3.2", "3b-instruct", FULL_QUANTS),
-    "meta-llama/Llama-2-7b-hf": ("llama2", "7b-chat", FULL_QUANTS),
-    "meta-llama/Llama-2-13b-hf": ("llama2", "13b-chat", FULL_QUANTS),
-    "mistralai/Mistral-7B-v0.3": ("mistral", "7b-instruct-v0.3", FULL_QUANTS),
-    "mistralai/Mixtral-8x7B-v0.1": ("mixtral", "8x7b-instruct-v0.1", FULL_QUANTS),
-    "Qwen/Qwen2.5-0.5B": ("qwen2.5", "0.5b-instruct", FULL_QUANTS),
-    "Qwen/Qwen2.5-7B": ("qwen2.5", "7b-instruct", FULL_QUANTS),
-    "Qwen/Qwen2.5-14B": ("qwen2.5", "14b-instruct", FULL_QUANTS),
-    "Qwen/Qwen2.5-32B": ("qwen2.5", "32b-instruct", FULL_QUANTS),
-    "Qwen/Qwen2.5-72B": ("qwen2.5", "72b-instruct", FULL_QUANTS),
+    # base checkpoints -> base ("text") tags
+    "meta-llama/Llama-3.1-8B": ("llama3.1", "8b-text", FULL_QUANTS),
+    "meta-llama/Llama-3.1-70B": ("llama3.1", "70b-text", FULL_QUANTS),
+    "meta-llama/Llama-3.1-405B": ("llama3.1", "405b-text", FULL_QUANTS),
+    "meta-llama/Llama-3.2-1B": ("llama3.2", "1b-text", FULL_QUANTS),
+    "meta-llama/Llama-3.2-3B": ("llama3.2", "3b-text", FULL_QUANTS),
+    "meta-llama/Llama-2-7b-hf": ("llama2", "7b-text", FULL_QUANTS),
+    "meta-llama/Llama-2-13b-hf": ("llama2", "13b-text", FULL_QUANTS),
+    "mistralai/Mixtral-8x7B-v0.1": ("mixtral", "8x7b-text-v0.1", FULL_QUANTS),
+    "google/gemma-2-2b": ("gemma2", "2b-text", FULL_QUANTS),
+    "google/gemma-2-9b": ("gemma2", "9b-text", FULL_QUANTS),
+    "google/gemma-2-27b": ("gemma2", "27b-text", FULL_QUANTS),
+    # instruct / chat checkpoints -> instruct tags
+    "meta-llama/Llama-3.1-8B-Instruct": ("llama3.1", "8b-instruct", FULL_QUANTS),
+    "meta-llama/Llama-3.1-70B-Instruct": ("llama3.1", "70b-instruct", FULL_QUANTS),
+    "meta-llama/Llama-3.1-405B-Instruct": ("llama3.1", "405b-instruct", FULL_QUANTS),
+    "meta-llama/Llama-3.2-1B-Instruct": ("llama3.2", "1b-instruct", FULL_QUANTS),
+    "meta-llama/Llama-3.2-3B-Instruct": ("llama3.2", "3b-instruct", FULL_QUANTS),
+    "meta-llama/Llama-2-7b-chat-hf": ("llama2", "7b-chat", FULL_QUANTS),
+    "meta-llama/Llama-2-13b-chat-hf": ("llama2", "13b-chat", FULL_QUANTS),
+    "mistralai/Mistral-7B-Instruct-v0.3": ("mistral", "7b-instruct-v0.3", FULL_QUANTS),
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": ("mixtral", "8x7b-instruct-v0.1", FULL_QUANTS),
+    "Qwen/Qwen2.5-0.5B-Instruct": ("qwen2.5", "0.5b-instruct", FULL_QUANTS),
+    "Qwen/Qwen2.5-7B-Instruct": ("qwen2.5", "7b-instruct", FULL_QUANTS),
+    "Qwen/Qwen2.5-14B-Instruct": ("qwen2.5", "14b-instruct", FULL_QUANTS),
+    "Qwen/Qwen2.5-32B-Instruct": ("qwen2.5", "32b-instruct", FULL_QUANTS),
+    "Qwen/Qwen2.5-72B-Instruct": ("qwen2.5", "72b-instruct", FULL_QUANTS),
+    "google/gemma-2-2b-it": ("gemma2", "2b-instruct", FULL_QUANTS),
+    "google/gemma-2-9b-it": ("gemma2", "9b-instruct", FULL_QUANTS),
+    "google/gemma-2-27b-it": ("gemma2", "27b-instruct", FULL_QUANTS),
     "Qwen/Qwen3-0.6B": ("qwen3", "0.6b", FEW_QUANTS),
     "Qwen/Qwen3-4B": ("qwen3", "4b", FEW_QUANTS),
     "Qwen/Qwen3-8B": ("qwen3", "8b", FEW_QUANTS),
@@ -76,9 +97,6 @@ LIBRARY = {
     "Qwen/Qwen3-30B-A3B": ("qwen3", "30b-a3b", FEW_QUANTS),
     "Qwen/Qwen3-235B-A22B": ("qwen3", "235b-a22b", FEW_QUANTS),
     "Qwen/Qwen3-Coder-30B-A3B-Instruct": ("qwen3-coder", "30b-a3b", FEW_QUANTS),
-    "google/gemma-2-2b": ("gemma2", "2b-instruct", FULL_QUANTS),
-    "google/gemma-2-9b": ("gemma2", "9b-instruct", FULL_QUANTS),
-    "google/gemma-2-27b": ("gemma2", "27b-instruct", FULL_QUANTS),
     "google/gemma-3-1b-it": ("gemma3", "1b-it", FEW_QUANTS),
     "google/gemma-3-27b-it": ("gemma3", "27b-it", FEW_QUANTS),
     "microsoft/Phi-3-mini-4k-instruct": ("phi3", "3.8b-mini-4k-instruct", FULL_QUANTS),
@@ -89,6 +107,16 @@ LIBRARY = {
     "deepseek-ai/DeepSeek-R1": ("deepseek-r1", "671b", FEW_QUANTS),
     "deepseek-ai/DeepSeek-V3": ("deepseek-v3", "671b", FEW_QUANTS),
 }
+# Base checkpoints whose library name publishes only the instruct model (no base tag in the listing above: the qwen2.5
+# library has no -base / -text tag, mistral's -text tags name no v0.3): exported as their own GGUF, and the note says
+# which tag is NOT them.
+INSTRUCT_ONLY = {
+    "Qwen/Qwen2.5-0.5B": "qwen2.5:0.5b-instruct", "Qwen/Qwen2.5-7B": "qwen2.5:7b-instruct",
+    "Qwen/Qwen2.5-14B": "qwen2.5:14b-instruct", "Qwen/Qwen2.5-32B": "qwen2.5:32b-instruct",
+    "Qwen/Qwen2.5-72B": "qwen2.5:72b-instruct", "mistralai/Mistral-7B-v0.3": "mistral:7b-instruct-v0.3",
+}
+# File types convert_hf_to_gguf.py writes itself (--outtype); the others come from llama-quantize.
+UNQUANTIZED_FILE_TYPES = ("F16", "BF16")
 # Ranked by size, smallest last: "closest" means the published quant of at most the planned size, else the smallest.
 QUANT_ORDER = ("fp16", "q8_0", "q6_K", "q5_K_M", "q4_K_M", "q4_K_S", "q3_K_M", "q2_K")
 
@@ -110,11 +138,20 @@ def _minimum_memory(hw: HardwareProfile) -> int:
 
 
 def ollama_tag(spec: ModelSpec, file_type: str) -> tuple[str | None, str]:
-    """The library tag closest to a GGUF file type, and what to say about it."""
+    """The library tag of the planned model closest to a GGUF file type, and what to say about it; None (with how to
+    build the GGUF from the planned checkpoint) when the library has no tag for this very model."""
     entry = LIBRARY.get(spec.name)
     if entry is None:
-        return None, (f"no known Ollama library tag for {spec.name}: import the GGUF yourself "
-                      f"(FROM ./{llamacpp.gguf_file_name(spec, file_type)})")
+        name = llamacpp.gguf_file_name(spec, file_type)
+        f16 = llamacpp.gguf_file_name(spec, "F16")
+        other = INSTRUCT_ONLY.get(spec.name)
+        why = (f"Ollama's library has no base tag for {spec.name} ({other} is the instruct model, a different one)"
+               if other else f"no known Ollama library tag for {spec.name}")
+        convert = f"python convert_hf_to_gguf.py <{spec.name} checkpoint dir> --outtype"
+        build = (f"{convert} {file_type.lower()} --outfile {name}" if file_type in UNQUANTIZED_FILE_TYPES else
+                 f"{convert} f16 --outfile {f16}, then llama-quantize {f16} {name} {file_type}")
+        return None, (f"{why}: FROM the GGUF converted from the planned checkpoint (./{name}); build it with "
+                      f"llama.cpp: {build}")
     name, stem, published = entry
     wanted = QUANT_TAG[file_type]
     rank = QUANT_ORDER.index(wanted)
@@ -128,7 +165,8 @@ def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
     consts = constants(hw)
     if p.request.engine == llamacpp.ENGINE:
         req, notes = replace(p.request, quant=(p.choice.weight_quant,) if p.fits else (),
-                             kv_dtype=(p.choice.kv_dtype,) if p.fits else (), gpu_layers=None), []
+                             kv_dtype=(p.choice.kv_dtype,) if p.fits else (), gpu_layers=None,
+                             expert_placement=None), []
     else:
         req, notes = llamacpp.mapped_request(p)
     margin = _minimum_memory(hw) + GPU_OVERHEAD_BYTES
@@ -163,7 +201,7 @@ def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
     if env:
         notes.append("server environment (not a Modelfile setting): " + " ".join(env) + " ollama serve")
     notes += assumption_notes(consts)
-    pull = f"ollama pull {tag}" if tag else f"(no library tag: download {llamacpp.gguf_file_name(spec, ft)})"
+    pull = f"ollama pull {tag}" if tag else f"(no library tag: build {llamacpp.gguf_file_name(spec, ft)}, see above)"
     body = "\n".join([f"# {pull}", f"FROM {tag or './' + llamacpp.gguf_file_name(spec, ft)}",
                       f"PARAMETER num_ctx {req.context}", f"PARAMETER num_gpu {num_gpu}"])
     return Export(engine=ENGINE, fits=True, text=commented(notes, body), notes=tuple(notes), constants=consts,
