@@ -391,6 +391,7 @@ def calibrate_cmd(
     from runtime.calibrate import calibrate, load_runs, matrix_for
     from runtime.files import save_json, save_profile
 
+    out.set_mode(json=as_json)
     path, runs_path = _save_path(save), _save_path(save_runs)
     earlier = load_runs(tuple(p.strip() for p in add_runs.split(",") if p.strip())) if add_runs else []
     if hardware is not None:
@@ -404,7 +405,7 @@ def calibrate_cmd(
                    prompts=tuple(parse_context(x) for x in _split(prompts, "--prompts")), new_tokens=new_tokens,
                    repeats=repeats, kv_dtypes=None if kv_dtypes is None else
                    tuple(k for k in _split(kv_dtypes, "--kv-dtypes") if k != "none"))
-    result = calibrate(hw, m, progress=out.info, earlier=earlier)
+    result = calibrate(hw, m, progress=out.info, earlier=earlier, track=out.progress)
     for w in result.warnings:
         out.warn(w)
     if runs_path:
@@ -457,6 +458,7 @@ def run_cmd(
     from planner.plan import load_plan
     from planner.search import plan
 
+    out.set_mode(json=as_json)
     if max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
     if not math.isfinite(temperature) or temperature < 0:
@@ -503,7 +505,7 @@ def run_cmd(
         report = execute(p, spec, hw, source, dummy_weights=dummy_weights, prompt_text=text,
                          prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, temperature=temperature,
                          seed=seed, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
-                         on_text=None if as_json else out.raw, progress=out.info)
+                         on_text=None if as_json else out.raw, progress=out.info, track=out.progress)
     finally:
         signal.signal(signal.SIGTERM, previous)
     d = report.to_dict()

@@ -9,16 +9,25 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import yaml
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from planner.choice import experts_in_ram_text
 from planner.modelspec import INVENTORY_HAND_WRITTEN
 from planner.units import format_bandwidth, format_bytes, format_count, format_flops, format_tokens
+
+
+# Work predicted to take less than this gets no progress bar (it would only flash); work with no prediction, or
+# running past a short one, gets its bar once it has taken this long. Two seconds: about when a silent terminal starts
+# to look hung.
+PROGRESS_MIN_S = 2.0
 
 
 class Output:
@@ -28,6 +37,12 @@ class Output:
         # Piped output keeps full table widths instead of wrapping at 80 columns.
         self.out = Console(width=None if sys.stdout.isatty() else 160)
         self.err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+        self.set_mode()
+
+    def set_mode(self, *, json: bool = False) -> None:
+        """Decide once per command what it prints besides its results: progress bars only for a person at a
+        terminal (stderr, where they are drawn, is one; no --json)."""
+        self.show_progress = self.err.is_terminal and not self.err.is_dumb_terminal and not json
 
     # --- machine-readable results
     def data(self, obj: Any, fmt: str = "json") -> None:
@@ -78,6 +93,81 @@ class Output:
     def status(self, text: str) -> Iterator[Any]:
         with self.err.status(text, spinner="dots") as s:
             yield s
+
+    @contextmanager
+    def progress(self, description: str, total: int, predicted_s: float | None = None) -> Iterator[Callable[[int], None]]:
+        """A progress bar on stderr for `total` steps of long work; yields advance(steps). Its ETA is `predicted_s`
+        (the plan's prediction) until the first step ends, then the pace so far. Shown only in progress mode (see
+        set_mode), and only for work predicted to take PROGRESS_MIN_S or more, or seen to (checked at each step);
+        it closes when the last step is done."""
+        if not self.show_progress or total < 1:
+            yield lambda steps: None
+            return
+        bar = _Bar(self.err, description, total, predicted_s)
+        try:
+            yield bar.advance
+        finally:
+            bar.stop()
+
+
+class _Bar:
+    """One progress bar, started when the work is (predicted or seen to be) long, stopped when it is done."""
+
+    def __init__(self, console: Console, description: str, total: int, predicted_s: float | None) -> None:
+        self.console, self.description, self.total, self.predicted_s = console, description, total, predicted_s
+        self.t0 = time.perf_counter()
+        self.done = 0
+        self.progress: Progress | None = None
+        self.task = None
+        if predicted_s is not None and predicted_s >= PROGRESS_MIN_S:
+            self._start()
+
+    def _start(self) -> None:
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _TimesColumn(),
+                                 console=self.console)
+        self.task = self.progress.add_task(self.description, total=self.total, completed=self.done, t0=self.t0,
+                                           predicted_s=self.predicted_s)
+        self.progress.start()
+
+    def advance(self, steps: int) -> None:
+        self.done += steps
+        if self.progress is None and self.done < self.total and time.perf_counter() - self.t0 >= PROGRESS_MIN_S:
+            self._start()
+        if self.progress is not None:
+            self.progress.update(self.task, completed=self.done)
+            if self.done >= self.total:
+                self.stop()
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+class _TimesColumn(ProgressColumn):
+    """Elapsed, the ETA, and the prediction: "0:41 elapsed, ETA 2:10 (predicted 2:51)"."""
+
+    def render(self, task: Task) -> Text:
+        elapsed = time.perf_counter() - task.fields["t0"]
+        predicted = task.fields["predicted_s"]
+        done = task.completed / task.total if task.total else 0.0
+        if done >= 1:
+            eta = 0.0
+        elif done > 0:
+            eta = elapsed * (1 - done) / done  # the pace so far
+        elif predicted is not None:
+            eta = max(0.0, predicted - elapsed)  # nothing done yet: the prediction
+        else:
+            eta = None
+        text = f"{_clock(elapsed)} elapsed, ETA {'?' if eta is None else _clock(eta)}"
+        if predicted is not None:
+            text += f" (predicted {_clock(predicted)})"
+        return Text(text, style="progress.remaining")
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 out = Output()
@@ -312,10 +402,15 @@ def run_report(r: dict) -> None:
         rows.append([metric, show(metric, r["predicted"].get(metric)), show(metric, r["measured"].get(metric)),
                      "-" if e is None else f"{e:+.1f} %"])
     m = r["measured"]
-    for metric in ("load_s", "prefill_tokens_per_s", "decode_tokens_per_s_start", "decode_tokens_per_s_end",
-                   "generated_tokens"):
+    # decode_tokens_per_s above is tokens over wall time, first token to last; beside it, rates of single steps
+    steps, edge = len(m.get("token_timestamps_s") or [0]) - 1, m.get("decode_edge_steps")
+    labels = {"decode_tokens_per_s_median": "decode_tokens_per_s_median (median step)",
+              "decode_tokens_per_s_start": f"decode_tokens_per_s_start (first {edge} of {steps} steps)",
+              "decode_tokens_per_s_end": f"decode_tokens_per_s_end (last {edge} of {steps} steps)"}
+    for metric in ("load_s", "prefill_tokens_per_s", "decode_tokens_per_s_median", "decode_tokens_per_s_start",
+                   "decode_tokens_per_s_end", "generated_tokens"):
         if m.get(metric) is not None:
-            rows.append([metric, "", show(metric, m[metric]), ""])
+            rows.append([labels.get(metric, metric), "", show(metric, m[metric]), ""])
     status = "INTERRUPTED" if r.get("interrupted") else (r["stopped_reason"] or "-")
     out.table(f"predicted vs measured ({r['device']}, prompt {r['prompt_tokens']} tokens, stopped: {status})",
               ["metric", "predicted", "measured", "error"], rows, right={1, 2, 3}, stderr=True)

@@ -26,6 +26,8 @@ from planner.request import Request
 from planner.sources import load_spec, resolve_model
 from planner.speed import decode_work, prefill_attention_flop, prefill_flop
 
+from .progress import Advance, Track, no_track
+
 MIN_NEW_TOKENS = 2  # decode needs at least two tokens to time one step
 
 
@@ -91,6 +93,9 @@ class RunRecord:
     kv_dtype: str
     prompt: int
     new_tokens: int
+    # the median decode step's rate (GenerationResult.decode_tokens_per_s_median), not `run`'s headline (tokens over
+    # wall time, first token to last): the fit models one step, and a median ignores the steps another process slowed
+    # on a shared machine; calibration runs stream no text, so the two differ only by such steps
     decode_tokens_per_s: float
     ttft_s: float
     peak_rss_bytes: int
@@ -169,19 +174,13 @@ def _sample(hw: HardwareProfile, spec, quant: str, kv_dtype: str, prompt: int, m
         label=f"{spec.name} {quant} {kv_dtype} KV prompt {prompt}")
 
 
-def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str], None] | None = None,
-               seed: int = 0) -> tuple[list[RunRecord], list[str]]:
-    """Every run of the matrix that works, and one warning per (model, scheme) that did not."""
-    import torch
-
+def _matrix_runs(matrix: Matrix, device: str) -> list[tuple]:
+    """(source, spec, scheme, [(prompt, KV dtype, attention implementation)]) for each model and scheme that runs on
+    `device`, in the order they run."""
     from .kvcache import available_kv_dtypes
-    from .measure import free_memory
 
-    say = progress or (lambda s: None)
-    on_gpu = hw.has_gpu and torch.cuda.is_available()
-    device = "cuda" if on_gpu else "cpu"
     kv_runs = [k for k in matrix.kv_dtypes if k in available_kv_dtypes()]
-    records, warnings = [], []
+    out = []
     for mi, name in enumerate(matrix.models):
         source = resolve_model(name)
         spec = load_spec(source)
@@ -197,12 +196,38 @@ def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str],
             if first and matrix.eager and native != "eager":
                 # the eager kernel too (what gemma2's softcapping forces), on the same weights and prompts
                 runs += [(p, "bf16", "eager") for p in matrix.prompts]
+            out.append((source, spec, quant, runs))
+    return out
+
+
+def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str], None] | None = None,
+               seed: int = 0, track: Track | None = None) -> tuple[list[RunRecord], list[str]]:
+    """Every run of the matrix that works, and one warning per (model, scheme) that did not. ``track`` follows the
+    timed runs (a (model, scheme) that fails counts all of its runs as done)."""
+    import torch
+
+    from .measure import free_memory
+
+    say = progress or (lambda s: None)
+    on_gpu = hw.has_gpu and torch.cuda.is_available()
+    device = "cuda" if on_gpu else "cpu"
+    records, warnings = [], []
+    planned = _matrix_runs(matrix, device)
+    with (track or no_track)("calibration runs", sum(len(runs) for *_, runs in planned), None) as advance:
+        for source, spec, quant, runs in planned:
             say(f"{spec.name} {quant}: loading (dummy weights) on {device}")
+            done = [0]
+
+            def advance_one(n: int) -> None:
+                done[0] += n
+                advance(n)
+
             try:
-                results, peak_rss = _run_model(source.config, spec, quant, runs, matrix, device, seed, say)
+                results, peak_rss = _run_model(source.config, spec, quant, runs, matrix, device, seed, say, advance_one)
             except (VramplanError, RuntimeError, ValueError) as e:
                 warnings.append(f"{spec.name} {quant}: not calibrated ({type(e).__name__}: "
                                 f"{' '.join(str(e).split())[:200]})")
+                advance(len(runs) - done[0])  # its runs will not happen: the bar counts them done
                 continue
             finally:
                 free_memory()  # the model is gone with _run_model's frame; collect its cycles
@@ -215,7 +240,7 @@ def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str],
 
 
 def _run_model(config: dict, spec, quant: str, runs: list[tuple[int, str, str]], matrix: Matrix, device: str,
-               seed: int, say: Callable[[str], None]) -> tuple[list, int]:
+               seed: int, say: Callable[[str], None], advance: Advance | None = None) -> tuple[list, int]:
     """Load one model in one scheme and time its runs (prompt, KV dtype, attention implementation);
     ([(prompt, kv dtype, implementation, result)], peak RSS)."""
     from .generate import generate, synthetic_prompt
@@ -238,7 +263,9 @@ def _run_model(config: dict, spec, quant: str, runs: list[tuple[int, str, str]],
                 raise VramplanError(f"the run stopped early ({r.stopped_reason}: {r.error or '-'})")
             results.append((prompt, kv_dtype, impl, r))
             say(f"  prompt {prompt}, {kv_dtype} KV, {impl} attention: TTFT {r.ttft_s:.3f} s, "
-                f"decode {r.decode_tokens_per_s_median:.2f} tok/s")
+                f"decode {r.decode_tokens_per_s_median:.2f} tok/s (median step)")
+            if advance is not None:
+                advance(1)
     return results, sampler.result.peak_rss_bytes
 
 
@@ -339,10 +366,10 @@ def measure_experts(hw: HardwareProfile, quants: tuple[str, ...], device: str, *
 
 
 def calibrate(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str], None] | None = None,
-              earlier: list[RunRecord] = ()) -> CalibrationResult:
+              earlier: list[RunRecord] = (), track: Track | None = None) -> CalibrationResult:
     """Measure, fit (with `earlier` runs of this machine, from a previous call), and return the profile with its
     calibration section filled, with every warning."""
-    records, warnings = run_matrix(hw, matrix, progress=progress)
+    records, warnings = run_matrix(hw, matrix, progress=progress, track=track)
     if not records:
         raise VramplanError("every calibration run failed, nothing to fit: " + "; ".join(warnings))
     records = list(earlier) + records

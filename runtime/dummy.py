@@ -10,6 +10,8 @@ weights + 0.2 GiB (measured on a 2-core, 24 GiB machine: 374 s).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
@@ -23,7 +25,7 @@ DEFAULT_INIT_STD = 0.02  # when a config has no initializer_range
 
 
 def build_dummy(config, dtype: torch.dtype, scheme: WeightScheme, device: str, device_map: dict | None, seed: int,
-                trust_remote_code: bool) -> nn.Module:
+                trust_remote_code: bool, on_layer: Callable[[int], None] | None = None) -> nn.Module:
     """The architecture with seeded random weights, quantized like a loaded checkpoint.
 
     Built on the CPU with transformers' ``no_init_weights`` (parameters are allocated but
@@ -31,7 +33,7 @@ def build_dummy(config, dtype: torch.dtype, scheme: WeightScheme, device: str, d
     then filled decoder layer by decoder layer with ``uniform_`` of the config's init std
     (faster than ``normal_``) and quantized right away, so that at most one layer is held
     unquantized at a time. Norm weights get the model's own ``_init_weights`` (ones, or
-    zeros for Gemma's 1 + w norms), biases zeros.
+    zeros for Gemma's 1 + w norms), biases zeros. ``on_layer(1)`` follows it decoder layer by decoder layer.
     """
     from transformers.initialization import no_init_weights
 
@@ -52,6 +54,8 @@ def build_dummy(config, dtype: torch.dtype, scheme: WeightScheme, device: str, d
         if quantize_here:
             backend(scheme).quantize(layer, scheme, dtype, target)
             release_freed_heap()  # the layer's unquantized weights, before the next layer is touched
+        if on_layer is not None:
+            on_layer(1)
     in_layers = {id(m) for layer in layers for m in layer.modules()}  # after the swaps
     _random_init(model, (m for m in model.modules() if id(m) not in in_layers), std, generator, done)
 

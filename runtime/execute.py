@@ -25,6 +25,8 @@ from planner.search import assess
 from planner.search import plan as make_plan
 from planner.sources import ModelSource
 
+from .progress import Track, no_track
+
 MAX_OOM_RETRIES = 2
 # After an OOM the new GPU budget is what the failed attempt planned to use minus the shortfall
 # the OOM revealed, and at least this fraction lower, so each retry makes real progress.
@@ -53,12 +55,21 @@ class Metrics:
 
 @dataclass(kw_only=True)
 class Measured(Metrics):
-    """What a run measured: the four compared numbers and what explains them."""
+    """What a run measured: the four compared numbers and what explains them.
+
+    decode_tokens_per_s (compared with the prediction) is the tokens after the first over the wall time from the
+    first token to the last (runtime/generate.py); beside it the median decode step's rate and the rates over the
+    first / last decode_edge_steps steps (generate.EDGE_FRACTION of them). token_timestamps_s: when each token of
+    the last attempt was ready, in seconds from the start of its prefill ([0] is its TTFT).
+    """
 
     load_s: float | None = None
     prefill_tokens_per_s: float | None = None
+    decode_tokens_per_s_median: float | None = None
     decode_tokens_per_s_start: float | None = None
     decode_tokens_per_s_end: float | None = None
+    decode_edge_steps: int | None = None
+    token_timestamps_s: list[float] | None = None
     generated_tokens: int | None = None
     load_average_1m: float | None = None  # the highest 1-minute load average seen around the run
     process_cpu_cores: float | None = None  # this process' CPU time / wall time: how many cores it kept busy
@@ -174,8 +185,11 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
             prompt_text: str | None, prompt_tokens: int | None, max_new_tokens: int, temperature: float = 0.0,
             seed: int = 0, allow_pickle: bool = False, trust_remote_code: bool = False,
             on_text: Callable[[str], None] | None = None,
-            progress: Callable[[str], None] | None = None) -> RunReport:
-    """Run the plan once (plus bounded OOM retries) and report predicted versus measured."""
+            progress: Callable[[str], None] | None = None, track: Track | None = None) -> RunReport:
+    """Run the plan once (plus bounded OOM retries) and report predicted versus measured.
+
+    ``progress`` gets one line per step; ``track`` follows the long ones (a dummy build layer by layer, the
+    prefill chunk by chunk with the plan's predicted TTFT)."""
     from .kvcache import available_kv_dtypes
     from .load import load_tokenizer
 
@@ -194,7 +208,7 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
     contention = _Contention()
     attempt = _Attempt(report=report, spec=spec, hw=hw, source=source, tokenizer=tokenizer, use_checkpoint=use_checkpoint,
                        allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, seed=seed,
-                       temperature=temperature, on_text=on_text, say=say)
+                       temperature=temperature, on_text=on_text, say=say, track=track or no_track)
     for retry in range(MAX_OOM_RETRIES + 1):
         oom = attempt.run(base_ids, max_new_tokens)
         if oom is None or report.interrupted or retry == MAX_OOM_RETRIES or not report.plan.choice.on_gpu:
@@ -240,6 +254,7 @@ class _Attempt:
     temperature: float
     on_text: Callable[[str], None] | None
     say: Callable[[str], None]
+    track: Track
 
     def run(self, base_ids, max_new_tokens: int) -> str | None:
         """One attempt; returns the out-of-memory message when it ran out of GPU memory, else None."""
@@ -290,11 +305,13 @@ class _Attempt:
         offloaded = c.on_gpu and (c.offload is not OffloadMode.NONE or len(devices) > 1 or c.expert_layers_on_cpu > 0)
         # offloaded plans (and those over several GPUs, or with experts in RAM) load on the CPU, then the offload
         # engine places them
-        loaded = holder["loaded"] = load_model(
-            self.source.path if self.use_checkpoint else self.source.config, scheme=SCHEMES[c.weight_quant],
-            dummy_weights=not self.use_checkpoint,
-            device="cpu" if offloaded else device, allow_pickle=self.allow_pickle,
-            trust_remote_code=self.trust_remote_code, seed=self.seed, tokenizer=self.tokenizer)
+        with self.track(f"building {spec.name}" if not self.use_checkpoint else f"loading {spec.name}",
+                        spec.num_layers, None) as advance:
+            loaded = holder["loaded"] = load_model(
+                self.source.path if self.use_checkpoint else self.source.config, scheme=SCHEMES[c.weight_quant],
+                dummy_weights=not self.use_checkpoint,
+                device="cpu" if offloaded else device, allow_pickle=self.allow_pickle,
+                trust_remote_code=self.trust_remote_code, seed=self.seed, tokenizer=self.tokenizer, on_layer=advance)
         if offloaded:
             from .offload import apply_offload
 
@@ -308,12 +325,17 @@ class _Attempt:
         ids = (torch.cat([base_ids, torch.tensor([report.tokens], dtype=base_ids.dtype)], dim=-1)
                if report.tokens else base_ids)
         streamer = _Streamer(self.tokenizer, self.on_text)
-        self.say(f"prefill {ids.shape[-1]} tokens in chunks of {report.plan.request.prefill_chunk}, then up to "
-                 f"{max_new_tokens - len(report.tokens)} new tokens")
-        result = generate(loaded.model, ids, max_new_tokens=max_new_tokens - len(report.tokens),
-                          prefill_chunk=report.plan.request.prefill_chunk, kv=KV_SCHEMES[c.kv_dtype],
-                          temperature=self.temperature, eos_token_id=_eos(self.tokenizer), seed=self.seed,
-                          on_token=streamer.push)
+        n_ids, new_tokens = int(ids.shape[-1]), max_new_tokens - len(report.tokens)
+        self.say(f"prefill {n_ids} tokens in chunks of {report.plan.request.prefill_chunk}, then up to "
+                 f"{new_tokens} new tokens")
+        # the bar's ETA: what the plan predicts for this prefill (the prompt as it is now, after an OOM with the
+        # tokens kept); the display closes when the last chunk is done, before the text streams
+        ttft_s = predicted_for_run(report.plan, spec, self.hw, n_ids, n_ids + new_tokens).ttft_s
+        with self.track("prefill", n_ids, ttft_s) as advance:
+            result = generate(loaded.model, ids, max_new_tokens=new_tokens,
+                              prefill_chunk=report.plan.request.prefill_chunk, kv=KV_SCHEMES[c.kv_dtype],
+                              temperature=self.temperature, eos_token_id=_eos(self.tokenizer), seed=self.seed,
+                              on_token=streamer.push, on_prefill_chunk=advance)
         streamer.flush()
         report.tokens.extend(result.tokens)
         report.text += streamer.text
@@ -324,9 +346,12 @@ class _Attempt:
         if result.ttft_s is not None:
             m = report.measured
             m.ttft_s, m.prefill_tokens_per_s = result.ttft_s, result.prefill_tokens_per_s
-            m.decode_tokens_per_s = result.decode_tokens_per_s_median
+            m.decode_tokens_per_s = result.decode_tokens_per_s
+            m.decode_tokens_per_s_median = result.decode_tokens_per_s_median
             m.decode_tokens_per_s_start = result.decode_tokens_per_s_start
             m.decode_tokens_per_s_end = result.decode_tokens_per_s_end
+            m.decode_edge_steps = result.decode_edge_steps
+            m.token_timestamps_s = list(result.token_timestamps_s)
             m.generated_tokens = len(report.tokens)
         return result.error if result.stopped_reason == STOP_OOM else None
 

@@ -6,15 +6,23 @@ Timing rules (seconds, wall clock, CUDA synchronized where a CUDA device is in u
   being ready;
 - ttft_s: from the same start to the first generated token available on the host
   (prefill + sampling + the copy to the host);
+- token_timestamps_s: one entry per token, when it was available on the host, in seconds
+  from the same start (so token_timestamps_s[0] == ttft_s);
 - token_times_s: one entry per token after the first, each the wall time of one
   decode step (forward, sampling, copy to host); so len(token_times_s) ==
   len(tokens) - 1;
-- decode_tokens_per_s_median: 1 / median(token_times_s); _start / _end: tokens per
-  second over the first / last 10 % of token_times_s (at least one token each).
+- decode_tokens_per_s (the headline): the tokens after the first over the wall time from
+  the first token to the last, (n - 1) / (token_timestamps_s[-1] - token_timestamps_s[0]);
+  it counts everything between tokens (streaming the text too), as a user waits for it;
+- decode_tokens_per_s_median: 1 / median(token_times_s), the typical model step;
+  _start / _end: tokens per second over the first / last EDGE_FRACTION of the decode
+  steps (token_times_s; decode_edge_steps steps each, at least one).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import statistics
 import time
@@ -46,9 +54,12 @@ class GenerationResult:
     prefill_s: float | None = None
     prefill_tokens_per_s: float | None = None
     token_times_s: list[float] = field(default_factory=list)
+    token_timestamps_s: list[float] = field(default_factory=list)
+    decode_tokens_per_s: float | None = None
     decode_tokens_per_s_median: float | None = None
     decode_tokens_per_s_start: float | None = None
     decode_tokens_per_s_end: float | None = None
+    decode_edge_steps: int | None = None  # decode steps in each of the start / end windows
     stopped_reason: str = STOP_MAX_NEW_TOKENS
     error: str | None = None
 
@@ -73,6 +84,15 @@ def compute_device(model: nn.Module) -> torch.device:
     return weight.device if weight is not None else model_device(model)
 
 
+@functools.cache
+def _cache_argument(model_class: type) -> str:
+    """The name of the forward's KV-cache argument: ``cache`` since transformers 5.24, where ``past_key_values``
+    still works but warns on every run (FutureWarning from transformers/utils/deprecation.py: "deprecated and
+    will be removed in version 5.40.0 ... Use `cache` instead"); ``past_key_values`` before it (and in remote code
+    written for it)."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
 def _forward(model: nn.Module, input_ids: torch.Tensor, start: int, cache) -> torch.Tensor:
     """Run ``input_ids`` (positions start..) through the model; fp32 logits of the last position, [1, vocab].
 
@@ -83,13 +103,15 @@ def _forward(model: nn.Module, input_ids: torch.Tensor, start: int, cache) -> to
     n = input_ids.shape[1]
     positions = torch.arange(start, start + n, device=input_ids.device).unsqueeze(0)
     last = 1 if n == 1 else torch.tensor([n - 1], device=input_ids.device)
-    out = model(input_ids=input_ids, position_ids=positions, past_key_values=cache, use_cache=True,
-                logits_to_keep=last)
+    out = model(input_ids=input_ids, position_ids=positions, use_cache=True, logits_to_keep=last,
+                **{_cache_argument(type(model)): cache})
     return out.logits[:, -1, :].float()
 
 
-def prefill(model: nn.Module, input_ids: torch.Tensor, cache, prefill_chunk: int) -> torch.Tensor:
-    """Fill ``cache`` with the prompt, ``prefill_chunk`` tokens at a time; the last position's logits."""
+def prefill(model: nn.Module, input_ids: torch.Tensor, cache, prefill_chunk: int,
+            on_chunk: Callable[[int], None] | None = None) -> torch.Tensor:
+    """Fill ``cache`` with the prompt, ``prefill_chunk`` tokens at a time; the last position's logits.
+    ``on_chunk(tokens)`` is called after each chunk with the number of prompt tokens it held."""
     if prefill_chunk < 1:
         raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
     n = input_ids.shape[1]
@@ -97,7 +119,10 @@ def prefill(model: nn.Module, input_ids: torch.Tensor, cache, prefill_chunk: int
         raise ValueError("the prompt is empty")
     logits = None
     for start in range(0, n, prefill_chunk):
-        logits = _forward(model, input_ids[:, start:start + prefill_chunk], start, cache)
+        chunk = input_ids[:, start:start + prefill_chunk]
+        logits = _forward(model, chunk, start, cache)
+        if on_chunk is not None:
+            on_chunk(chunk.shape[1])
     return logits
 
 
@@ -117,9 +142,11 @@ def sample(logits: torch.Tensor, temperature: float, generator: torch.Generator 
 def decode_n_tokens(model: nn.Module, first_token: torch.Tensor, position: int, cache, n: int, *,
                     temperature: float, generator, device, eos_ids: frozenset[int],
                     on_token: Callable[[int], None] | None, stop: Callable[[], bool] | None,
-                    tokens: list[int], token_times_s: list[float]) -> str:
-    """Generate up to ``n`` tokens after ``first_token``; appends to ``tokens`` / ``token_times_s``
-    as it goes (so they survive an exception) and returns the stop reason."""
+                    tokens: list[int], token_times_s: list[float], token_timestamps_s: list[float],
+                    t0: float) -> str:
+    """Generate up to ``n`` tokens after ``first_token``; appends to ``tokens`` / ``token_times_s`` /
+    ``token_timestamps_s`` (seconds since ``t0``, a perf_counter reading) as it goes (so they survive an
+    exception) and returns the stop reason."""
     token = first_token
     for i in range(n):
         start = time.perf_counter()
@@ -127,7 +154,9 @@ def decode_n_tokens(model: nn.Module, first_token: torch.Tensor, position: int, 
         token = sample(logits, temperature, generator)
         token_id = int(token.item())  # the copy to the host synchronizes
         synchronize(device)
-        token_times_s.append(time.perf_counter() - start)
+        now = time.perf_counter()
+        token_times_s.append(now - start)
+        token_timestamps_s.append(now - t0)
         tokens.append(token_id)
         if on_token is not None:
             on_token(token_id)
@@ -141,8 +170,10 @@ def decode_n_tokens(model: nn.Module, first_token: torch.Tensor, position: int, 
 def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk: int,
              kv: KVScheme = KV_SCHEMES["bf16"], temperature: float = 0.0, eos_token_id: int | Iterable[int] | None = None,
              seed: int = 0, on_token: Callable[[int], None] | None = None,
-             stop: Callable[[], bool] | None = None) -> GenerationResult:
+             stop: Callable[[], bool] | None = None,
+             on_prefill_chunk: Callable[[int], None] | None = None) -> GenerationResult:
     """Prefill ``input_ids`` ([1, n] tensor or list of ids) in chunks, then decode.
+    ``on_prefill_chunk(tokens)`` follows the prefill chunk by chunk (a progress bar).
 
     An out-of-memory error mid-way does not raise: the result so far comes back with
     stopped_reason "oom" and ``error`` set, so that the caller can re-plan.
@@ -166,13 +197,14 @@ def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk:
         with no_grad_context(model):
             synchronize(device)
             start = time.perf_counter()
-            logits = prefill(model, input_ids, cache, prefill_chunk)
+            logits = prefill(model, input_ids, cache, prefill_chunk, on_prefill_chunk)
             synchronize(device)
             result.prefill_s = time.perf_counter() - start
             result.prefill_tokens_per_s = prompt_tokens / result.prefill_s
             token = sample(logits, temperature, generator)
             token_id = int(token.item())
             result.ttft_s = time.perf_counter() - start
+            result.token_timestamps_s.append(result.ttft_s)
             result.tokens.append(token_id)
             if on_token is not None:
                 on_token(token_id)
@@ -184,7 +216,8 @@ def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk:
                 result.stopped_reason = decode_n_tokens(
                     model, token, prompt_tokens, cache, max_new_tokens - 1,
                     temperature=temperature, generator=generator, device=device, eos_ids=eos_ids,
-                    on_token=on_token, stop=stop, tokens=result.tokens, token_times_s=result.token_times_s)
+                    on_token=on_token, stop=stop, tokens=result.tokens, token_times_s=result.token_times_s,
+                    token_timestamps_s=result.token_timestamps_s, t0=start)
     except KeyboardInterrupt:
         result.stopped_reason = STOP_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - only out-of-memory is turned into a result
@@ -228,10 +261,13 @@ def _as_id_set(eos_token_id) -> Iterable[int]:
 
 
 def _fill_decode_rates(result: GenerationResult) -> None:
+    stamps = result.token_timestamps_s
+    if len(stamps) >= 2 and stamps[-1] > stamps[0]:
+        result.decode_tokens_per_s = (len(stamps) - 1) / (stamps[-1] - stamps[0])
     times = result.token_times_s
     if not times:
         return
     result.decode_tokens_per_s_median = 1.0 / statistics.median(times)
-    edge = max(1, math.ceil(EDGE_FRACTION * len(times)))
+    edge = result.decode_edge_steps = max(1, math.ceil(EDGE_FRACTION * len(times)))
     result.decode_tokens_per_s_start = edge / sum(times[:edge])
     result.decode_tokens_per_s_end = edge / sum(times[-edge:])

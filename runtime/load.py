@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -76,6 +76,7 @@ def load_model(
     trust_remote_code: bool = False,
     seed: int = 0,
     tokenizer: Any | None = None,
+    on_layer: Callable[[int], None] | None = None,
 ) -> LoadedModel:
     """Load ``source`` (a local model directory, or a config dict with ``dummy_weights``) quantized by ``scheme``.
 
@@ -87,6 +88,9 @@ def load_model(
 
     Placement: ``device="cpu"``, or ``"cuda[:0]"`` with ``gpu_layers`` decoder layers on
     the GPU (None: all). See :func:`offload_device_map` for the split.
+
+    ``on_layer(1)`` follows a dummy build decoder layer by decoder layer (a checkpoint's load shows
+    transformers' own "Loading weights" bar).
     """
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"unknown compute_dtype {compute_dtype!r}; one of {', '.join(COMPUTE_DTYPES)}")
@@ -122,7 +126,7 @@ def load_model(
     if dummy_weights:
         from runtime.dummy import build_dummy
 
-        model = build_dummy(config, dtype, scheme, device, device_map, seed, trust_remote_code)
+        model = build_dummy(config, dtype, scheme, device, device_map, seed, trust_remote_code, on_layer)
     else:
         model = _load_checkpoint(model_dir, config, dtype, scheme, device, device_map, allow_pickle, trust_remote_code)
         _quantize_loaded_experts(model, num_layers, scheme, device, device_map)
