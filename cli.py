@@ -142,6 +142,8 @@ def resolve_model(model: str, revision: str | None):
     from runtime.inventory import load_spec
 
     source = resolve(model, revision=revision)
+    if source.note:
+        out.info(source.note)
     return source, load_spec(source)
 
 
