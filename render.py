@@ -110,7 +110,8 @@ def inspect(facts: dict, notes: list[str]) -> None:
         ["active per token", f"{facts['params_active']:,} ({format_count(facts['params_active'])})"],
         ["layers / hidden / vocab", f"{L} / {facts['hidden_size']} / {facts['vocab_size']}"],
         ["attention", attn],
-        ["max context", format_tokens(facts["max_context"])],
+        ["max context", format_tokens(facts["max_context"]) if facts["max_context"] else
+         "unknown (the config gives no max_position_embeddings)"],
         ["tied embeddings", str(facts["tie_word_embeddings"])],
         ["checkpoint dtype", facts["checkpoint_dtype"]],
         ["weights bf16", f"{facts['weight_bytes']['bf16']:,} B ({format_bytes(facts['weight_bytes']['bf16'])})"],

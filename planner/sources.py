@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .architectures import BUILDERS, spec_from_config
+from .architectures.config import check_rope
 from .errors import AmbiguousModelError, CheckpointError, ConfigError, ModelNotFoundError, UnsupportedArchitectureError
 from .generic import refuse_unmodelled_state, spec_from_headers
 from .modelspec import ModelSpec, canonical_dtype, dtype_bytes
@@ -261,6 +262,7 @@ def load_spec(source: ModelSource, *, generic: GenericBuilder | None = None) -> 
 
 def _generic_spec(source: ModelSource, headers, generic: GenericBuilder | None, where: str) -> ModelSpec:
     refuse_unmodelled_state(source.config, where)
+    check_rope(source.config, where)
     if headers and "quantization_config" not in source.config:
         return spec_from_headers(source.config, normalized_headers(headers), name=source.id, source=source.origin,
                                  where=where)

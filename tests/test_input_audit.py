@@ -78,3 +78,68 @@ def test_an_org_name_the_catalog_lacks_is_not_completed(capsys):
     code, _, err = main(capsys, "inspect", "--model", "meta-llama/Llama-2-7b")
     msg = assert_one_line_error(code, err)
     assert "not a catalog id" in msg and "meta-llama/Llama-2-7b-hf" in msg and "--revision main" in msg
+
+
+# ------------------------------------------------------------------ 2. model configs
+TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+        "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+
+
+def model_dir(tmp_path, **changes) -> str:
+    d = tmp_path / "model"
+    d.mkdir(exist_ok=True)
+    cfg = {k: v for k, v in {**TINY, **changes}.items() if v is not ...}
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+def test_a_config_without_max_position_embeddings_plans_with_a_warning(capsys, tmp_path):
+    d = model_dir(tmp_path, max_position_embeddings=...)
+    code, out, err = main(capsys, "plan", "--model", d, "--context", "1m", "-H", "rtx-4090", "--json")
+    assert code == 0, err
+    warnings = json.loads(out)["warnings"]
+    assert any("no max_position_embeddings" in w and "not checked" in w for w in warnings), warnings
+    code, _, err = main(capsys, "plan", "--model", d, "--context", "8k", "-H", "rtx-4090")
+    assert code == 0 and "warning:" in err and "is unknown" in " ".join(err.split()), err
+    code, out, _ = main(capsys, "inspect", "--model", d)
+    assert code == 0 and "unknown (the config gives no max_position_embeddings)" in out
+    # with it, the same context is checked (and refused)
+    code, _, err = main(capsys, "plan", "--model", model_dir(tmp_path), "--context", "1m", "-H", "rtx-4090")
+    assert "exceeds what" in assert_one_line_error(code, err)
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"rope_scaling": {"rope_type": "yarn", "factor": -4, "original_max_position_embeddings": 4096}},
+     "rope_scaling.factor must be a number >= 1"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": "8"}}, "rope_scaling.factor must be a number >= 1"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": True}}, "rope_scaling.factor must be a number >= 1"),
+    ({"rope_scaling": "yarn"}, 'rope_scaling must be an object like {"rope_type": "yarn"'),
+    ({"rope_scaling": ["yarn", 4]}, "rope_scaling must be an object"),
+    ({"rope_scaling": {"type": 4, "factor": 4.0}}, "rope_scaling.rope_type must be a string"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": -1}},
+     "rope_scaling.original_max_position_embeddings must be a token count"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": -4, "rope_theta": 10000.0}},
+     "rope_parameters.factor must be a number >= 1"),
+    ({"rope_parameters": "yarn"}, "rope_parameters must be an object"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default"}, "sliding_attention": "yarn"}},
+     "rope_parameters.sliding_attention must be an object"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 0.5}}},
+     "rope_parameters.full_attention.factor must be a number >= 1"),
+])
+def test_a_bad_rope_scaling_is_refused(capsys, tmp_path, changes, says):
+    d = model_dir(tmp_path, **changes)
+    for argv in (["plan", "--model", d, "-H", "rtx-4090"], ["inspect", "--model", d]):
+        code, _, err = main(capsys, *argv)
+        msg = assert_one_line_error(code, err)
+        assert says in msg, msg
+
+
+def test_good_rope_scalings_still_plan(capsys, tmp_path):
+    for changes in ({"rope_scaling": None}, {"rope_scaling": {"rope_type": "default"}},
+                    {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}},
+                    {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
+                    {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                         "sliding_attention": {"rope_type": "linear", "factor": 8.0}}}):
+        code, _, err = main(capsys, "plan", "--model", model_dir(tmp_path, **changes), "-H", "rtx-4090")
+        assert code == 0, (changes, err)
