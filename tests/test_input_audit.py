@@ -143,3 +143,61 @@ def test_good_rope_scalings_still_plan(capsys, tmp_path):
                                          "sliding_attention": {"rope_type": "linear", "factor": 8.0}}}):
         code, _, err = main(capsys, "plan", "--model", model_dir(tmp_path, **changes), "-H", "rtx-4090")
         assert code == 0, (changes, err)
+
+
+# ------------------------------------------------------------------ 3. quantities
+@pytest.mark.parametrize("value, says", [
+    ("nanGiB", "is not a number: give a finite number"),
+    ("NaN GiB", "is not a number: give a finite number"),
+    ("infGiB", "is not a finite number"),
+    ("-inf GiB", "is not a finite number"),
+    ("inf", "is not a finite number"),
+    ("1e30GiB", "is larger than any machine (max 1 PiB)"),
+    ("1e400GiB", "is larger than any machine (max 1 PiB)"),  # a float overflow, not a crash
+    ("2000TiB", "is larger than any machine (max 1 PiB)"),
+    ("1e3GiB", "write the number without an exponent (1e3 = 1000)"),
+])
+def test_a_budget_that_is_no_real_size_says_why(capsys, value, says):
+    code, _, err = main(capsys, "plan", "--model", "llama-3.1-8b", "-H", "rtx-4090", "--vram-budget", value)
+    msg = assert_one_line_error(code, err)
+    assert says in msg and "needs an explicit unit" not in msg, msg
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--context", "nank", "is not a number"),
+    ("--context", "infk", "is not a finite number"),
+    ("--context", "1e400", "beyond any model's reach"),
+    ("--headroom", "nan MiB", "is not a number"),
+    ("--ram-budget", "1e20 GB", "is larger than any machine"),
+])
+def test_other_flags_say_why(capsys, flag, value, says):
+    code, _, err = main(capsys, "plan", "--model", "llama-3.1-8b", "-H", "rtx-4090", flag, value)
+    assert says in assert_one_line_error(code, err)
+
+
+def test_parsers_refuse_nan_inf_and_absurd_values():
+    from planner.errors import UnitError
+    from planner.units import parse_bandwidth, parse_flops, parse_fraction, parse_seconds
+
+    for fn, value, says in [
+        (parse_bandwidth, "nan GB/s", "is not a number"), (parse_bandwidth, "inf GB/s", "not a finite number"),
+        (parse_bandwidth, float("nan"), "is not a number"), (parse_bandwidth, float("inf"), "not a finite number"),
+        (parse_bandwidth, "1e30 GB/s", "larger than any machine"), (parse_bandwidth, 1e30, "larger than any machine"),
+        (parse_flops, "infTFLOPS", "not a finite number"), (parse_flops, float("nan"), "is not a number"),
+        (parse_flops, "1e30 TFLOPS", "larger than any machine"),
+        (parse_seconds, "nan us", "is not a number"), (parse_seconds, float("inf"), "not a finite number"),
+        (parse_fraction, "nan", "is not a number"),
+    ]:
+        with pytest.raises(UnitError, match=re.escape(says)):
+            fn(value)
+
+
+def test_a_profile_quantity_beyond_any_machine_names_its_key(capsys, tmp_path):
+    from planner.profiles import shipped_profiles_dir
+
+    text = (shipped_profiles_dir() / "rtx-4090.yaml").read_text()
+    bad = tmp_path / "big.yaml"
+    bad.write_text(re.sub(r"(\n  memory_bandwidth:).*", r'\1 "1e30 GB/s"', text, count=1))
+    code, _, err = main(capsys, "plan", "--model", "llama-3.1-8b", "-H", str(bad))
+    msg = assert_one_line_error(code, err)
+    assert "gpus[0].memory_bandwidth: bandwidth '1e30 GB/s' is larger than any machine" in msg, msg
