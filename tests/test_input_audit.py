@@ -201,3 +201,99 @@ def test_a_profile_quantity_beyond_any_machine_names_its_key(capsys, tmp_path):
     code, _, err = main(capsys, "plan", "--model", "llama-3.1-8b", "-H", str(bad))
     msg = assert_one_line_error(code, err)
     assert "gpus[0].memory_bandwidth: bandwidth '1e30 GB/s' is larger than any machine" in msg, msg
+
+
+# ------------------------------------------------------------------ 4. profiles
+def profile_dict(**changes) -> dict:
+    import yaml
+
+    from planner.profiles import shipped_profiles_dir
+
+    d = yaml.safe_load((shipped_profiles_dir() / "rtx-4090.yaml").read_text())
+    d.update(changes)
+    return d
+
+
+def write_profile(path, **changes):
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(profile_dict(**changes), sort_keys=False))
+    return path
+
+
+def test_more_gpus_than_one_machine_holds_are_refused_with_the_key(capsys, tmp_path):
+    from planner.hardware import MAX_GPUS_PER_PROFILE
+
+    base = profile_dict()
+    gpu = base["gpus"][0]
+    many = write_profile(tmp_path / "many.yaml", gpus=[{**gpu, "count": 1000}])
+    code, _, err = main(capsys, "plan", "--model", "llama-3.1-8b", "-H", str(many))
+    msg = assert_one_line_error(code, err)
+    assert f"gpus[0].count: must be at most {MAX_GPUS_PER_PROFILE} GPUs per profile" in msg and "1000" in msg
+    split = write_profile(tmp_path / "split.yaml", gpus=[{**gpu, "count": 40}, {**gpu, "count": 40}])
+    code, _, err = main(capsys, "profiles", "show", str(split))
+    assert f"gpus: 80 GPUs in all: at most {MAX_GPUS_PER_PROFILE}" in assert_one_line_error(code, err)
+    ok = write_profile(tmp_path / "ok.yaml", gpus=[{**gpu, "count": 8}])
+    code, out, err = main(capsys, "profiles", "show", str(ok), "--json")
+    assert code == 0 and json.loads(out)["profile"]["gpus"][0]["count"] == 8
+
+
+@pytest.fixture
+def two_dirs(tmp_path, monkeypatch):
+    a, b = tmp_path / "team-a", tmp_path / "team-b"
+    write_profile(a / "node.yaml", name="node", description="node from a")
+    write_profile(b / "node.yaml", name="node", description="node from b")
+    write_profile(b / "other.yaml", name="other", description="only in b")
+    monkeypatch.setenv("VRAMPLAN_PROFILES", f"{a}:{b}")
+    return a, b
+
+
+def test_profiles_list_marks_shadowed_profiles(capsys, two_dirs):
+    a, b = two_dirs
+    code, out, err = main(capsys, "profiles", "list", "--json")
+    assert code == 0, err
+    entries = {e["name"]: e for e in json.loads(out)}
+    assert entries["node"]["path"] == str(a / "node.yaml")
+    assert entries["node"]["shadows"] == [{"path": str(b / "node.yaml"), "origin": "$VRAMPLAN_PROFILES"}]
+    assert "shadows" not in entries["other"] and "shadows" not in entries["rtx-4090"]
+    code, out, err = main(capsys, "profiles", "list")
+    assert code == 0 and "shadowed (unused)" in out
+    warning = " ".join(err.split())
+    assert f"profile 'node': {a / 'node.yaml'} ($VRAMPLAN_PROFILES) is used; it shadows {b / 'node.yaml'}" in warning
+    assert "'other'" not in warning
+
+
+def test_a_shadowed_name_says_which_file_was_used(capsys, two_dirs):
+    a, b = two_dirs
+    code, out, err = main(capsys, "plan", "--model", "llama-3.1-8b", "-H", "node", "--json")
+    assert code == 0, err
+    assert f"hardware profile 'node': using {a / 'node.yaml'}; it shadows {b / 'node.yaml'}" in " ".join(err.split())
+    code, out, err = main(capsys, "profiles", "show", "node")
+    assert code == 0 and "node from a" in out and "it shadows" in err
+    for argv in (["profiles", "show", "other"], ["profiles", "show", str(b / "node.yaml")]):  # no shadow, a path
+        code, _, err = main(capsys, *argv)
+        assert code == 0 and "shadows" not in err, err
+
+
+def test_profile_text_is_shown_literally(capsys, tmp_path):
+    path = write_profile(tmp_path / "odd.yaml", name="odd", description="[bold]x[/bold] :smile: [red]",
+                         notes=["see [link=http://x]here[/link] :thumbs_up:"])
+    code, out, err = main(capsys, "profiles", "show", str(path))
+    assert code == 0, err
+    assert "[bold]x[/bold] :smile: [red]" in out and "[link=http://x]here[/link] :thumbs_up:" in out
+    assert "\N{SMILING FACE WITH OPEN MOUTH AND SMILING EYES}" not in out and "\N{THUMBS UP SIGN}" not in out
+
+
+def test_profiles_show_of_a_text_file_is_one_literal_line(capsys):
+    code, out, err = main(capsys, "profiles", "show", "/etc/passwd")
+    msg = assert_one_line_error(code, err)
+    assert out == "" and "expected a mapping at the top level" in msg
+    assert "root:x:0" in msg and "\N{CROSS MARK}" not in err
+
+
+def test_an_error_quoting_markup_is_literal(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("\"[bold]x[/bold] :x: :smile:\"\n")
+    code, _, err = main(capsys, "profiles", "validate", str(bad))
+    assert code == 1 and "[bold]x[/bold]" in err and ":x:" in err and "\N{CROSS MARK}" not in err, err
