@@ -325,6 +325,9 @@ def plan_cmd(
     as_yaml: YamlOpt = False,
     save: Annotated[Optional[str], typer.Option("--save", help="Write the plan (YAML) for `vramplan run "
                                                 "--plan`.")] = None,
+    show_all: Annotated[bool, typer.Option("--all", help="Show every candidate and the constants used (by default: "
+                                           "the plan, its memory and the best alternatives; --json has "
+                                           "everything).")] = False,
 ) -> None:
     """Will it fit, how, and how fast: quantization, KV dtype and GPU/CPU split for a target context."""
     from planner.engines import EMIT_ENGINES, check_emit
@@ -360,7 +363,7 @@ def plan_cmd(
         out.info(f"{target} export of {spec.name}: {'fits' if export.fits else 'does not fit'} "
                  f"(the plan itself: `vramplan plan` without --emit)")
     else:
-        render.plan(d)
+        render.plan(d, full=show_all)
     if path and not fmt:
         out.info(f"plan saved to {path}")
     if not (export.fits if export is not None else p.fits):

@@ -84,7 +84,7 @@ class Output:
 
     @contextmanager
     def status(self, text: str) -> Iterator[Any]:
-        with self.err.status(text, spinner="dots") as s:
+        with self.err.status(Text(text), spinner="dots") as s:
             yield s
 
 
@@ -255,8 +255,13 @@ def _experts_where(c: dict) -> str:
     return ""
 
 
-def plan(d: dict) -> None:
-    """The human report of a plan (its dict form)."""
+# The default report shows this many candidates besides the chosen one (--all: every candidate).
+ALTERNATIVES_SHOWN = 5
+
+
+def plan(d: dict, *, full: bool = False) -> None:
+    """The human report of a plan (its dict form): the decision, its reasons and memory, and the best alternatives;
+    `full` adds every candidate and the constants used."""
     m, h, r = d["model"], d["hardware"], d["request"]
     gpus = h.get("gpus") or ([{"name": h["gpu"], "memory_bytes": h["gpu_memory_bytes"], "count": 1}] if h["gpu"] else [])
     cards = " + ".join(f"{'%dx ' % g['count'] if g['count'] > 1 else ''}{g['name']}, {format_bytes(g['memory_bytes'])}{' each' if g['count'] > 1 else ''}"
@@ -290,15 +295,63 @@ def plan(d: dict) -> None:
         out.line(f"  - {reason}")
     if d["memory"]:
         _memory(d["memory"])
-    _candidates(d["candidates"])
-    consts = [[k, f"{v['value']:.4g}" if isinstance(v["value"], float) else f"{v['value']:,}", v["from"]]
-              for k, v in d["constants"].items()]
-    out.table("constants used", ["name", "value", "from"], consts, right={1})
+    cands, chosen = d["candidates"], _chosen(d)
+    if full:
+        _candidates(cands, chosen, "candidates")
+        consts = [[k, f"{v['value']:.4g}" if isinstance(v["value"], float) else f"{v['value']:,}", v["from"]]
+                  for k, v in d["constants"].items()]
+        out.table("constants used", ["name", "value", "from"], consts, right={1})
+    else:
+        shown = _best_alternatives(cands, chosen)
+        title = "best alternatives" if shown and shown[0] is not chosen else "the plan and the best alternatives"
+        _candidates(shown, chosen, f"{title} (of {len(cands)} candidates)")
     for a in d["alternatives"][:5]:
         out.line(styled(("would fit:", "yellow"), f" {a['weight_quant']} + {a['kv_dtype']} KV up to "
                         f"{format_tokens(a['max_context_tokens'])} tokens of context"))
     for w in d["warnings"]:
         out.warn(w)
+    if not full:
+        hidden = len(cands) - len(shown)
+        out.info(f"{hidden} more candidate{'s' if hidden != 1 else ''} and the {len(d['constants'])} constants used: "
+                 "add --all (or --json for everything)")
+
+
+def _chosen(d: dict) -> dict | None:
+    """The candidate the plan chose, or None when nothing fits."""
+    c = d["choice"]
+    if not c:
+        return None
+    return next((x for x in d["candidates"] if x["fits"] and (x["weight_quant"], x["kv_dtype"]) ==
+                 (c["weight_quant"], c["kv_dtype"])), None)
+
+
+def _best_alternatives(cands: list[dict], chosen: dict | None) -> list[dict]:
+    """The chosen candidate, then up to ALTERNATIVES_SHOWN others: the fastest of each other weight scheme that fits
+    (its best KV option), fastest first, leaving out any with the same numbers as one shown (fp16 next to bf16);
+    where fewer fit, those that miss by the least memory."""
+    def numbers(x: dict) -> tuple:
+        return x["vram_bytes"], x["ram_bytes"], x["predicted"]["decode_tokens_per_s"], x["quality_cost_pct"]
+
+    best: dict[str, dict] = {}
+    for x in cands:
+        if x["fits"] and x is not chosen:
+            speed = x["predicted"]["decode_tokens_per_s"] or 0.0
+            cur = best.get(x["weight_quant"])
+            if cur is None or (speed, -x["quality_cost_pct"]) > (cur["predicted"]["decode_tokens_per_s"] or 0.0,
+                                                                 -cur["quality_cost_pct"]):
+                best[x["weight_quant"]] = x
+    fitting = sorted(best.values(), key=lambda x: (-(x["predicted"]["decode_tokens_per_s"] or 0.0),
+                                                   x["quality_cost_pct"]))
+    missing = sorted((x for x in cands if not x["fits"]), key=lambda x: x["vram_bytes"] + x["ram_bytes"])
+    shown = [chosen] if chosen is not None else []
+    seen = {numbers(x) for x in shown}
+    for x in fitting + missing:
+        if len(shown) - (chosen is not None) >= ALTERNATIVES_SHOWN:
+            break
+        if numbers(x) not in seen:
+            shown.append(x)
+            seen.add(numbers(x))
+    return shown
 
 
 def _memory(mem: dict) -> None:
@@ -312,19 +365,20 @@ def _memory(mem: dict) -> None:
     out.table("memory by device", ["term", *names], rows, right=set(range(1, len(names) + 1)))
 
 
-def _candidates(cands: list[dict]) -> None:
+def _candidates(cands: list[dict], chosen: dict | None, title: str) -> None:
     rows = []
     for x in cands:
         pr, ceiling = x["predicted"], x["ceiling"]["decode_tokens_per_s"]
         placement = ("all" if x["fits_on_gpu"] else
                      f"{x['gpu_layers']}/{x['total_layers']} {x['offload']}" if x["fits"] else "-")
-        rows.append([x["weight_quant"], x["kv_dtype"], "yes" if x["fits"] else "no", placement,
+        rows.append(["plan" if x is chosen else "", x["weight_quant"], x["kv_dtype"], "yes" if x["fits"] else "no",
+                     placement,
                      format_bytes(x["vram_bytes"]), format_bytes(x["ram_bytes"]),
                      f"{ceiling:.2f}" if ceiling else "-",
                      f"{pr['decode_tokens_per_s']:.2f}" if pr["decode_tokens_per_s"] else "-",
                      format_tokens(x["max_context_tokens"]), f"{x['quality_cost_pct']:.1f}"])
-    out.table("candidates", ["weights", "KV", "fits", "GPU layers", "VRAM", "RAM", "ceiling tok/s", "predicted tok/s",
-                             "max ctx resident", "ppl +%"], rows, right={4, 5, 6, 7, 8, 9})
+    out.table(title, ["", "weights", "KV", "fits", "GPU layers", "VRAM", "RAM", "ceiling tok/s", "predicted tok/s",
+                      "max ctx resident", "ppl +%"], rows, right={5, 6, 7, 8, 9, 10})
 
 
 # ---------------------------------------------------------------- run

@@ -297,3 +297,47 @@ def test_an_error_quoting_markup_is_literal(capsys, tmp_path):
     bad.write_text("\"[bold]x[/bold] :x: :smile:\"\n")
     code, _, err = main(capsys, "profiles", "validate", str(bad))
     assert code == 1 and "[bold]x[/bold]" in err and ":x:" in err and "\N{CROSS MARK}" not in err, err
+
+
+# ------------------------------------------------------------------ 5. the plan report
+PLAN_8B = ("plan", "--model", "llama-3.1-8b", "--context", "32k", "-H", "rtx-4090")
+
+
+def candidate_rows(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if re.search(r"│ (yes|no) +│", ln)]
+
+
+def test_the_default_plan_report_is_short(capsys):
+    code, out, err = main(capsys, *PLAN_8B)
+    assert code == 0, err
+    assert len((out + err).splitlines()) < 40, out + err
+    assert "plan: bf16 weights + bf16 KV cache, 32/32 layers on the GPU" in out
+    assert "memory by device" in out and "constants used" not in out
+    rows = candidate_rows(out)
+    assert 2 <= len(rows) <= 6 and rows[0].startswith("│ plan │ bf16 ")  # the plan, then the best alternatives
+    assert len({r.split("│")[2].strip() for r in rows}) == len(rows)  # one row per weight scheme
+    d = json.loads(main(capsys, *PLAN_8B, "--json")[1])
+    hint = " ".join(err.split())
+    assert f"{len(d['candidates']) - len(rows)} more candidates and the {len(d['constants'])} constants" in hint
+    assert "--all" in hint
+
+
+def test_all_shows_every_candidate_and_the_constants(capsys):
+    code, out, err = main(capsys, *PLAN_8B, "--all")
+    assert code == 0, err
+    d = json.loads(main(capsys, *PLAN_8B, "--json")[1])
+    assert len(candidate_rows(out)) == len(d["candidates"]) == 45
+    assert "constants used" in out and all(name in out for name in d["constants"])
+    assert "more candidates" not in err
+
+
+def test_json_keeps_everything(capsys):
+    d = json.loads(main(capsys, *PLAN_8B, "--json")[1])
+    assert len(d["candidates"]) == 45 and len(d["constants"]) > 10 and d["choice"]["weight_quant"] == "bf16"
+
+
+def test_nothing_fits_shows_the_nearest_candidates(capsys):
+    code, out, err = main(capsys, "plan", "--model", "llama-3.1-405b", "-H", "rtx-4090")
+    assert code == 1 and "nothing fits" in out
+    rows = candidate_rows(out)
+    assert 1 <= len(rows) <= 5 and all("│ no " in r for r in rows) and len((out + err).splitlines()) < 40
