@@ -371,8 +371,8 @@ def check_context(spec: ModelSpec, req: Request) -> list[str]:
     show (the overflow allowed, or a rope scaling that makes the context valid)."""
     limit, why = context_limit(spec)
     if not limit:
-        return [f"{spec.name}'s config gives no max_position_embeddings: the longest context the model is made for "
-                f"is unknown, so context {req.context} was not checked against it"]
+        return [(f"{spec.name}'s config gives no max_position_embeddings: the longest context the model is made "
+                 f"for is unknown, so context {req.context} was not checked against it")]
     if req.context <= spec.max_context:
         return []
     if req.context <= limit:

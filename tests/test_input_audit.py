@@ -177,7 +177,12 @@ def test_other_flags_say_why(capsys, flag, value, says):
 
 def test_parsers_refuse_nan_inf_and_absurd_values():
     from planner.errors import UnitError
-    from planner.units import parse_bandwidth, parse_flops, parse_fraction, parse_seconds
+    from planner.units import (
+        parse_bandwidth,
+        parse_flops,
+        parse_fraction,
+        parse_seconds,
+    )
 
     for fn, value, says in [
         (parse_bandwidth, "nan GB/s", "is not a number"), (parse_bandwidth, "inf GB/s", "not a finite number"),
