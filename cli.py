@@ -147,15 +147,15 @@ def resolve_model(model: str, revision: str | None):
     from runtime.inventory import load_spec
 
     source = resolve(model, revision=revision)
+    if source.note:
+        out.info(source.note)
     return source, load_spec(source)
 
 
 def resolve_hardware(hardware: str | None):
     """The profile named or at a path; without --hardware, this machine's cached quick probe."""
     if hardware is not None:
-        from planner.profiles import resolve_profile
-
-        return resolve_profile(hardware)[0]
+        return named_profile(hardware)[0]
     from runtime.this_machine import busy_note, cache_path, this_machine_profile
 
     profile = this_machine_profile()
@@ -164,6 +164,18 @@ def resolve_hardware(hardware: str | None):
     if busy:
         out.warn(f"this machine's cached probe was {busy}")
     return profile
+
+
+def named_profile(name: str):
+    """A profile by name or path, and its file; a name that other files of the search path share says which won."""
+    from planner.profiles import name_shadows, resolve_profile
+
+    profile, path = resolve_profile(name)
+    shadows = name_shadows(name)
+    if shadows:
+        out.info(f"hardware profile {name!r}: using {path}; it shadows "
+                 + ", ".join(f"{p} ({origin})" for p, origin in shadows))
+    return profile, path
 
 
 # ---------------------------------------------------------------- model commands
@@ -238,6 +250,8 @@ def profiles_list_cmd(as_json: JsonOpt = False) -> None:
     data = []
     for e in entries:
         d: dict[str, Any] = {"name": e.name, "path": str(e.path), "origin": e.origin, "valid": e.error is None}
+        if e.shadows:
+            d["shadows"] = [{"path": str(p), "origin": origin} for p, origin in e.shadows]
         if e.error is not None:
             d["error"] = e.error
         else:
@@ -258,10 +272,9 @@ def profiles_show_cmd(
 ) -> None:
     """One profile in full: GPUs, host, link, overheads, calibration, notes."""
     from planner.profile_yaml import dumps_profile, profile_to_dict
-    from planner.profiles import resolve_profile
 
     fmt = _format(as_json, as_yaml)
-    profile, path = resolve_profile(name)
+    profile, path = named_profile(name)
     if fmt == "json":
         out.data({"path": str(path), "profile": profile_to_dict(profile)})
     elif fmt == "yaml":
@@ -284,7 +297,7 @@ def profiles_validate_cmd(
             prof = load_profile(p)
         except ProfileError as e:
             bad += 1
-            out.err.print(f"[bold red]invalid:[/] {e}", highlight=False, soft_wrap=True, markup=True)
+            out.labelled("invalid:", "bold red", str(e))
             continue
         out.line(f"ok: {p} ({prof.name})")
     if bad:
@@ -318,6 +331,9 @@ def plan_cmd(
     as_yaml: YamlOpt = False,
     save: Annotated[Optional[str], typer.Option("--save", help="Write the plan (YAML) for `vramplan run "
                                                 "--plan`.")] = None,
+    show_all: Annotated[bool, typer.Option("--all", help="Show every candidate and the constants used (by default: "
+                                           "the plan, its memory and the best alternatives; --json has "
+                                           "everything).")] = False,
 ) -> None:
     """Will it fit, how, and how fast: quantization, KV dtype and GPU/CPU split for a target context."""
     from planner.engines import EMIT_ENGINES, check_emit
@@ -359,7 +375,7 @@ def plan_cmd(
         out.info(f"{target} export of {spec.name}: {'fits' if export.fits else 'does not fit'} "
                  f"(the plan itself: `vramplan plan` without --emit)")
     else:
-        render.plan(d)
+        render.plan(d, full=show_all)
     if path and not fmt:
         out.info(f"plan saved to {path}")
     if not (export.fits if export is not None else p.fits):

@@ -3,6 +3,10 @@
 Results go to stdout; progress, notes, warnings and errors to stderr, so that `--json` output
 pipes cleanly. The renderers take plain data (the dicts the library's types produce) and print.
 No torch, no planning: the CLI hands data here.
+
+Text from outside (file contents in error messages, profile descriptions, model names, paths) is printed
+literally: no rich markup ("[bold]") and no emoji codes (":x:") are read from it. Strings given to `line`,
+`info`, `table` cells and titles are plain text; styles come only as rich Text built here (`styled`).
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ class Output:
 
     def __init__(self) -> None:
         # Piped output keeps full table widths instead of wrapping at 80 columns.
-        self.out = Console(width=None if sys.stdout.isatty() else 160)
-        self.err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+        self.out = Console(width=None if sys.stdout.isatty() else 160, emoji=False)
+        self.err = Console(stderr=True, width=None if sys.stderr.isatty() else 160, emoji=False)
         self.set_mode()
 
     def set_mode(self, *, json: bool = False) -> None:
@@ -61,37 +65,41 @@ class Output:
     # --- results for people
     def table(self, title: str | None, columns: list[str], rows: list[list[Any]], *, right: set[int] = frozenset(),
               stderr: bool = False) -> None:
-        t = Table(title=title, title_justify="left", header_style="bold")
+        t = Table(title=_text(title) if title is not None else None, title_justify="left", header_style="bold")
         for i, c in enumerate(columns):
             t.add_column(c, justify="right" if i in right else "left")
         for r in rows:
-            t.add_row(*["-" if v is None else str(v) for v in r])
+            t.add_row(*[_text("-" if v is None else v) for v in r])
         (self.err if stderr else self.out).print(t)
 
-    def line(self, text: str) -> None:
-        self.out.print(text, highlight=False, soft_wrap=True)
+    def line(self, text: str | Text) -> None:
+        """One line on stdout: a str is printed literally; styles come as Text (`styled`)."""
+        self.out.print(_text(text), highlight=False, soft_wrap=True)
 
     # --- everything else, on stderr
     def info(self, text: str) -> None:
-        self.err.print(f"[dim]{text}[/]", highlight=False, soft_wrap=True)
+        self.err.print(Text(text, style="dim"), highlight=False, soft_wrap=True)
 
     def note(self, text: str) -> None:
-        self.err.print(f"[yellow]note:[/] {text}", highlight=False, soft_wrap=True)
+        self.labelled("note:", "yellow", text)
 
     def warn(self, text: str) -> None:
-        self.err.print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+        self.labelled("warning:", "yellow", text)
 
     def error(self, text: str) -> None:
-        self.err.print(f"[bold red]error:[/] {text}", highlight=False, soft_wrap=True, markup=True)
+        self.labelled("error:", "bold red", text)
 
     def plain_error(self, text: str) -> None:
-        """An error message that may hold square brackets (no rich markup parsing)."""
-        self.err.print("[bold red]error:[/] ", end="", highlight=False)
-        self.err.print(text, markup=False, highlight=False, soft_wrap=True)
+        """An error message (printed literally, like every message)."""
+        self.error(text)
+
+    def labelled(self, label: str, style: str, text: str) -> None:
+        """`label text` on stderr, the label styled, the text literal."""
+        self.err.print(styled((label, style), " ", text), highlight=False, soft_wrap=True)
 
     @contextmanager
     def status(self, text: str) -> Iterator[Any]:
-        with self.err.status(text, spinner="dots") as s:
+        with self.err.status(Text(text), spinner="dots") as s:
             yield s
 
     @contextmanager
@@ -123,7 +131,7 @@ class _Bar:
             self._start()
 
     def _start(self) -> None:
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _TimesColumn(),
+        self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), _TimesColumn(),
                                  console=self.console)
         self.task = self.progress.add_task(self.description, total=self.total, completed=self.done, t0=self.t0,
                                            predicted_s=self.predicted_s)
@@ -170,6 +178,16 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
+def _text(v: Any) -> Text:
+    """A value as literal rich Text (a Text is kept as styled)."""
+    return v if isinstance(v, Text) else Text(str(v))
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """Literal text with styled parts: styled(("plan:", "bold green"), " bf16 weights")."""
+    return Text.assemble(*parts)
+
+
 out = Output()
 
 
@@ -201,7 +219,8 @@ def inspect(facts: dict, notes: list[str]) -> None:
         ["active per token", f"{facts['params_active']:,} ({format_count(facts['params_active'])})"],
         ["layers / hidden / vocab", f"{L} / {facts['hidden_size']} / {facts['vocab_size']}"],
         ["attention", attn],
-        ["max context", format_tokens(facts["max_context"])],
+        ["max context", format_tokens(facts["max_context"]) if facts["max_context"] else
+         "unknown (the config gives no max_position_embeddings)"],
         ["tied embeddings", str(facts["tie_word_embeddings"])],
         ["checkpoint dtype", facts["checkpoint_dtype"]],
         ["weights bf16", f"{facts['weight_bytes']['bf16']:,} B ({format_bytes(facts['weight_bytes']['bf16'])})"],
@@ -264,7 +283,7 @@ def profile(p: Any, path: Any = None) -> None:
     if p.calibration is not None:
         calibration(p.calibration)
     if p.notes:
-        out.line("[bold]notes[/]")
+        out.line(styled(("notes", "bold")))
         for n in p.notes:
             out.line(f"  - {n}")
 
@@ -290,7 +309,8 @@ def profiles_list(entries: list[Any], searched: list[tuple[Any, str]]) -> None:
     rows = []
     for e in entries:
         if e.error is not None:
-            rows.append([e.name, e.origin, f"[red]invalid:[/] {e.error}", "", "", ""])
+            rows.append([e.name, e.origin, styled(("invalid: ", "red"), e.error), "", "", ""])
+            rows += _shadowed_rows(e)
             continue
         p = e.profile
         gpu = ", ".join(f"{g.count}x {g.name}" for g in p.gpus) or "CPU only"
@@ -298,9 +318,21 @@ def profiles_list(entries: list[Any], searched: list[tuple[Any, str]]) -> None:
         bw = format_bandwidth(p.gpu_memory_bandwidth_bytes_per_s if p.gpus else p.host.ram_bandwidth_bytes_per_s)
         rows.append([e.name, e.origin, gpu + (" (unified)" if p.unified_memory else ""), mem, bw,
                      format_bytes(p.host.ram_bytes)])
-    out.table(f"hardware profiles ({len(rows)}; use the name with --hardware)",
+        rows += _shadowed_rows(e)
+    out.table(f"hardware profiles ({len(entries)}; use the name with --hardware)",
               ["name", "from", "GPU", "GPU memory", "bandwidth", "RAM"], rows, right={3, 4, 5})
+    shadowed = [e for e in entries if e.shadows]
+    for e in shadowed:
+        out.warn(f"profile {e.name!r}: {e.path} ({e.origin}) is used; it shadows "
+                 + ", ".join(f"{path} ({origin})" for path, origin in e.shadows))
     out.info("searched: " + "; ".join(f"{d} ({o})" for d, o in searched))
+
+
+def _shadowed_rows(e: Any) -> list[list[Any]]:
+    """A row per file the entry's name also finds but never uses."""
+    return [[styled(("  " + path.stem, "dim")), styled((origin, "dim")),
+             styled(("shadowed (unused): ", "yellow"), f"{path}; {e.name} resolves to {e.path}"), "", "", ""]
+            for path, origin in e.shadows]
 
 
 # ---------------------------------------------------------------- plan
@@ -314,15 +346,21 @@ def _experts_where(c: dict) -> str:
     return f", routed experts of {experts_in_ram_text(on_cpu, c['moe_layers'], where)} in RAM{flag}"
 
 
-def plan(d: dict) -> None:
-    """The human report of a plan (its dict form)."""
+# The default report shows this many candidates besides the chosen one (--all: every candidate).
+ALTERNATIVES_SHOWN = 5
+
+
+def plan(d: dict, *, full: bool = False) -> None:
+    """The human report of a plan (its dict form): the decision, its reasons and memory, and the best alternatives;
+    `full` adds every candidate and the constants used."""
     m, h, r = d["model"], d["hardware"], d["request"]
     gpus = h.get("gpus") or ([{"name": h["gpu"], "memory_bytes": h["gpu_memory_bytes"], "count": 1}] if h["gpu"] else [])
     cards = " + ".join(f"{'%dx ' % g['count'] if g['count'] > 1 else ''}{g['name']}, {format_bytes(g['memory_bytes'])}{' each' if g['count'] > 1 else ''}"
                        for g in gpus) or "no GPU"
-    out.line(f"[bold]{m['id']}[/] on [bold]{h['name']}[/] ({cards}, RAM {format_bytes(h['ram_bytes'])}"
-             f"{', measured' if h['measured'] else ''}{', calibrated' if h['calibrated'] else ''}) - "
-             f"context {format_tokens(r['context'])} x batch {r['batch']}, prefer {r['prefer']}")
+    out.line(styled((m["id"], "bold"), " on ", (h["name"], "bold"),
+                    f" ({cards}, RAM {format_bytes(h['ram_bytes'])}"
+                    f"{', measured' if h['measured'] else ''}{', calibrated' if h['calibrated'] else ''}) - "
+                    f"context {format_tokens(r['context'])} x batch {r['batch']}, prefer {r['prefer']}"))
     if m.get("inventory", INVENTORY_HAND_WRITTEN) != INVENTORY_HAND_WRITTEN:
         out.note(f"model_type {m['model_type']} has no hand-written builder: its tensors were listed from "
                  f"{m['inventory']} (the generic path)")
@@ -335,7 +373,7 @@ def plan(d: dict) -> None:
                     else "")
                  + _experts_where(c))
         pr = d["predicted"]
-        out.line(f"[bold green]plan:[/] {c['weight_quant']} weights + {c['kv_dtype']} KV cache, {where}")
+        out.line(styled(("plan:", "bold green"), f" {c['weight_quant']} weights + {c['kv_dtype']} KV cache, {where}"))
         out.line(f"  predicted: decode {pr['decode_tokens_per_s']:.2f} tok/s (at full context "
                  f"{pr['decode_tokens_per_s_full_context']:.2f}), TTFT {pr['ttft_s']:.2f} s for "
                  f"{r['prompt_tokens'] or r['context']} prompt tokens; ceiling (bandwidth roofline) "
@@ -343,20 +381,68 @@ def plan(d: dict) -> None:
         where_ctx = "in RAM (CPU only)" if c["compute_device"] == "cpu" else "entirely on the GPU"
         out.line(f"  largest context {where_ctx} with this scheme: {format_tokens(d['max_context_tokens'])}")
     else:
-        out.line("[bold red]nothing fits[/]")
+        out.line(styled(("nothing fits", "bold red")))
     for reason in d["reasons"]:
         out.line(f"  - {reason}")
     if d["memory"]:
         _memory(d["memory"])
-    _candidates(d["candidates"])
-    consts = [[k, f"{v['value']:.4g}" if isinstance(v["value"], float) else f"{v['value']:,}", v["from"]]
-              for k, v in d["constants"].items()]
-    out.table("constants used", ["name", "value", "from"], consts, right={1})
+    cands, chosen = d["candidates"], _chosen(d)
+    if full:
+        _candidates(cands, chosen, "candidates")
+        consts = [[k, f"{v['value']:.4g}" if isinstance(v["value"], float) else f"{v['value']:,}", v["from"]]
+                  for k, v in d["constants"].items()]
+        out.table("constants used", ["name", "value", "from"], consts, right={1})
+    else:
+        shown = _best_alternatives(cands, chosen)
+        title = "best alternatives" if shown and shown[0] is not chosen else "the plan and the best alternatives"
+        _candidates(shown, chosen, f"{title} (of {len(cands)} candidates)")
     for a in d["alternatives"][:5]:
-        out.line(f"[yellow]would fit:[/] {a['weight_quant']} + {a['kv_dtype']} KV up to "
-                 f"{format_tokens(a['max_context_tokens'])} tokens of context")
+        out.line(styled(("would fit:", "yellow"), f" {a['weight_quant']} + {a['kv_dtype']} KV up to "
+                        f"{format_tokens(a['max_context_tokens'])} tokens of context"))
     for w in d["warnings"]:
         out.warn(w)
+    if not full:
+        hidden = len(cands) - len(shown)
+        out.info(f"{hidden} more candidate{'s' if hidden != 1 else ''} and the {len(d['constants'])} constants used: "
+                 "add --all (or --json for everything)")
+
+
+def _chosen(d: dict) -> dict | None:
+    """The candidate the plan chose, or None when nothing fits."""
+    c = d["choice"]
+    if not c:
+        return None
+    return next((x for x in d["candidates"] if x["fits"] and (x["weight_quant"], x["kv_dtype"]) ==
+                 (c["weight_quant"], c["kv_dtype"])), None)
+
+
+def _best_alternatives(cands: list[dict], chosen: dict | None) -> list[dict]:
+    """The chosen candidate, then up to ALTERNATIVES_SHOWN others: the fastest of each other weight scheme that fits
+    (its best KV option), fastest first, leaving out any with the same numbers as one shown (fp16 next to bf16);
+    where fewer fit, those that miss by the least memory."""
+    def numbers(x: dict) -> tuple:
+        return x["vram_bytes"], x["ram_bytes"], x["predicted"]["decode_tokens_per_s"], x["quality_cost_pct"]
+
+    best: dict[str, dict] = {}
+    for x in cands:
+        if x["fits"] and x is not chosen:
+            speed = x["predicted"]["decode_tokens_per_s"] or 0.0
+            cur = best.get(x["weight_quant"])
+            if cur is None or (speed, -x["quality_cost_pct"]) > (cur["predicted"]["decode_tokens_per_s"] or 0.0,
+                                                                 -cur["quality_cost_pct"]):
+                best[x["weight_quant"]] = x
+    fitting = sorted(best.values(), key=lambda x: (-(x["predicted"]["decode_tokens_per_s"] or 0.0),
+                                                   x["quality_cost_pct"]))
+    missing = sorted((x for x in cands if not x["fits"]), key=lambda x: x["vram_bytes"] + x["ram_bytes"])
+    shown = [chosen] if chosen is not None else []
+    seen = {numbers(x) for x in shown}
+    for x in fitting + missing:
+        if len(shown) - (chosen is not None) >= ALTERNATIVES_SHOWN:
+            break
+        if numbers(x) not in seen:
+            shown.append(x)
+            seen.add(numbers(x))
+    return shown
 
 
 def _memory(mem: dict) -> None:
@@ -370,19 +456,20 @@ def _memory(mem: dict) -> None:
     out.table("memory by device", ["term", *names], rows, right=set(range(1, len(names) + 1)))
 
 
-def _candidates(cands: list[dict]) -> None:
+def _candidates(cands: list[dict], chosen: dict | None, title: str) -> None:
     rows = []
     for x in cands:
         pr, ceiling = x["predicted"], x["ceiling"]["decode_tokens_per_s"]
         placement = ("all" if x["fits_on_gpu"] else
                      f"{x['gpu_layers']}/{x['total_layers']} {x['offload']}" if x["fits"] else "-")
-        rows.append([x["weight_quant"], x["kv_dtype"], "yes" if x["fits"] else "no", placement,
+        rows.append(["plan" if x is chosen else "", x["weight_quant"], x["kv_dtype"], "yes" if x["fits"] else "no",
+                     placement,
                      format_bytes(x["vram_bytes"]), format_bytes(x["ram_bytes"]),
                      f"{ceiling:.2f}" if ceiling else "-",
                      f"{pr['decode_tokens_per_s']:.2f}" if pr["decode_tokens_per_s"] else "-",
                      format_tokens(x["max_context_tokens"]), f"{x['quality_cost_pct']:.1f}"])
-    out.table("candidates", ["weights", "KV", "fits", "GPU layers", "VRAM", "RAM", "ceiling tok/s", "predicted tok/s",
-                             "max ctx resident", "ppl +%"], rows, right={4, 5, 6, 7, 8, 9})
+    out.table(title, ["", "weights", "KV", "fits", "GPU layers", "VRAM", "RAM", "ceiling tok/s", "predicted tok/s",
+                      "max ctx resident", "ppl +%"], rows, right={5, 6, 7, 8, 9, 10})
 
 
 # ---------------------------------------------------------------- run
@@ -417,4 +504,4 @@ def run_report(r: dict) -> None:
     for n in r["notes"]:
         out.note(n)
     for e in r["errors"]:
-        out.err.print(f"[red]error during the run:[/] {e}", highlight=False, soft_wrap=True)
+        out.labelled("error during the run:", "red", e)

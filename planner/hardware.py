@@ -30,11 +30,17 @@ MAX_EFFICIENCY = 1.0
 
 DEVICES = ("gpu", "cpu")
 
+# GPUs one profile may hold, over all its GPU entries. A profile is one machine: the largest nodes hold 8 (DGX/HGX
+# H100, B200) to 16-20 (dense PCIe servers); several machines are --nodes. 64 leaves room for any real node, while
+# refusing a typo like 1000, which would plan and print a column per device.
+MAX_GPUS_PER_PROFILE = 64
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _CC_RE = re.compile(r"^[0-9]+\.[0-9]+$")
 
 
 # ---------------------------------------------------------------- validation helpers
+_GPUS_WHY = " GPUs per profile (one machine; several are --nodes)"
 
 
 class _FieldError(ProfileError):
@@ -46,12 +52,14 @@ class _FieldError(ProfileError):
         self.detail = message
 
 
-def _check_int(obj: Any, field: str, *, minimum: int) -> None:
+def _check_int(obj: Any, field: str, *, minimum: int, maximum: int | None = None, why: str = "") -> None:
     v = getattr(obj, field)
     if isinstance(v, bool) or not isinstance(v, int):
         raise _FieldError(field, f"expected an integer, got {v!r}")
     if v < minimum:
         raise _FieldError(field, f"must be at least {minimum}, got {v}")
+    if maximum is not None and v > maximum:
+        raise _FieldError(field, f"must be at most {maximum}{why}, got {v}")
 
 
 def _check_float(obj: Any, field: str, *, positive: bool = True, maximum: float | None = None) -> None:
@@ -103,7 +111,7 @@ class GPUSpec:
         _check_int(self, "memory_bytes", minimum=1)
         _check_float(self, "memory_bandwidth_bytes_per_s")
         _check_float(self, "bf16_flops")
-        _check_int(self, "count", minimum=1)
+        _check_int(self, "count", minimum=1, maximum=MAX_GPUS_PER_PROFILE, why=_GPUS_WHY)
         cc = self.compute_capability
         if cc is not None and (not isinstance(cc, str) or not _CC_RE.match(cc)):
             raise _FieldError("compute_capability", f'expected "major.minor" like "8.9", got {cc!r}')
@@ -293,6 +301,9 @@ class HardwareProfile:
             if not isinstance(g, GPUSpec):
                 raise _FieldError("gpus", f"gpus[{i}] is not a GPUSpec: {g!r}")
         object.__setattr__(self, "gpus", gpus)
+        if sum(g.count for g in gpus) > MAX_GPUS_PER_PROFILE:
+            raise _FieldError("gpus", f"{sum(g.count for g in gpus)} GPUs in all: at most {MAX_GPUS_PER_PROFILE}"
+                              f"{_GPUS_WHY}")
         if not isinstance(self.host, HostSpec):
             raise _FieldError("host", f"expected a HostSpec, got {self.host!r}")
         if self.link is not None and not isinstance(self.link, LinkSpec):

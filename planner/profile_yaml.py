@@ -22,7 +22,7 @@ import yaml
 from .errors import ProfileError, UnitError
 from .hardware import (SCHEMA_VERSION, Calibration, CalibrationEntry, GPUSpec, HardwareProfile, HostSpec, LinkSpec,
                        Overheads, _FieldError, _is_number)
-from .units import GiB, KiB, MiB, TiB, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
+from .units import GiB, KiB, MiB, TiB, OutOfRangeError, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
 from .yaml_strict import safe_load_strict
 
 
@@ -40,7 +40,8 @@ class _Kind:
 
 
 class _Bad(Exception):
-    """A value that does not fit its kind (turned into a ProfileError with the key path)."""
+    """A value that does not fit its kind (turned into a ProfileError with the key path); its text, when it has
+    one, says what is wrong instead of what was expected."""
 
 
 # How much of a bad value an error message quotes: enough to recognise it, never a whole file.
@@ -66,6 +67,8 @@ def _unit_parser(parse: Callable[[str], Any]) -> Callable[[Any], Any]:
             raise _Bad()
         try:
             return parse(v)
+        except OutOfRangeError as e:  # the right form, but NaN, infinite or beyond any machine: say that
+            raise _Bad(str(e)) from None
         except UnitError:
             raise _Bad() from None
 
@@ -280,8 +283,8 @@ class _Reader:
     def value(self, v: Any, path: str, kind: _Kind) -> Any:
         try:
             return kind.parse(v)
-        except _Bad:
-            raise self.fail(path, f"expected {kind.expected}, got {_show(v)}") from None
+        except _Bad as e:
+            raise self.fail(path, str(e) or f"expected {kind.expected}, got {_show(v)}") from None
 
     def build(self, cls: type, kwargs: dict[str, Any], path: str, keys: Mapping[str, tuple[str, Any, Any]]) -> Any:
         try:

@@ -30,6 +30,7 @@ class ProfileEntry(NamedTuple):
     origin: str  # "$VRAMPLAN_PROFILES", "user", "shipped"
     profile: HardwareProfile | None  # the loaded profile, or None when it does not load
     error: str | None  # why it does not load
+    shadows: tuple[tuple[Path, str], ...] = ()  # files of the same name found later (path, origin): never used
 
 
 def shipped_profiles_dir() -> Path:
@@ -84,10 +85,9 @@ def resolve_profile(name_or_path: str | os.PathLike[str]) -> tuple[HardwareProfi
         raise ProfileError(f"{text}: no such profile file")
     wanted = text.strip().lower()
     dirs = search_dirs()
-    for directory, _origin in dirs:
-        for f in _profile_files(directory):
-            if f.stem.lower() == wanted:
-                return load_profile(f), f
+    found = _named(wanted, dirs)
+    if found:
+        return load_profile(found[0][0]), found[0][0]
     known = sorted({f.stem for d, _o in dirs for f in _profile_files(d)})
     close = difflib.get_close_matches(wanted, [k.lower() for k in known], n=4, cutoff=0.5)
     by_lower = {k.lower(): k for k in known}
@@ -100,13 +100,29 @@ def resolve_profile(name_or_path: str | os.PathLike[str]) -> tuple[HardwareProfi
     )
 
 
+def _named(wanted: str, dirs: list[tuple[Path, str]]) -> list[tuple[Path, str]]:
+    """The files a lower-case profile name finds, in lookup order (path, origin): the first one is used."""
+    return [(f, origin) for directory, origin in dirs for f in _profile_files(directory) if f.stem.lower() == wanted]
+
+
+def name_shadows(name_or_path: str | os.PathLike[str]) -> list[tuple[Path, str]]:
+    """The files a profile name finds but does not use (path, origin), because one earlier in the search order has
+    the same name; none for a path."""
+    text = os.fspath(name_or_path)
+    if not text.strip() or Path(text).expanduser().exists() or _looks_like_path(text):
+        return []
+    return _named(text.strip().lower(), search_dirs())[1:]
+
+
 def list_profiles() -> list[ProfileEntry]:
-    """Every profile visible by name, sorted by name; earlier directories shadow later ones."""
+    """Every profile visible by name, sorted by name; earlier directories shadow later ones, and each entry lists
+    the files of its name it shadows."""
     seen: dict[str, ProfileEntry] = {}
     for directory, origin in search_dirs():
         for f in _profile_files(directory):
             key = f.stem.lower()
             if key in seen:
+                seen[key] = seen[key]._replace(shadows=seen[key].shadows + ((f, origin),))
                 continue
             try:
                 seen[key] = ProfileEntry(f.stem, f, origin, load_profile(f), None)

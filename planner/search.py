@@ -429,7 +429,10 @@ def check_context(spec: ModelSpec, req: Request) -> list[str]:
     """Refuse a context beyond what the model is made for (PlanError) unless the request allows it; the warnings to
     show (the overflow allowed, or a rope scaling that makes the context valid)."""
     limit, why = context_limit(spec)
-    if not limit or req.context <= spec.max_context:
+    if not limit:
+        return [(f"{spec.name}'s config gives no max_position_embeddings: the longest context the model is made "
+                 f"for is unknown, so context {req.context} was not checked against it")]
+    if req.context <= spec.max_context:
         return []
     if req.context <= limit:
         return [f"context {req.context} is beyond max_position_embeddings {spec.max_context}, within the {why}"]

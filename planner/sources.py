@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .architectures import BUILDERS, spec_from_config
+from .architectures.config import check_rope
 from .errors import AmbiguousModelError, CheckpointError, ConfigError, ModelNotFoundError, UnsupportedArchitectureError
 from .generic import refuse_unmodelled_state, spec_from_headers
 from .modelspec import ModelSpec, canonical_dtype, dtype_bytes
@@ -40,6 +41,7 @@ class ModelSource:
     origin: str = ""  # human description: "catalog", "/path/to/dir", "HF cache snapshot abc123"
     # safetensors headers read elsewhere (the hub, or vramplan's cache of them); None: read path's files, if any
     headers: tuple[HeaderTensor, ...] | None = field(default=None, repr=False, compare=False)
+    note: str = ""  # a line for the user about how the name was resolved ("resolved 'mixtral' to ..."), or ""
 
     @property
     def has_weights(self) -> bool:
@@ -80,25 +82,69 @@ def catalog_rows() -> list[dict]:
     return rows
 
 
+# A catalog name is completed from part of it only at these separators: "mixtral" -> Mixtral-8x7B-v0.1, but
+# "llama-3.1-4" is not Llama-3.1-405B (a size or version cut short names another model: 4B, 405B, 3.1 vs 3).
+NAME_SEPARATORS = "-_/"
+# An ambiguous name's message lists at most this many candidates (the whole catalog is `vramplan models`).
+MAX_CANDIDATES_SHOWN = 10
+
+
 def find_in_catalog(name: str) -> CatalogEntry:
-    """Exact id or alias (case-insensitive), else a unique substring; ambiguous or unknown names raise."""
+    """The catalog entry `name` names; an ambiguous or unknown name raises (see `match_catalog`)."""
+    return match_catalog(name)[0]
+
+
+def match_catalog(name: str) -> tuple[CatalogEntry, str]:
+    """The catalog entry `name` names, and a line to tell the user when it was completed from part of a name ("").
+
+    1. Exact, case-insensitive: an id (the hub id), an alias, or an id's name after its org.
+    2. Else a name without an org that appears in exactly one entry's id or alias, whole at separators
+       (NAME_SEPARATORS): completed, and the line says so.
+    3. Else a name that appears in several entries, cuts one short ("llama-3.1-4"), or is an org/name that is
+       not a catalog id: AmbiguousModelError listing the candidates (the hub is not asked).
+    4. Else ModelNotFoundError with the close names."""
     q = name.strip().lower()
     entries = catalog()
     for e in entries:
-        if q == e.id.lower() or q in e.aliases:
-            return e
-    hits = [e for e in entries if q and (q in e.id.lower())]
-    if len(hits) == 1:
-        return hits[0]
-    if len(hits) > 1:
-        raise AmbiguousModelError(f"model name {name!r} is ambiguous; candidates: {', '.join(e.id for e in hits)}")
-    names = [e.id.lower() for e in entries] + [a for e in entries for a in e.aliases]
-    close = difflib.get_close_matches(q, names, n=5, cutoff=0.5)
-    hint = f"; close names: {', '.join(dict.fromkeys(close))}" if close else "; see `vramplan models` for the catalog"
+        if q and q in (e.id.lower(), e.id.lower().split("/", 1)[-1], *e.aliases):
+            return e, ""
+    names = {e: (e.id.lower(), *e.aliases) for e in entries}
+    hits = [e for e in entries if q and any(q in n for n in names[e])]
+    whole = [e for e in hits if any(_whole_at_separators(q, n) for n in names[e])]
+    if len(hits) == 1 and len(whole) == 1 and "/" not in q:
+        return whole[0], f"model {name.strip()!r}: resolved to {whole[0].id}, the only catalog model with that name"
+    if hits:  # one hit cut short: the names it may have meant are close to it
+        shown = [e.id for e in hits] if len(hits) > 1 else list(dict.fromkeys([hits[0].id, *_close_ids(q, entries)]))
+        more = f" and {len(shown) - MAX_CANDIDATES_SHOWN} more" if len(shown) > MAX_CANDIDATES_SHOWN else ""
+        why = ("names several catalog models" if len(hits) > 1 else
+               "is not a catalog id (a hub id the catalog lacks: add --revision main to ask the hub)" if "/" in q else
+               "cuts a catalog name short")
+        raise AmbiguousModelError(f"model name {name!r} is ambiguous: it {why}; give one exactly: "
+                                  f"{', '.join(shown[:MAX_CANDIDATES_SHOWN])}{more}")
+    aliases = [a for e in entries for a in e.aliases]
+    near = difflib.get_close_matches(q, [e.id.lower() for e in entries] + aliases, n=5, cutoff=0.5)
+    hint = f"; close names: {', '.join(dict.fromkeys(near))}" if near else "; see `vramplan models` for the catalog"
     raise ModelNotFoundError(
         f"no model {name!r}: not a local directory with config.json, not in the local Hugging Face cache, "
         f"not in the catalog{hint}"
     )
+
+
+def _whole_at_separators(q: str, name: str) -> bool:
+    """Whether q appears in name starting and ending at a separator (or the name's ends)."""
+    start = name.find(q)
+    while start >= 0:
+        end = start + len(q)
+        if (start == 0 or name[start - 1] in NAME_SEPARATORS) and (end == len(name) or name[end] in NAME_SEPARATORS):
+            return True
+        start = name.find(q, start + 1)
+    return False
+
+
+def _close_ids(q: str, entries: tuple[CatalogEntry, ...]) -> list[str]:
+    """Catalog ids whose id or alias is close to q (difflib), closest first."""
+    by_name = {n: e.id for e in entries for n in (e.id.lower(), *e.aliases)}
+    return list(dict.fromkeys(by_name[n] for n in difflib.get_close_matches(q, list(by_name), n=6, cutoff=0.6)))
 
 
 # ------------------------------------------------------------------ Hugging Face cache
@@ -189,8 +235,9 @@ def resolve_model(name: str) -> ModelSource:
     if snap is not None:
         return ModelSource(kind="hf-cache", id=name, config=read_config(snap / "config.json"), path=snap,
                            origin=f"Hugging Face cache {snap}")
-    entry = find_in_catalog(name)
-    return ModelSource(kind="catalog", id=entry.id, config=catalog_config(entry.id), origin="built-in catalog")
+    entry, note = match_catalog(name)
+    return ModelSource(kind="catalog", id=entry.id, config=catalog_config(entry.id), origin="built-in catalog",
+                       note=note)
 
 
 # The runtime's builder for a model_type without a hand-written one: (config, name, source) -> ModelSpec.
@@ -215,6 +262,7 @@ def load_spec(source: ModelSource, *, generic: GenericBuilder | None = None) -> 
 
 def _generic_spec(source: ModelSource, headers, generic: GenericBuilder | None, where: str) -> ModelSpec:
     refuse_unmodelled_state(source.config, where)
+    check_rope(source.config, where)
     if headers and "quantization_config" not in source.config:
         return spec_from_headers(source.config, normalized_headers(headers), name=source.id, source=source.origin,
                                  where=where)

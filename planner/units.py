@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 
 from .errors import UnitError
 
@@ -20,8 +21,23 @@ TiB = 1024**4
 
 # Longest context anyone may ask for: 16M tokens. Beyond that is a typo.
 MAX_CONTEXT_TOKENS = 1 << 24
+# Upper bounds on quantities, far beyond any machine: a value past them is a typo or a unit slip ("1e30GiB"), and
+# planning it would only print nonsense.
+# Memory: 1 PiB. The largest single machines hold tens of TiB (HPE Superdome Flex: 48 TiB of RAM; a DGX GH200
+# NVLink domain: 144 TB of GPU-addressable memory).
+MAX_MEMORY_BYTES = 1 << 50
+MAX_MEMORY_TEXT = "1 PiB"
+# Bandwidth: 100 PB/s. The fastest memory in a machine today moves ~8 TB/s (B200's HBM3e).
+MAX_BANDWIDTH_BYTES_PER_S = 1e17
+MAX_BANDWIDTH_TEXT = "100000000 GB/s"
+# Compute: 1 EFLOP/s. One B200 does ~2.25 PFLOP/s of dense bf16; a profile describes one machine.
+MAX_FLOPS = 1e18
+MAX_FLOPS_TEXT = "1000000 TFLOPS"
+# A refused "1e3" is written out for the user ("1e3 = 1000") up to this exponent; "1e-99999999" is not.
+MAX_EXPONENT_SHOWN = 30
 
-_NUMBER = r"(?P<num>[0-9]+(?:\.[0-9]+)?|\.[0-9]+)"
+# An exponent ("1e30") is read only to say what is wrong: past a bound, that it is; within, to write the number out.
+_NUMBER = r"(?P<num>(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?P<exp>[eE][-+]?[0-9]+)?)"
 
 _CONTEXT_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<suffix>[kKmM]?)\s*$")
 _CONTEXT_MULT = {"": 1, "k": 1024, "m": 1024**2}
@@ -42,15 +58,19 @@ _TIME_DIV = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}
 
 
 _SIGNED_RE = re.compile(r"^\s*[-+]")
-_NOT_A_NUMBER_RE = re.compile(r"(?i)^\s*[-+]?(nan|inf|infinity)\b")
+# "nan", "inf", "infinity" alone or with a unit ("nanGiB", "inf GB/s", "infk"): float() reads them, a quantity can't be.
+_NOT_A_NUMBER_RE = re.compile(r"(?i)^\s*[-+]?(?P<word>nan|inf|infinity)\s*"
+                              r"(?:[kmgtpnuµ]?i?(?:b(?:\s*/\s*s)?|flops?|flop/s|s)?)\s*$")
 _BITS_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kKmMgGtTpP]?)(?P<i>[iI]?)b(?P<rest>\s*(/\s*s)?)\s*$")
 
 
 def _diagnose(text: object, what: str, advice: str) -> UnitError:
     """Say what is actually wrong with a quantity the parser refused."""
     s = str(text)
-    if _NOT_A_NUMBER_RE.match(s):
-        return UnitError(f"{what} {text!r} is not a number")
+    m = _NOT_A_NUMBER_RE.match(s)
+    if m:
+        return OutOfRangeError(f"{what} {text!r} is not a number: give a finite number with its unit"
+                               if m["word"].lower() == "nan" else f"{what} {text!r} is not a finite number")
     if _SIGNED_RE.match(s):
         return UnitError(f"{what} {text!r} must not be negative" if s.lstrip().startswith("-")
                          else f"{what} {text!r}: write it without a sign")
@@ -61,6 +81,33 @@ def _diagnose(text: object, what: str, advice: str) -> UnitError:
     if not s.strip():
         return UnitError(f"{what} is empty: {advice}")
     return UnitError(f"{what} {text!r} {advice}")
+
+
+class OutOfRangeError(UnitError):
+    """A quantity that parses but is no real value: NaN, infinite, or beyond any machine."""
+
+
+def _finite(value: float, text: object, what: str) -> float:
+    """A float parsed from a number or from a value in the internal unit; NaN or infinity is refused."""
+    if math.isnan(value):
+        raise OutOfRangeError(f"{what} {text!r} is not a number: give a finite number with its unit")
+    if math.isinf(value) and not isinstance(text, str):
+        raise OutOfRangeError(f"{what} {text!r} is not a finite number")
+    return value
+
+
+def _at_most(value: float, maximum: float, text: object, what: str, limit: str) -> None:
+    """Refuse a value beyond any machine (an overflow to infinity from "1e400GiB" included)."""
+    if value > maximum:
+        raise OutOfRangeError(f"{what} {text!r} is larger than any machine (max {limit})")
+
+
+def _no_exponent(m: re.Match, text: object, what: str) -> None:
+    """Refuse a number written with an exponent (once it is known to be within bounds): units live in the unit."""
+    if m["exp"]:
+        small = abs(int(m["exp"][1:])) <= MAX_EXPONENT_SHOWN
+        plain = f" ({m['num']} = {format(Decimal(m['num']), 'f')})" if small else ""
+        raise UnitError(f"{what} {text!r}: write the number without an exponent{plain}")
 
 
 def _whole(value: float, text: str, what: str) -> int:
@@ -80,7 +127,11 @@ def parse_context(text: str | int) -> int:
         m = _CONTEXT_RE.match(str(text))
         if not m:
             raise _diagnose(text, "context", "is not a token count; write e.g. 4096, 32k (=32768) or 1m (=1048576)")
-        value = _whole(float(m["num"]) * _CONTEXT_MULT[m["suffix"].lower()], str(text), "context")
+        tokens = float(m["num"]) * _CONTEXT_MULT[m["suffix"].lower()]
+        if tokens > MAX_CONTEXT_TOKENS:  # before rounding: "1e400" is infinite
+            raise UnitError(f"context {text!r} is beyond any model's reach (max {MAX_CONTEXT_TOKENS} tokens = 16m)")
+        _no_exponent(m, text, "context")
+        value = _whole(tokens, str(text), "context")
     if value <= 0:
         raise UnitError(f"context {text!r} must be at least 1 token")
     if value > MAX_CONTEXT_TOKENS:
@@ -95,6 +146,7 @@ def parse_bytes(text: str | int, *, what: str = "size") -> int:
     if isinstance(text, int):
         if text < 0:
             raise UnitError(f"{what} {text} must not be negative")
+        _at_most(text, MAX_MEMORY_BYTES, text, what, MAX_MEMORY_TEXT)
         return text
     m = _BYTE_RE.match(str(text))
     if not m:
@@ -106,13 +158,17 @@ def parse_bytes(text: str | int, *, what: str = "size") -> int:
         mult = _BIN[prefix]
     else:
         mult = _DEC[prefix]
-    return _whole(float(m["num"]) * mult, str(text), what)
+    value = float(m["num"]) * mult
+    _at_most(value, MAX_MEMORY_BYTES, text, what, MAX_MEMORY_TEXT)
+    _no_exponent(m, text, what)
+    return _whole(value, str(text), what)
 
 
 def parse_bandwidth(text: str | int | float, *, what: str = "bandwidth") -> float:
     """Bytes per second: "1008 GB/s", "25 GiB/s"."""
     if isinstance(text, bool):
         raise UnitError(f"{what} {text!r} needs a unit such as GB/s")
+    m = None
     if isinstance(text, (int, float)):
         value = float(text)
     else:
@@ -124,7 +180,11 @@ def parse_bandwidth(text: str | int | float, *, what: str = "bandwidth") -> floa
         if m["i"] and not prefix:
             raise UnitError(f"{what} {text!r}: 'iB/s' needs a prefix")
         value = float(m["num"]) * mult
-    if not math.isfinite(value) or value <= 0:
+    _finite(value, text, what)
+    _at_most(value, MAX_BANDWIDTH_BYTES_PER_S, text, what, MAX_BANDWIDTH_TEXT)
+    if m is not None:
+        _no_exponent(m, text, what)
+    if value <= 0:
         raise UnitError(f"{what} {text!r} must be positive")
     return value
 
@@ -133,6 +193,7 @@ def parse_flops(text: str | int | float, *, what: str = "compute") -> float:
     """FLOP per second: "165 TFLOPS", "989 TFLOP/s"."""
     if isinstance(text, bool):
         raise UnitError(f"{what} {text!r} needs a unit such as TFLOPS")
+    m = None
     if isinstance(text, (int, float)):
         value = float(text)
     else:
@@ -140,7 +201,11 @@ def parse_flops(text: str | int | float, *, what: str = "compute") -> float:
         if not m:
             raise _diagnose(text, what, "needs a unit: e.g. 165 TFLOPS or 989 TFLOP/s")
         value = float(m["num"]) * _FLOPS_MULT[m["prefix"].lower()]
-    if not math.isfinite(value) or value <= 0:
+    _finite(value, text, what)
+    _at_most(value, MAX_FLOPS, text, what, MAX_FLOPS_TEXT)
+    if m is not None:
+        _no_exponent(m, text, what)
+    if value <= 0:
         raise UnitError(f"{what} {text!r} must be positive")
     return value
 
@@ -149,6 +214,7 @@ def parse_seconds(text: str | int | float, *, what: str = "time") -> float:
     """Seconds: "5 us", "1.2 ms", "0.5 s"."""
     if isinstance(text, bool):
         raise UnitError(f"{what} {text!r} needs a unit such as ms or us")
+    m = None
     if isinstance(text, (int, float)):
         value = float(text)
     else:
@@ -156,7 +222,12 @@ def parse_seconds(text: str | int | float, *, what: str = "time") -> float:
         if not m:
             raise _diagnose(text, what, "needs a unit: s, ms, us or ns")
         value = float(m["num"]) / _TIME_DIV[m["unit"]]
-    if not math.isfinite(value) or value < 0:
+    _finite(value, text, what)
+    if math.isinf(value):
+        raise UnitError(f"{what} {text!r} is too long to be a time anything waits for")
+    if m is not None:
+        _no_exponent(m, text, what)
+    if value < 0:
         raise UnitError(f"{what} {text!r} must not be negative")
     return value
 
@@ -170,6 +241,8 @@ def parse_fraction(text: str | int | float, *, what: str = "fraction") -> float:
         value = float(s[:-1]) / 100 if s.endswith("%") else float(s)
     except ValueError:
         raise UnitError(f"{what} {text!r} is not a fraction between 0 and 1") from None
+    if math.isnan(value):
+        raise UnitError(f"{what} {text!r} is not a number: give a fraction between 0 and 1")
     if not (0.0 <= value <= 1.0):
         raise UnitError(f"{what} {text!r} must lie between 0 and 1")
     return value

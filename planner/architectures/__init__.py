@@ -32,7 +32,7 @@ from typing import Callable
 from ..errors import ConfigError, UnsupportedArchitectureError
 from ..modelspec import ModelSpec
 from . import dense, mla, moe, multimodal
-from .config import Cfg
+from .config import Cfg, check_rope
 
 BUILDERS: dict[str, Callable[[Cfg, str], ModelSpec]] = {
     "llama": dense.build_llama,
@@ -85,6 +85,7 @@ def spec_from_config(config: dict, *, name: str = "model", source: str = "", whe
         )
     if config.get("per_layer_config"):  # transformers' heterogeneous configs: per-layer overrides of any field
         raise UnsupportedArchitectureError(f"{where}: per_layer_config (layers unlike the config) is not supported")
+    check_rope(config, where)
     try:
         spec = builder(c, name)
     except (KeyError, TypeError, ZeroDivisionError) as e:  # a malformed config, never a crash

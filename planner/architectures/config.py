@@ -6,6 +6,7 @@ field's maximum, and every problem is a ConfigError that names the field.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..errors import ConfigError
@@ -142,3 +143,65 @@ class Cfg:
         if not isinstance(v, str):
             raise ConfigError(f"{self.where}: field 'torch_dtype' must be a string, got {v!r}")
         return canonical_dtype(v)
+
+
+# transformers 5.24 (modeling_rope_utils.py, _validate_*_rope_parameters): "`rope_parameters`'s factor field must be a
+# float or int >= 1". transformers only warns; a factor below it (-4) is a corrupt config, not a scaling.
+MIN_ROPE_FACTOR = 1.0
+ROPE_KEYS = ("rope_scaling", "rope_parameters")  # transformers 4 / transformers 5 spelling
+_ROPE_ENTRY_KEYS = ("rope_type", "type", "factor", "rope_theta")
+
+
+def check_rope(config: dict, where: str) -> None:
+    """Refuse a rope_scaling / rope_parameters that is not what transformers reads: an object (or null) holding
+    rope_type (a string), factor (a number >= MIN_ROPE_FACTOR) and original_max_position_embeddings (a token count);
+    transformers 5 may key such objects by attention type ({"full_attention": {...}, "sliding_attention": {...}})."""
+    for scope, c in (("", config), ("text_config.", config.get("text_config"))):
+        if not isinstance(c, dict):
+            continue
+        for key in ROPE_KEYS:
+            r = c.get(key)
+            if r is None:
+                continue
+            path = scope + key
+            if not isinstance(r, dict):
+                raise ConfigError(f"{where}: {path} must be an object like {{\"rope_type\": \"yarn\", \"factor\": 4.0, "
+                                  f"\"original_max_position_embeddings\": 32768}} (or null), got {json_text(r)}")
+            if any(k in r for k in _ROPE_ENTRY_KEYS) or not r:
+                _check_rope_entry(r, path, where)
+                continue
+            for kind, entry in r.items():
+                if not isinstance(entry, dict):
+                    raise ConfigError(f"{where}: {path}.{kind} must be an object with rope_type and its parameters, "
+                                      f"got {json_text(entry)}")
+                _check_rope_entry(entry, f"{path}.{kind}", where)
+
+
+def _check_rope_entry(e: dict, path: str, where: str) -> None:
+    kind = e.get("rope_type", e.get("type"))
+    if kind is not None and not isinstance(kind, str):
+        raise ConfigError(f"{where}: {path}.rope_type must be a string such as \"yarn\" or \"linear\", got "
+                          f"{json_text(kind)}")
+    factor = e.get("factor")
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                               or not factor >= MIN_ROPE_FACTOR or factor == float("inf")):
+        raise ConfigError(f"{where}: {path}.factor must be a number >= {MIN_ROPE_FACTOR:g} (how many times the "
+                          f"original context it stretches to), got {json_text(factor)}")
+    original = e.get("original_max_position_embeddings")
+    if original is not None and (isinstance(original, bool) or not isinstance(original, int)
+                                 or not 1 <= original <= MAX_TOKENS):
+        raise ConfigError(f"{where}: {path}.original_max_position_embeddings must be a token count between 1 and "
+                          f"{MAX_TOKENS}, got {json_text(original)}")
+
+
+# How much of a bad value a message quotes.
+SHOW_MAX_CHARS = 60
+
+
+def json_text(v: Any) -> str:
+    """A config value as JSON, cut to SHOW_MAX_CHARS."""
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError):
+        text = repr(v)
+    return text if len(text) <= SHOW_MAX_CHARS else text[:SHOW_MAX_CHARS] + "..."
