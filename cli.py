@@ -206,15 +206,17 @@ def probe_cmd(
     from planner.profile_yaml import profile_to_dict
     from runtime.files import save_profile
     from runtime.probe import probe
-    from runtime.this_machine import store
+    from runtime.this_machine import store_or_why
 
     path = _save_path(save)
     with out.status("probing this machine") as status:
         result = probe(quick=quick, progress=lambda msg: status.update(f"probing: {msg}"))
     profile = result.profile
-    cached = store(profile)
+    cached, unsaved = store_or_why(profile)
     if cached is not None:
         out.info(f"this machine's cached profile refreshed: {cached}")
+    else:
+        out.info(f"this machine's cached profile not refreshed: {unsaved}")
     if path:
         stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(path).stem).strip("-.") or profile.name
         profile = profile.replace(name=stem)

@@ -318,3 +318,13 @@ def test_the_hub_deadline_env_must_be_a_positive_number(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "VRAMPLAN_HUB_DEADLINE_S='0': expected a number of seconds > 0" in r.stderr
+
+
+def test_probe_says_when_it_could_not_refresh_the_cache(capsys, monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(blocker / "cache"))
+    code, _, err = main(capsys, "probe", "--quick", "--json")
+    assert code == 0, err
+    assert "this machine's cached profile not refreshed:" in err and "Not a directory" in err
+    assert "refreshed: " not in err.replace("not refreshed: ", "")
