@@ -156,14 +156,20 @@ def resolve_hardware(hardware: str | None):
     """The profile named or at a path; without --hardware, this machine's cached quick probe."""
     if hardware is not None:
         return named_profile(hardware)[0]
-    from runtime.this_machine import busy_note, cache_path, this_machine_profile
+    from runtime.this_machine import busy_note, this_machine
 
-    profile = this_machine_profile()
-    out.info(f"hardware: this machine (quick probe cached in {cache_path()}; `vramplan probe --quick` refreshes it)")
-    busy = busy_note(profile)
+    here = this_machine()
+    if here.probed_now:
+        why = f" ({here.why_probed})" if here.why_probed else ""
+        where = f"cached in {here.cache_file}" if here.cache_file else f"not cached: {here.why_not_cached}"
+        how = f"quick probe taken now{why}, {where}"
+    else:
+        how = f"quick probe cached in {here.cache_file}; `vramplan probe --quick` refreshes it"
+    out.info(f"hardware: this machine ({how})")
+    busy = busy_note(here.profile)
     if busy:
-        out.warn(f"this machine's cached probe was {busy}")
-    return profile
+        out.warn(f"this machine's {'' if here.probed_now else 'cached '}probe was {busy}")
+    return here.profile
 
 
 def named_profile(name: str):
@@ -217,15 +223,17 @@ def probe_cmd(
     from planner.profile_yaml import profile_to_dict
     from runtime.files import save_profile
     from runtime.probe import probe
-    from runtime.this_machine import store
+    from runtime.this_machine import store_or_why
 
     path = _save_path(save)
     with out.status("probing this machine") as status:
         result = probe(quick=quick, progress=lambda msg: status.update(f"probing: {msg}"))
     profile = result.profile
-    cached = store(profile)
+    cached, unsaved = store_or_why(profile)
     if cached is not None:
         out.info(f"this machine's cached profile refreshed: {cached}")
+    else:
+        out.info(f"this machine's cached profile not refreshed: {unsaved}")
     if path:
         stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(path).stem).strip("-.") or profile.name
         profile = profile.replace(name=stem)
@@ -404,23 +412,32 @@ def calibrate_cmd(
     """Run a small matrix of real runs here and fit the speed model into the profile's calibration."""
     from planner.profile_yaml import profile_to_dict
     from planner.units import parse_context
-    from runtime.calibrate import calibrate, load_runs, matrix_for
+    from runtime.calibrate import calibrate, check_fits, load_runs, matrix_for
     from runtime.files import save_json, save_profile
+    from runtime.this_machine import differences, this_machine_profile
 
     out.set_mode(json=as_json)
     path, runs_path = _save_path(save), _save_path(save_runs)
     earlier = load_runs(tuple(p.strip() for p in add_runs.split(",") if p.strip())) if add_runs else []
-    if hardware is not None:
-        hw = resolve_hardware(hardware)
-    else:
+    here = this_machine_profile()  # the cached quick probe: what this machine holds, before any load
+    hw = resolve_hardware(hardware) if hardware is not None else None
+    if hw is not None and (differs := differences(hw, here)):
+        raise UsageError(f"--hardware {hardware}: its hardware is not this machine's, so runs here cannot calibrate "
+                         f"it: {'; '.join(differs)} (calibrate on that machine, or save this one's with "
+                         "`vramplan probe --save`)")
+    named = _split(models, "--models")
+    m = matrix_for(hw or here, models=named, quants=_split(quants, "--quants"),
+                   prompts=tuple(parse_context(x) for x in _split(prompts, "--prompts")), new_tokens=new_tokens,
+                   repeats=repeats, kv_dtypes=None if kv_dtypes is None else
+                   tuple(k for k in _split(kv_dtypes, "--kv-dtypes") if k != "none"))
+    m, dropped = check_fits(hw or here, m, named=named)  # refuses a named model that cannot fit: nothing loaded
+    for w in dropped:
+        out.warn(w)
+    if hw is None:
         from runtime.probe import probe
 
         with out.status("probing this machine (full measurements)..."):
             hw = probe(quick=False).profile
-    m = matrix_for(hw, models=_split(models, "--models"), quants=_split(quants, "--quants"),
-                   prompts=tuple(parse_context(x) for x in _split(prompts, "--prompts")), new_tokens=new_tokens,
-                   repeats=repeats, kv_dtypes=None if kv_dtypes is None else
-                   tuple(k for k in _split(kv_dtypes, "--kv-dtypes") if k != "none"))
     result = calibrate(hw, m, progress=out.info, earlier=earlier, track=out.progress)
     for w in result.warnings:
         out.warn(w)

@@ -42,6 +42,7 @@ class Matrix:
     kv_dtypes: tuple[str, ...] = ()  # quantized caches, run on the first model at the two longest prompts
     experts: bool = True  # time routed MoE experts per scheme (measure_experts)
     eager: bool = True  # also run the first model's first scheme with eager attention (its own kernel efficiencies)
+    skip: tuple[tuple[str, str], ...] = ()  # (model, scheme) pairs left out: they do not fit this machine
 
 
 # Sizes that finish in a few minutes on a 2-core CPU machine, larger on a GPU.
@@ -63,9 +64,7 @@ def matrix_for(hw: HardwareProfile, *, models: tuple[str, ...] = (), quants: tup
     from planner.sources import find_in_catalog
 
     if on_gpu is None:
-        import torch
-
-        on_gpu = hw.has_gpu and torch.cuda.is_available()
+        on_gpu = _on_gpu(hw)
     m = GPU_MATRIX if on_gpu else CPU_MATRIX
     for q in quants:
         if q not in SCHEMES:
@@ -84,6 +83,70 @@ def matrix_for(hw: HardwareProfile, *, models: tuple[str, ...] = (), quants: tup
                    new_tokens=new_tokens if new_tokens is not None else m.new_tokens,
                    repeats=repeats if repeats is not None else m.repeats,
                    kv_dtypes=kv_dtypes if kv_dtypes is not None else m.kv_dtypes)
+
+
+def _on_gpu(hw: HardwareProfile) -> bool:
+    """Whether calibration runs on the GPU: a profile with one, and a torch that reaches it (torch is imported only
+    then, so that a refusal on a CPU machine costs no import)."""
+    if not hw.has_gpu:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class DoesNotFitError(VramplanError):
+    """A calibration point that this machine cannot hold: refused before anything is loaded, like `run`'s "nothing
+    fits" (exit 1)."""
+
+    exit_code = 1
+
+
+def point_request(spec, quant: str, prompt: int, matrix: Matrix, on_gpu: bool) -> Request:
+    """What a calibration run of `spec` in `quant` at `prompt` holds: the whole model on the one device it is loaded on
+    (run_matrix loads every layer there), a bf16 cache of prompt + new tokens. Only memory is asked, so a prompt
+    beyond the model's context is planned as it runs (with dummy weights)."""
+    return Request(context=prompt + matrix.new_tokens, prompt_tokens=prompt, quant=(quant,), kv_dtype=("bf16",),
+                   prefill_chunk=matrix.prefill_chunk, gpu_layers=spec.num_layers if on_gpu else None,
+                   allow_context_overflow=True)
+
+
+def check_fits(hw: HardwareProfile, matrix: Matrix, *, named: tuple[str, ...] = (),
+               on_gpu: bool | None = None) -> tuple[Matrix, list[str]]:
+    """Plan every point (model x scheme x prompt) against `hw` before anything is loaded. A point of a model the user
+    named (`named`) that does not fit is refused (DoesNotFitError, what it needs vs has); a point of the default
+    matrix drops its (model, scheme) pair with a warning. Returns the matrix to run and the warnings."""
+    from planner.search import plan
+
+    if on_gpu is None:
+        on_gpu = _on_gpu(hw)
+    device = "cuda" if on_gpu else "cpu"
+    skip, warnings, refused = list(matrix.skip), [], []
+    for name in matrix.models:
+        spec = load_spec(resolve_model(name))
+        for quant in matrix.quants:
+            if device not in SCHEMES[quant].devices or (name, quant) in skip:
+                continue  # run_matrix skips these too
+            for prompt in sorted(matrix.prompts):
+                p = plan(spec, hw, point_request(spec, quant, prompt, matrix, on_gpu))
+                if p.fits:
+                    continue
+                why = next((c.reason for c in p.candidates if c.reason), None) or "; ".join(p.reasons)
+                what = f"{spec.name} {quant} at a {prompt}-token prompt does not fit {hw.name}: {why}"
+                if name in named:
+                    refused.append(what)
+                else:
+                    warnings.append(f"left out of the calibration: {what}")
+                    skip.append((name, quant))
+                break  # longer prompts need more
+    if refused:
+        more = f" (and {len(refused) - 1} more point(s) of the models named)" if len(refused) > 1 else ""
+        raise DoesNotFitError(f"calibrate: {refused[0]}{more}; nothing was loaded")
+    runnable = [(m, q) for m in matrix.models for q in matrix.quants
+                if device in SCHEMES[q].devices and (m, q) not in skip]
+    if not runnable:
+        raise DoesNotFitError("calibrate: no point of the matrix fits this machine: " + "; ".join(warnings))
+    return replace(matrix, skip=tuple(skip)), warnings
 
 
 @dataclass(kw_only=True)
@@ -181,14 +244,16 @@ def _matrix_runs(matrix: Matrix, device: str) -> list[tuple]:
 
     kv_runs = [k for k in matrix.kv_dtypes if k in available_kv_dtypes()]
     out = []
-    for mi, name in enumerate(matrix.models):
+    first_pair = next(((m, q) for m in matrix.models for q in matrix.quants
+                       if device in SCHEMES[q].devices and (m, q) not in matrix.skip), None)
+    for name in matrix.models:
         source = resolve_model(name)
         spec = load_spec(source)
         for quant in matrix.quants:
-            if device not in SCHEMES[quant].devices:
+            if device not in SCHEMES[quant].devices or (name, quant) in matrix.skip:
                 continue
             native = spec.attention_impl
-            first = mi == 0 and quant == matrix.quants[0]
+            first = (name, quant) == first_pair  # the extra runs (KV caches, eager) go to the first pair that runs
             runs = [(p, "bf16", native) for p in matrix.prompts]
             if first and not spec.sliding_window_layers:
                 # two cache sizes: the update's traffic grows with the cache, its fixed cost per layer does not
@@ -278,6 +343,8 @@ def measure_runtime_ram(hw: HardwareProfile, matrix: Matrix, *,
     bare = replace(hw, calibration=None)  # plan with the default base RAM, which the difference then replaces
     extras, warnings = [], []
     for name in matrix.models:
+        if (name, "bf16") in matrix.skip:
+            continue  # bf16 does not fit here (check_fits said so)
         prompt = max(matrix.prompts)
         req = Request(context=prompt + matrix.new_tokens, prompt_tokens=prompt, quant=("bf16",), kv_dtype=("bf16",),
                       prefill_chunk=matrix.prefill_chunk)

@@ -22,14 +22,23 @@ them, so a re-plan offline is exact too. Not inside the HF cache: huggingface_hu
 scans and deletes expect only its own files there).
 
 Errors are one-line VramplanErrors: not found, gated (how to get access; HF_TOKEN is read), no network
-(within HUB_TIMEOUT_S; offline mode reads the cache), offline with nothing cached, GGUF-only or pickle-only
-repos, malformed headers. No torch; huggingface_hub is imported only when the hub is asked.
+or a hub too slow to answer (each request within HUB_DEADLINE_S in all; offline mode reads the cache), offline
+with nothing cached, GGUF-only or pickle-only repos, malformed headers. No torch; huggingface_hub is imported
+only when the hub is asked.
+
+A socket timeout bounds each wait for the next bytes, not the whole answer: a server that trickles a byte
+every few seconds (or huggingface_hub's own retries) would keep a request alive for ever. So each request
+(model info, a file download, a header's range reads) runs on a daemon thread that is waited for at most
+HUB_DEADLINE_S ($VRAMPLAN_HUB_DEADLINE_S overrides); past it the call fails with HubUnreachableError and the
+thread is abandoned (it ends with its socket; a daemon thread never holds the process open).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -40,8 +49,12 @@ from planner.modelspec import canonical_dtype
 from planner.sources import (HeaderTensor, ModelSource, hf_cache_dir, index_shards, parse_safetensors_header,
                              read_config, resolve_model, safetensors_header_length, weight_files)
 
-# Seconds to wait for the hub to connect or to send the next bytes: "no network" is said within this.
+# Seconds to wait for the hub to connect or to send the next bytes.
 HUB_TIMEOUT_S = 5.0
+# Seconds one request to the hub may take in all, however its bytes trickle in: the README promises an answer
+# ("unreachable") within 5 s. VRAMPLAN_HUB_DEADLINE_S overrides it (a slow link; the tests).
+HUB_DEADLINE_S = 5.0
+HUB_DEADLINE_ENV = "VRAMPLAN_HUB_DEADLINE_S"
 # Parallel header reads of a sharded checkpoint.
 MAX_PARALLEL_HEADER_READS = 8
 INDEX_FILE = "model.safetensors.index.json"
@@ -129,10 +142,51 @@ def from_hub(repo: str, revision: str | None, catalog_miss: str = "") -> ModelSo
         raise hub_error(e, repo, revision, endpoint, catalog_miss) from None
 
 
+def hub_deadline_s() -> float:
+    """HUB_DEADLINE_S, or $VRAMPLAN_HUB_DEADLINE_S (seconds > 0)."""
+    text = os.environ.get(HUB_DEADLINE_ENV, "").strip()
+    if not text:
+        return HUB_DEADLINE_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise VramplanError(f"${HUB_DEADLINE_ENV}={text!r}: expected a number of seconds > 0")
+    return seconds
+
+
+def within_deadline(call, what: str, endpoint: str):
+    """call() on a daemon thread, waited for at most hub_deadline_s(); its result or its exception, or
+    HubUnreachableError naming `what` when the deadline passes first."""
+    deadline_s = hub_deadline_s()
+    done = threading.Event()
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as e:  # handed to the caller, who raises it
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"vramplan hub: {what}", daemon=True).start()
+    if not done.wait(deadline_s):
+        raise HubUnreachableError(
+            f"cannot reach the Hugging Face hub at {endpoint} for {what} (Timeout: no complete answer within "
+            f"{deadline_s:g} s; ${HUB_DEADLINE_ENV} changes the limit); check the network or HF_ENDPOINT; offline "
+            "mode (HF_HUB_OFFLINE=1) plans from the local cache only")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def _fetch(repo: str, revision: str | None, endpoint: str) -> ModelSource:
     from huggingface_hub import HfApi, hf_hub_download
 
-    info = HfApi().model_info(repo, revision=revision, timeout=HUB_TIMEOUT_S)
+    info = within_deadline(lambda: HfApi().model_info(repo, revision=revision, timeout=HUB_TIMEOUT_S),
+                           f"the model info of {repo}", endpoint)
     files = [s.rfilename for s in info.siblings or ()]
     weights = _safetensors_files(files)
     if not weights:
@@ -141,13 +195,16 @@ def _fetch(repo: str, revision: str | None, endpoint: str) -> ModelSource:
         raise CheckpointError(f"{repo} on {endpoint} has no config.json: vramplan counts a model from its config and "
                               "safetensors headers")
     cache = hf_cache_dir()
-    config_path = Path(hf_hub_download(repo, "config.json", revision=revision, cache_dir=cache,
-                                       etag_timeout=HUB_TIMEOUT_S))
+    config_path = Path(within_deadline(lambda: hf_hub_download(repo, "config.json", revision=revision, cache_dir=cache,
+                                                               etag_timeout=HUB_TIMEOUT_S),
+                                       f"{repo}/config.json", endpoint))
     snapshot, commit = config_path.parent, config_path.parent.name
     source = ModelSource(kind="hub", id=repo, config=read_config(config_path), path=snapshot,
                          origin=f"Hugging Face hub {endpoint}/{repo} at {commit[:12]}")
     if weights == [INDEX_FILE]:
-        index = Path(hf_hub_download(repo, INDEX_FILE, revision=commit, cache_dir=cache, etag_timeout=HUB_TIMEOUT_S))
+        index = Path(within_deadline(lambda: hf_hub_download(repo, INDEX_FILE, revision=commit, cache_dir=cache,
+                                                             etag_timeout=HUB_TIMEOUT_S),
+                                     f"{repo}/{INDEX_FILE}", endpoint))
         weights = index_shards(index.read_text(), f"{repo}/{INDEX_FILE}")
     if not weights or weight_files(snapshot):  # no weights on the hub, or downloaded earlier: read them here
         return source
@@ -183,7 +240,8 @@ def fetch_headers(repo: str, commit: str, files: list[str], endpoint: str) -> di
     """Every file's safetensors header, read in parallel by two range reads each."""
     workers = max(1, min(MAX_PARALLEL_HEADER_READS, len(files)))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = pool.map(lambda f: remote_header(repo, commit, f, endpoint), files)
+        results = pool.map(lambda f: within_deadline(lambda: remote_header(repo, commit, f, endpoint),
+                                                     f"the safetensors header of {repo}/{f}", endpoint), files)
         return dict(zip(files, results))
 
 

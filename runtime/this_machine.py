@@ -7,6 +7,12 @@ as `this-machine-<hostname>-<hash of the hardware identity>.yaml`. A changed mac
 RAM, cgroup limit, CUDA_VISIBLE_DEVICES, CPU count) gets a fresh probe; `vramplan probe` and
 `vramplan probe --quick` refresh the cache. A probe taken while other processes kept the CPUs
 busy says so in its notes (the RAM bandwidth it measured is then low), and `plan` warns about it.
+
+A cached probe is measured again (quietly, about a second) when it is older than
+PROBE_CACHE_MAX_AGE_S ($VRAMPLAN_PROBE_MAX_AGE_DAYS overrides), or when it was taken while the
+machine was busy (once it is BUSY_PROBE_RETRY_S old); `this_machine()` says which, and when the
+cache could not be written.
+`differences(profile, here)` says how a profile's hardware differs from this machine's.
 """
 
 from __future__ import annotations
@@ -15,14 +21,30 @@ import hashlib
 import json
 import os
 import socket
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from planner.errors import ProfileError
+from planner.errors import ProfileError, VramplanError
 from planner.hardware import HardwareProfile
 from planner.profile_yaml import load_profile
+from planner.units import format_bytes
 
 from .files import WriteError, save_profile
 from .probe.host import BUSY_NOTE_PREFIX, machine_fingerprint
+
+SECONDS_PER_DAY = 86400
+# How long a cached quick probe stands before it is measured again: the hardware identity in the file name catches a
+# changed machine, not a changed BIOS setting, memory clock or driver, and a probe costs about a second.
+PROBE_CACHE_MAX_AGE_S = 7 * SECONDS_PER_DAY
+PROBE_MAX_AGE_ENV = "VRAMPLAN_PROBE_MAX_AGE_DAYS"
+# A probe taken while the machine was busy is taken again once it is this old: on a machine that stays busy (a shared
+# CI runner, the 2-core dev VM) probing on every plan would cost each one a second and add to the load it measures.
+BUSY_PROBE_RETRY_S = 15 * 60
+# How far a profile's GPU memory and host RAM may differ from this machine's and still be this machine: the RAM the
+# kernel and firmware reserve changes by a percent or two between kernels and boots; another machine type differs by
+# far more (and a cgroup limit that moved is a different machine for planning).
+SAME_MACHINE_MEMORY_TOLERANCE = 0.05
 
 
 def cache_dir() -> Path:
@@ -52,25 +74,106 @@ def cached_profile() -> HardwareProfile | None:
 
 def store(profile: HardwareProfile) -> Path | None:
     """Make `profile` this machine's cached one (named "this-machine"); None when the cache cannot be written."""
+    return store_or_why(profile)[0]
+
+
+def store_or_why(profile: HardwareProfile) -> tuple[Path | None, str | None]:
+    """(the cache file, None), or (None, why it could not be written): a read-only home is no reason to fail a plan."""
     try:
-        return save_profile(profile.replace(name="this-machine"), cache_path())
-    except WriteError:
-        return None  # a read-only home is no reason to fail a plan
+        return save_profile(profile.replace(name="this-machine"), cache_path()), None
+    except WriteError as e:
+        return None, str(e)
 
 
-def this_machine_profile(refresh: bool = False) -> HardwareProfile:
-    """This machine's profile: the cached quick probe, or a new one (cached) when there is none or `refresh`."""
+def probe_max_age_s() -> float:
+    """PROBE_CACHE_MAX_AGE_S, or $VRAMPLAN_PROBE_MAX_AGE_DAYS (a number of days, 0: always probe)."""
+    text = os.environ.get(PROBE_MAX_AGE_ENV, "").strip()
+    if not text:
+        return PROBE_CACHE_MAX_AGE_S
+    try:
+        days = float(text)
+    except ValueError:
+        days = -1.0
+    if not days >= 0:  # also NaN
+        raise VramplanError(f"${PROBE_MAX_AGE_ENV}={text!r}: expected a number of days >= 0")
+    return days * SECONDS_PER_DAY
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThisMachine:
+    """This machine's quick-probe profile and how it was come by."""
+
+    profile: HardwareProfile
+    cache_file: Path | None  # where it is cached; None when the cache could not be written
+    probed_now: bool  # measured by this call (no usable cache, a stale or busy one, or asked to)
+    why_probed: str | None = None  # why a cached probe was not used ("... days old", "taken while busy")
+    why_not_cached: str | None = None  # the write error, when cache_file is None
+
+
+def this_machine(refresh: bool = False) -> ThisMachine:
+    """The cached quick probe when it is young and was taken on an idle machine; else a new one, cached if possible."""
+    why = None
     if not refresh:
+        path = cache_path()
         cached = cached_profile()
         if cached is not None:
-            return cached
+            why = stale_reason(cached, path)
+            if why is None:
+                return ThisMachine(profile=cached, cache_file=path, probed_now=False)
     from .probe import probe
 
     profile = probe(quick=True).profile
-    store(profile)
-    return profile
+    saved, unsaved = store_or_why(profile)
+    return ThisMachine(profile=profile, cache_file=saved, probed_now=True, why_probed=why, why_not_cached=unsaved)
+
+
+def stale_reason(cached: HardwareProfile, path: Path) -> str | None:
+    """Why a cached probe should be measured again (too old, or taken under load), or None."""
+    try:
+        age_s = time.time() - path.stat().st_mtime
+    except OSError:
+        return "the cached one vanished"
+    limit_s = probe_max_age_s()
+    if age_s > limit_s:
+        return (f"the cached one was {age_s / SECONDS_PER_DAY:.1f} days old (limit {limit_s / SECONDS_PER_DAY:g} "
+                f"days, ${PROBE_MAX_AGE_ENV})")
+    if busy_note(cached) is not None and age_s > BUSY_PROBE_RETRY_S:
+        return (f"the cached one was taken while the machine was busy, {age_s / 60:.0f} min ago (retried after "
+                f"{BUSY_PROBE_RETRY_S / 60:g} min)")
+    return None
+
+
+def this_machine_profile(refresh: bool = False) -> HardwareProfile:
+    """This machine's profile: the cached quick probe, or a new one (cached) when there is none, it is stale, or
+    `refresh`."""
+    return this_machine(refresh).profile
 
 
 def busy_note(profile: HardwareProfile) -> str | None:
     """The note a probe leaves when other processes kept the CPUs busy while it measured, if any."""
     return next((n for n in profile.notes if n.startswith(BUSY_NOTE_PREFIX)), None)
+
+
+def differences(profile: HardwareProfile, here: HardwareProfile) -> list[str]:
+    """How `profile`'s hardware differs from `here` (this machine's probe): GPUs (name, count, memory), host RAM and
+    cores; empty when it describes this machine."""
+    from .probe.datasheets import _norm_gpu_name
+
+    def gpus(p: HardwareProfile) -> str:
+        return ", ".join(f"{g.count}x {g.name} {format_bytes(g.memory_bytes)}" for g in p.gpus) or "no GPU"
+
+    def close(a: int, b: int) -> bool:
+        return abs(a - b) <= SAME_MACHINE_MEMORY_TOLERANCE * max(a, b)
+
+    found = []
+    theirs = sorted(profile.gpus, key=lambda g: _norm_gpu_name(g.name))
+    ours = sorted(here.gpus, key=lambda g: _norm_gpu_name(g.name))
+    if len(theirs) != len(ours) or any(
+            _norm_gpu_name(a.name) != _norm_gpu_name(b.name) or a.count != b.count
+            or not close(a.memory_bytes, b.memory_bytes) for a, b in zip(theirs, ours)):
+        found.append(f"GPUs {gpus(profile)} (this machine: {gpus(here)})")
+    if not close(profile.host.ram_bytes, here.host.ram_bytes):
+        found.append(f"RAM {format_bytes(profile.host.ram_bytes)} (this machine: {format_bytes(here.host.ram_bytes)})")
+    if profile.host.cpu_cores != here.host.cpu_cores:
+        found.append(f"{profile.host.cpu_cores} CPU cores (this machine: {here.host.cpu_cores})")
+    return found
