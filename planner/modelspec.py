@@ -116,6 +116,7 @@ class TensorSpec:
     kind: Kind
     layer: int | None = None  # decoder layer index; None for embeddings, final norm, lm_head
     dtype: str | None = None  # dtype on disk when a checkpoint header said so
+    held_dtype: str | None = None  # dtype transformers holds it in whatever the load dtype (fp32 routers: fp32.py)
     transposed: bool = False  # Kind.EXPERTS stored [E, in, out] (gpt_oss, llama4) rather than [E, out, in]
 
     def __post_init__(self) -> None:

@@ -197,7 +197,8 @@ def resolve_model(name: str) -> ModelSource:
 GenericBuilder = Callable[[dict, str, str], ModelSpec]
 
 
-def load_spec(source: ModelSource, *, generic: GenericBuilder | None = None) -> ModelSpec:
+def load_spec(source: ModelSource, *, generic: GenericBuilder | None = None,
+              transformers_version: str | None = None) -> ModelSpec:
     """The model's exact inventory, with the checkpoint's dtypes and size when its headers are known.
 
     The tensors come from the hand-written builder of the config's model_type; without one, from the
@@ -207,7 +208,8 @@ def load_spec(source: ModelSource, *, generic: GenericBuilder | None = None) -> 
     headers = source_headers(source)
     mt = source.config.get("model_type")
     if not isinstance(mt, str) or mt in BUILDERS:
-        spec = spec_from_config(source.config, name=source.id, source=source.origin, where=where)
+        spec = spec_from_config(source.config, name=source.id, source=source.origin, where=where,
+                                transformers_version=transformers_version)
     else:
         spec = _generic_spec(source, headers, generic, where)
     return apply_headers(spec, headers, where) if headers else spec

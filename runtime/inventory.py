@@ -12,6 +12,7 @@ CLI calls, and plans a model with a builder or with headers without torch.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from dataclasses import replace
 
@@ -35,8 +36,17 @@ def runtime_installed() -> bool:
 
 def load_spec(source: ModelSource) -> ModelSpec:
     """The source's exact inventory (planner.sources.load_spec), with this module's meta-device path for a
-    model_type that has neither a builder nor known headers, when torch and transformers are installed."""
-    return planner_load_spec(source, generic=spec_from_transformers if runtime_installed() else None)
+    model_type that has neither a builder nor known headers, when torch and transformers are installed, counted
+    as the installed transformers holds it (its version read from the package metadata: no import)."""
+    return planner_load_spec(source, generic=spec_from_transformers if runtime_installed() else None,
+                             transformers_version=installed_transformers_version())
+
+
+def installed_transformers_version() -> str | None:
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def spec_from_transformers(config: dict, name: str, source: str) -> ModelSpec:
