@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .hardware import HardwareProfile
-from .modelspec import ModelSpec, Role, dtype_bytes
+from .modelspec import AttentionLayout, ModelSpec, Role, dtype_bytes
 from .choice import Choice, OffloadMode
 from .quant import KVScheme, WeightScheme, kv_bytes_per_layer
 from .request import Request
@@ -30,6 +30,16 @@ ACTIVATION_HIDDEN_COPIES = 4
 ACTIVATION_MLP_COPIES = 3
 # Logits of the last position: the model's compute dtype, then an fp32 upcast for sampling.
 LOGITS_BYTES_PER_ELEMENT = 2 + 4
+# torch's CPU SDPA has no fused kernel when V's head dim differs from Q/K's (MLA: qk_nope + qk_rope != v_head_dim): it
+# falls back to the math path, which upcasts Q, K and V to fp32 and materialises the scores [batch, heads, queries,
+# context]. Peak RSS growth of one call (torch 2.13, 2-core dev VM, bf16 inputs with a boolean mask), fitted as fp32
+# copies of the scores and of the expanded K and V: 263 MiB for 2 heads x 2048 queries x 6000 keys (48/32 dims), 389
+# MiB for 32 heads x 1 query x 6000 keys (192/128), 156 MiB for 8 heads x 512 x 3000 (96/64); the fit gives 264, 389
+# and 153 MiB. On a GPU the memory-efficient kernel takes these shapes without the scores: a CPU-only term.
+SDPA_MATH_SCORE_FP32_COPIES = 2.75
+SDPA_MATH_KV_FP32_COPIES = 1.65
+FP32_BYTES = 4
+CPU_ONLY_WORKSPACE_TERMS = ("sdpa_math_fallback",)
 
 
 @dataclass(frozen=True)
@@ -106,7 +116,23 @@ def workspace_bytes(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Re
         "kv_append_copy": int(largest_layer_kv),
         "dequant_temp": scheme.matmul_temp_bytes(spec),
     }
+    # MLA as transformers runs it (AttentionLayout.expands_cache): each layer in turn expands its whole cached context
+    # into kv_b_proj's output and a key tensor, in the compute dtype, at every decode step and every prefill chunk
+    expanded = max(a.cached_tokens(ctx) * a.expanded_elements_per_token for a, _ in spec.attention_groups)
+    if expanded:
+        terms["mla_expanded_kv"] = int(expanded * req.batch * act)
+    math = max((a.num_heads * (_chunk_scores(a, ctx, req.prefill_chunk) * SDPA_MATH_SCORE_FP32_COPIES
+                               + a.cached_tokens(ctx) * (a.head_dim + a.value_dim) * SDPA_MATH_KV_FP32_COPIES)
+                for a, _ in spec.attention_groups if a.value_dim != a.head_dim), default=0.0)
+    if math:
+        terms["sdpa_math_fallback"] = int(math * req.batch * FP32_BYTES)
     return terms
+
+
+def _chunk_scores(a: AttentionLayout, prompt: int, chunk: int) -> int:
+    """The most attention scores per head one prefill chunk computes: its queries x the keys cached so far."""
+    return max(min(chunk, prompt - start) * a.cached_tokens(min(prompt, start + chunk))
+               for start in range(0, prompt, chunk))
 
 
 @dataclass(frozen=True)
@@ -175,7 +201,7 @@ class MemoryBreakdown:
 
     gpus: tuple[GPUMemory, ...]
     cpu: CPUMemory
-    workspace_terms: dict  # the workspace's own terms (the same on whichever device computes)
+    workspace_terms: dict  # the workspace's own terms (on a GPU without CPU_ONLY_WORKSPACE_TERMS)
 
     @property
     def gpu(self) -> GPUMemory | None:
@@ -274,7 +300,8 @@ class Footprint:
         self.tied = spec.tie_word_embeddings
         self.gpu_count = len(hw.devices)
         self.workspace = dict(workspace)
-        self.ws = sum(workspace.values())
+        self.ws = sum(v for k, v in workspace.items() if k not in CPU_ONLY_WORKSPACE_TERMS)  # on a GPU
+        self.ws_cpu = sum(workspace.values())
         self.pw = _prefix(costs.weights)
         self.pkv = _prefix(costs.kv)
         self.px = _prefix(costs.experts or (0,) * self.L)
@@ -323,7 +350,8 @@ class Footprint:
         weights = (self.pw[L] - self.pw[n] + self._experts_in_ram(0, n, p.experts_on_cpu)
                    + (0 if self.embeddings_on_gpu(n) else costs.embed_bytes) + (0 if on_gpu else costs.head_bytes))
         activations = computes_here and (n < L or not on_gpu) or p.experts_on_cpu > 0
-        return (weights, self.pkv[L] - self.pkv[n] if computes_here else 0, self.ws if activations else 0,
+        workspace = (self.ws_cpu if computes_here else self.ws) if activations else 0  # attention here, or experts
+        return (weights, self.pkv[L] - self.pkv[n] if computes_here else 0, workspace,
                 self.req.runtime_base_ram_bytes)
 
     def _gpus(self, p: Placement) -> tuple[GPUMemory, ...]:

@@ -211,15 +211,16 @@ def load_spec(source: ModelSource, *, generic: GenericBuilder | None = None,
         spec = spec_from_config(source.config, name=source.id, source=source.origin, where=where,
                                 transformers_version=transformers_version)
     else:
-        spec = _generic_spec(source, headers, generic, where)
+        spec = _generic_spec(source, headers, generic, where, transformers_version)
     return apply_headers(spec, headers, where) if headers else spec
 
 
-def _generic_spec(source: ModelSource, headers, generic: GenericBuilder | None, where: str) -> ModelSpec:
+def _generic_spec(source: ModelSource, headers, generic: GenericBuilder | None, where: str,
+                  transformers_version: str | None) -> ModelSpec:
     refuse_unmodelled_state(source.config, where)
     if headers and "quantization_config" not in source.config:
         return spec_from_headers(source.config, normalized_headers(headers), name=source.id, source=source.origin,
-                                 where=where)
+                                 where=where, transformers_version=transformers_version)
     if generic is not None:
         return generic(source.config, source.id, source.origin)
     why = "its checkpoint is pre-quantized (its headers hold packed tensors)" if headers else \

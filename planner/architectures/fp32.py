@@ -36,7 +36,8 @@ KEEP_IN_FP32: dict[str, tuple[tuple[str, tuple[int, int]], ...]] = {
     # 5.17: ["e_score_correction_bias"], made in fp32; 5.24: + "gate.weight"
     "glm4_moe": (("gate.e_score_correction_bias", OLDEST_VERIFIED), ("gate.weight", (5, 24))),
     # 5.17: ["gate.weight", "moe_statics"]; 5.24: ["gate.weight", "e_score_correction_bias"]: the same tensors
-    "ernie4_5_moe": (("gate.weight", OLDEST_VERIFIED), ("gate.moe_statics.e_score_correction_bias", OLDEST_VERIFIED)),
+    # (checkpoints name the bias mlp.moe_statics.*, the loaded model mlp.gate.moe_statics.*)
+    "ernie4_5_moe": (("gate.weight", OLDEST_VERIFIED), ("moe_statics.e_score_correction_bias", OLDEST_VERIFIED)),
 }
 
 
