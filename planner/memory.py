@@ -32,13 +32,17 @@ ACTIVATION_MLP_COPIES = 3
 LOGITS_BYTES_PER_ELEMENT = 2 + 4
 # torch's CPU SDPA has no fused kernel when V's head dim differs from Q/K's (MLA: qk_nope + qk_rope != v_head_dim): it
 # falls back to the math path, which upcasts Q, K and V to fp32 and materialises the scores [batch, heads, queries,
-# context]. Peak RSS growth of one call (torch 2.13, 2-core dev VM, bf16 inputs with a boolean mask), fitted as fp32
-# copies of the scores and of the expanded K and V: 263 MiB for 2 heads x 2048 queries x 6000 keys (48/32 dims), 389
-# MiB for 32 heads x 1 query x 6000 keys (192/128), 156 MiB for 8 heads x 512 x 3000 (96/64); the fit gives 264, 389
-# and 153 MiB. On a GPU the memory-efficient kernel takes these shapes without the scores: a CPU-only term.
-SDPA_MATH_SCORE_FP32_COPIES = 2.75
+# context], beside transformers' boolean mask [batch, 1, queries, context] of a chunk after the first. Peak RSS growth
+# of one call (torch 2.13, 2-core dev VM, bf16 inputs, a boolean mask): 263 MiB for 2 heads x 2048 queries x 6000
+# keys (48/32 dims), 389 MiB for 32 heads x 1 query x 6000 keys (192/128), 156 MiB for 8 heads x 512 x 3000 (96/64):
+# 2.5-2.8 fp32 copies of the scores and 1.65 of the expanded K and V. Counted: 3 score copies (the scores, their
+# softmax, one more temporary), which also covers a whole tiny deepseek_v3 prefill of 4096 tokens in 2048-token
+# chunks (peak RSS +156-198 MiB over runs, planned 214 MiB: tests/test_mla.py). On a GPU the memory-efficient
+# kernel takes these shapes without the scores: CPU-only terms.
+SDPA_MATH_SCORE_FP32_COPIES = 3.0
 SDPA_MATH_KV_FP32_COPIES = 1.65
 FP32_BYTES = 4
+BOOL_MASK_BYTES = 1
 CPU_ONLY_WORKSPACE_TERMS = ("sdpa_math_fallback",)
 
 
@@ -121,11 +125,12 @@ def workspace_bytes(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Re
     expanded = max(a.cached_tokens(ctx) * a.expanded_elements_per_token for a, _ in spec.attention_groups)
     if expanded:
         terms["mla_expanded_kv"] = int(expanded * req.batch * act)
-    math = max((a.num_heads * (_chunk_scores(a, ctx, req.prefill_chunk) * SDPA_MATH_SCORE_FP32_COPIES
-                               + a.cached_tokens(ctx) * (a.head_dim + a.value_dim) * SDPA_MATH_KV_FP32_COPIES)
-                for a, _ in spec.attention_groups if a.value_dim != a.head_dim), default=0.0)
+    math = max((_chunk_scores(a, ctx, req.prefill_chunk) * (a.num_heads * SDPA_MATH_SCORE_FP32_COPIES * FP32_BYTES
+                                                             + BOOL_MASK_BYTES)
+                + a.num_heads * a.cached_tokens(ctx) * (a.head_dim + a.value_dim) * SDPA_MATH_KV_FP32_COPIES
+                * FP32_BYTES for a, _ in spec.attention_groups if a.value_dim != a.head_dim), default=0.0)
     if math:
-        terms["sdpa_math_fallback"] = int(math * req.batch * FP32_BYTES)
+        terms["sdpa_math_fallback"] = int(math * req.batch)
     return terms
 
 

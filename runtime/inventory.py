@@ -17,10 +17,10 @@ import importlib.util
 import re
 from dataclasses import replace
 
+from planner.architectures.fp32 import FP32_DTYPE
 from planner.errors import UnsupportedArchitectureError
 from planner.generic import (CONTEXT_KEYS, HEAD_KEYS, HIDDEN_KEYS, INTERMEDIATE_KEYS, KV_HEAD_KEYS, LAYER_KEYS,
                              TOP_K_KEYS, classify, is_routed_expert, refuse_unmodelled_state, spec_from_tensors)
-from planner.architectures.fp32 import FP32_DTYPE
 from planner.modelspec import INVENTORY_META_DEVICE, Kind, ModelSpec, Role, TensorSpec
 from planner.sources import ModelSource
 from planner.sources import load_spec as planner_load_spec
