@@ -17,6 +17,7 @@ from typing import Iterable, Mapping, Sequence
 
 from .architectures.common import CHUNKED, FULL, SLIDING, window_per_layer
 from .architectures.config import Cfg
+from .architectures.fp32 import keep_in_fp32
 from .errors import CheckpointError, ConfigError, UnsupportedArchitectureError
 from .modelspec import (INVENTORY_HEADERS, AttentionLayout, Kind, ModelSpec, MoEInfo, Role, TensorSpec)
 
@@ -98,8 +99,10 @@ def attention_layouts(config: dict, where: str) -> tuple[AttentionLayout, ...]:
     heads = config_int(c, HEAD_KEYS)
     if c.has("kv_lora_rank"):
         nope, rope = c.int("qk_nope_head_dim"), c.int("qk_rope_head_dim")
+        # v_head_dim: the MLA families transformers has copy deepseek_v3's attention, expansion included
         mla = AttentionLayout(kind="mla", num_heads=heads, num_kv_heads=heads, head_dim=nope + rope,
-                              mla_cache_dim=c.int("kv_lora_rank") + rope)
+                              mla_cache_dim=c.int("kv_lora_rank") + rope, mla_rope_dim=rope,
+                              v_head_dim=c.int("v_head_dim") if c.has("v_head_dim") else None)
         return (mla,) * n
     if c.has("head_dim"):
         head_dim = c.int("head_dim")
@@ -249,10 +252,11 @@ def layer_of(name: str, stack: str) -> int | None:
 
 
 # ------------------------------------------------------------------ the spec
-def spec_from_headers(config: dict, header: Mapping, *, name: str, source: str, where: str) -> ModelSpec:
+def spec_from_headers(config: dict, header: Mapping, *, name: str, source: str, where: str,
+                      transformers_version: str | None = None) -> ModelSpec:
     """The inventory of a checkpoint's safetensors headers (name -> HeaderTensor, names as transformers' ForCausalLM
     gives them); tied embeddings when it holds no lm_head. Tensors of layers beyond num_hidden_layers (MTP heads)
-    are not the model's."""
+    are not the model's. Router tensors held in fp32 as `transformers_version` holds them (architectures/fp32.py)."""
     refuse_unmodelled_state(config, where)
     n = config_int(Cfg(config, where), LAYER_KEYS)
     stack = decoder_stack(header, n, where)
@@ -269,8 +273,9 @@ def spec_from_headers(config: dict, header: Mapping, *, name: str, source: str, 
     tied = not any(t.role is Role.LM_HEAD and t.kind is Kind.LINEAR for t in tensors)
     archs = config.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else f"{config['model_type']}"
-    return spec_from_tensors(config, tensors, name=name, source=source, where=where, inventory=INVENTORY_HEADERS,
+    spec = spec_from_tensors(config, tensors, name=name, source=source, where=where, inventory=INVENTORY_HEADERS,
                              architecture=arch, tied=tied)
+    return keep_in_fp32(spec, transformers_version)
 
 
 _PER_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>[A-Za-z0-9_]+)\.weight$")

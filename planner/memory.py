@@ -19,7 +19,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 
 from .hardware import HardwareProfile
-from .modelspec import ModelSpec, Role, dtype_bytes
+from .modelspec import AttentionLayout, ModelSpec, Role, dtype_bytes
 from .choice import Choice, OffloadMode
 from .quant import KVScheme, WeightScheme, kv_bytes_per_layer
 from .request import Request
@@ -31,6 +31,20 @@ ACTIVATION_HIDDEN_COPIES = 4
 ACTIVATION_MLP_COPIES = 3
 # Logits of the last position: the model's compute dtype, then an fp32 upcast for sampling.
 LOGITS_BYTES_PER_ELEMENT = 2 + 4
+# torch's CPU SDPA has no fused kernel when V's head dim differs from Q/K's (MLA: qk_nope + qk_rope != v_head_dim): it
+# falls back to the math path, which upcasts Q, K and V to fp32 and materialises the scores [batch, heads, queries,
+# context], beside transformers' boolean mask [batch, 1, queries, context] of a chunk after the first. Peak RSS growth
+# of one call (torch 2.13, 2-core dev VM, bf16 inputs, a boolean mask): 263 MiB for 2 heads x 2048 queries x 6000
+# keys (48/32 dims), 389 MiB for 32 heads x 1 query x 6000 keys (192/128), 156 MiB for 8 heads x 512 x 3000 (96/64):
+# 2.5-2.8 fp32 copies of the scores and 1.65 of the expanded K and V. Counted: 3 score copies (the scores, their
+# softmax, one more temporary), which also covers a whole tiny deepseek_v3 prefill of 4096 tokens in 2048-token
+# chunks (peak RSS +156-198 MiB over runs, planned 214 MiB: tests/test_mla.py). On a GPU the memory-efficient
+# kernel takes these shapes without the scores: CPU-only terms.
+SDPA_MATH_SCORE_FP32_COPIES = 3.0
+SDPA_MATH_KV_FP32_COPIES = 1.65
+FP32_BYTES = 4
+BOOL_MASK_BYTES = 1
+CPU_ONLY_WORKSPACE_TERMS = ("sdpa_math_fallback",)
 
 
 @dataclass(frozen=True)
@@ -107,7 +121,24 @@ def workspace_bytes(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Re
         "kv_append_copy": int(largest_layer_kv),
         "dequant_temp": scheme.matmul_temp_bytes(spec),
     }
+    # MLA as transformers runs it (AttentionLayout.expands_cache): each layer in turn expands its whole cached context
+    # into kv_b_proj's output and a key tensor, in the compute dtype, at every decode step and every prefill chunk
+    expanded = max(a.cached_tokens(ctx) * a.expanded_elements_per_token for a, _ in spec.attention_groups)
+    if expanded:
+        terms["mla_expanded_kv"] = int(expanded * req.batch * act)
+    math = max((_chunk_scores(a, ctx, req.prefill_chunk) * (a.num_heads * SDPA_MATH_SCORE_FP32_COPIES * FP32_BYTES
+                                                             + BOOL_MASK_BYTES)
+                + a.num_heads * a.cached_tokens(ctx) * (a.head_dim + a.value_dim) * SDPA_MATH_KV_FP32_COPIES
+                * FP32_BYTES for a, _ in spec.attention_groups if a.value_dim != a.head_dim), default=0.0)
+    if math:
+        terms["sdpa_math_fallback"] = int(math * req.batch)
     return terms
+
+
+def _chunk_scores(a: AttentionLayout, prompt: int, chunk: int) -> int:
+    """The most attention scores per head one prefill chunk computes: its queries x the keys cached so far."""
+    return max(min(chunk, prompt - start) * a.cached_tokens(min(prompt, start + chunk))
+               for start in range(0, prompt, chunk))
 
 
 @dataclass(frozen=True)
@@ -176,7 +207,7 @@ class MemoryBreakdown:
 
     gpus: tuple[GPUMemory, ...]
     cpu: CPUMemory
-    workspace_terms: dict  # the workspace's own terms (the same on whichever device computes)
+    workspace_terms: dict  # the workspace's own terms (on a GPU without CPU_ONLY_WORKSPACE_TERMS)
 
     @property
     def gpu(self) -> GPUMemory | None:
@@ -275,7 +306,8 @@ class Footprint:
         self.tied = spec.tie_word_embeddings
         self.gpu_count = len(hw.devices)
         self.workspace = dict(workspace)
-        self.ws = sum(workspace.values())
+        self.ws = sum(v for k, v in workspace.items() if k not in CPU_ONLY_WORKSPACE_TERMS)  # on a GPU
+        self.ws_cpu = sum(workspace.values())
         self.pw = _prefix(costs.weights)
         self.pkv = _prefix(costs.kv)
         self.px = _prefix(costs.experts or (0,) * self.L)
@@ -328,7 +360,8 @@ class Footprint:
         weights = (self.pw[L] - self.pw[n] + self._experts_in_ram(0, n, p.experts_on_cpu)
                    + (0 if self.embeddings_on_gpu(n) else costs.embed_bytes) + (0 if on_gpu else costs.head_bytes))
         activations = computes_here and (n < L or not on_gpu) or p.experts_on_cpu > 0
-        return (weights, self.pkv[L] - self.pkv[n] if computes_here else 0, self.ws if activations else 0,
+        workspace = (self.ws_cpu if computes_here else self.ws) if activations else 0  # attention here, or experts
+        return (weights, self.pkv[L] - self.pkv[n] if computes_here else 0, workspace,
                 self.req.runtime_base_ram_bytes)
 
     def _gpus(self, p: Placement) -> tuple[GPUMemory, ...]:

@@ -116,6 +116,7 @@ class TensorSpec:
     kind: Kind
     layer: int | None = None  # decoder layer index; None for embeddings, final norm, lm_head
     dtype: str | None = None  # dtype on disk when a checkpoint header said so
+    held_dtype: str | None = None  # dtype transformers holds it in whatever the load dtype (fp32 routers: fp32.py)
     transposed: bool = False  # Kind.EXPERTS stored [E, in, out] (gpt_oss, llama4) rather than [E, out, in]
 
     def __post_init__(self) -> None:
@@ -157,6 +158,8 @@ class AttentionLayout:
     head_dim: int  # K/V head dim for mha; for mla the q/k head dim (nope + rope)
     window: int | None = None  # sliding window: the cache never holds more tokens
     mla_cache_dim: int | None = None  # mla: kv_lora_rank + qk_rope_head_dim
+    mla_rope_dim: int | None = None  # mla: qk_rope_head_dim (the part of K shared by every head, cached as is)
+    v_head_dim: int | None = None  # mla: V's head dim (K's is head_dim = qk_nope + qk_rope)
 
     @property
     def kv_elements_per_token(self) -> int:
@@ -165,6 +168,58 @@ class AttentionLayout:
             assert self.mla_cache_dim is not None
             return self.mla_cache_dim
         return 2 * self.num_kv_heads * self.head_dim
+
+    @property
+    def value_dim(self) -> int:
+        """V's head dim: head_dim, except in MLA layers that say otherwise."""
+        return self.v_head_dim if self.v_head_dim is not None else self.head_dim
+
+    @property
+    def expands_cache(self) -> bool:
+        """True for an MLA layer as transformers runs it (deepseek_v2/v3 `expand_kv`, 5.17-5.24): the cache holds the
+        compressed latent, and every forward up-projects the whole cached context to full K and V."""
+        return self.kind == "mla" and self.mla_rope_dim is not None and self.v_head_dim is not None
+
+    def _mla_dims(self) -> tuple[int, int, int, int]:
+        """(kv_lora_rank, qk_nope, qk_rope, v) of an MLA layer."""
+        assert self.mla_cache_dim is not None and self.mla_rope_dim is not None and self.v_head_dim is not None
+        rope = self.mla_rope_dim
+        return self.mla_cache_dim - rope, self.head_dim - rope, rope, self.v_head_dim
+
+    @property
+    def expanded_elements_per_token(self) -> int:
+        """Per cached token, the elements the expansion materialises (0 without one): kv_b_proj's output, heads x
+        (nope + v), whose v part is the value states, and the key tensor built from it, heads x (nope + rope)."""
+        if not self.expands_cache:
+            return 0
+        _, nope, rope, v = self._mla_dims()
+        return self.num_heads * ((nope + v) + (nope + rope))
+
+    @property
+    def expand_flop_per_token(self) -> float:
+        """Per cached token, the expansion's FLOPs: kv_b_proj, [kv_lora_rank] -> [heads x (nope + v)]."""
+        if not self.expands_cache:
+            return 0.0
+        lora, nope, _, v = self._mla_dims()
+        return 2.0 * lora * self.num_heads * (nope + v)
+
+    @property
+    def expand_traffic_elements_per_token(self) -> int:
+        """Per cached token, the elements the expansion reads and writes: the latent and k_rot read (kv_lora_rank +
+        rope), kv_b_proj's output written (heads x (nope + v)), k_nope read back and the key written (heads x nope,
+        heads x (nope + rope)). The attention kernel's read of K and V is the KV read (`attention_read_...`)."""
+        if not self.expands_cache:
+            return 0
+        lora, nope, rope, v = self._mla_dims()
+        return lora + rope + self.num_heads * ((nope + v) + nope + (nope + rope))
+
+    @property
+    def attention_read_elements_per_token(self) -> int:
+        """Per cached token, the K and V elements the attention kernel reads: the cache itself, or for an expanding
+        MLA layer the expanded K (heads x (nope + rope)) and V (heads x v)."""
+        if self.expands_cache:
+            return self.num_heads * (self.head_dim + self.value_dim)
+        return self.kv_elements_per_token
 
     @property
     def family(self) -> str:

@@ -91,7 +91,7 @@ class WeightScheme:
         """Exact bytes this scheme stores for one tensor."""
         load = load_dtype or self.compute_dtype
         if not self.touches(t):
-            return int(t.numel * dtype_bytes(load))
+            return int(t.numel * dtype_bytes(t.held_dtype or load))
         if t.kind is Kind.EXPERTS:
             return self._experts_bytes(t)
         n = t.numel

@@ -378,6 +378,10 @@ def _constants(hw: HardwareProfile, req: Request) -> dict:
         "activation_hidden_copies": {"value": m.ACTIVATION_HIDDEN_COPIES, "from": "planner.memory"},
         "activation_mlp_copies": {"value": m.ACTIVATION_MLP_COPIES, "from": "planner.memory"},
         "logits_bytes_per_element": {"value": m.LOGITS_BYTES_PER_ELEMENT, "from": "planner.memory"},
+        "sdpa_math_score_fp32_copies": {"value": m.SDPA_MATH_SCORE_FP32_COPIES, "from": "planner.memory (CPU, V head "
+                                        "dim != Q/K's: MLA)"},
+        "sdpa_math_kv_fp32_copies": {"value": m.SDPA_MATH_KV_FP32_COPIES, "from": "planner.memory (CPU, V head dim != "
+                                     "Q/K's: MLA)"},
         "link_efficiency": {"value": sp.DEFAULT_LINK_EFFICIENCY, "from": "planner.speed.DEFAULT_LINK_EFFICIENCY"},
         "ram_bandwidth_bytes_per_s": {"value": hw.host.ram_bandwidth_bytes_per_s, "from": f"profile {hw.name}: host.ram_bandwidth"},
         "cpu_bf16_flops": {"value": hw.host.cpu_bf16_flops, "from": f"profile {hw.name}: host.cpu_bf16_compute"},

@@ -244,7 +244,8 @@ def resolve_model(name: str) -> ModelSource:
 GenericBuilder = Callable[[dict, str, str], ModelSpec]
 
 
-def load_spec(source: ModelSource, *, generic: GenericBuilder | None = None) -> ModelSpec:
+def load_spec(source: ModelSource, *, generic: GenericBuilder | None = None,
+              transformers_version: str | None = None) -> ModelSpec:
     """The model's exact inventory, with the checkpoint's dtypes and size when its headers are known.
 
     The tensors come from the hand-written builder of the config's model_type; without one, from the
@@ -254,18 +255,20 @@ def load_spec(source: ModelSource, *, generic: GenericBuilder | None = None) -> 
     headers = source_headers(source)
     mt = source.config.get("model_type")
     if not isinstance(mt, str) or mt in BUILDERS:
-        spec = spec_from_config(source.config, name=source.id, source=source.origin, where=where)
+        spec = spec_from_config(source.config, name=source.id, source=source.origin, where=where,
+                                transformers_version=transformers_version)
     else:
-        spec = _generic_spec(source, headers, generic, where)
+        spec = _generic_spec(source, headers, generic, where, transformers_version)
     return apply_headers(spec, headers, where) if headers else spec
 
 
-def _generic_spec(source: ModelSource, headers, generic: GenericBuilder | None, where: str) -> ModelSpec:
+def _generic_spec(source: ModelSource, headers, generic: GenericBuilder | None, where: str,
+                  transformers_version: str | None) -> ModelSpec:
     refuse_unmodelled_state(source.config, where)
     check_rope(source.config, where)
     if headers and "quantization_config" not in source.config:
         return spec_from_headers(source.config, normalized_headers(headers), name=source.id, source=source.origin,
-                                 where=where)
+                                 where=where, transformers_version=transformers_version)
     if generic is not None:
         return generic(source.config, source.id, source.origin)
     why = "its checkpoint is pre-quantized (its headers hold packed tensors)" if headers else \

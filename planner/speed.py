@@ -19,7 +19,7 @@ the hardware profile when it has them, else the documented defaults below. Pure.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .hardware import HardwareProfile
 from .choice import Choice, OffloadMode
@@ -99,8 +99,36 @@ DEFAULT_PREFILL_ATTENTION_EFFICIENCY = {"cpu": 0.17, "gpu": 0.35}
 
 
 def decode_attention_flops_per_layer(spec: ModelSpec, context: int, batch: int) -> list[float]:
-    """FLOPs of one query token's attention per layer: QK^T and AV over the cached tokens (GQA saves none)."""
-    return spec.per_attention_layout(lambda a: 4.0 * a.num_heads * a.head_dim * a.cached_tokens(context) * batch)
+    """FLOPs of one query token's attention per layer: QK^T (head_dim) and AV (V's head dim) over the cached tokens
+    (GQA saves none)."""
+    return spec.per_attention_layout(
+        lambda a: 2.0 * a.num_heads * (a.head_dim + a.value_dim) * a.cached_tokens(context) * batch)
+
+
+# MLA as transformers runs it (AttentionLayout.expands_cache: deepseek_v2/v3's `expand_kv`, modeling_deepseek_v3.py in
+# transformers 5.17-5.24): every forward of every layer up-projects the layer's WHOLE cached context with kv_b_proj
+# and copies k_nope and the shared k_rot into a new key tensor, before the attention kernel reads K and V. Per decode
+# token that is context x expand_flop_per_token FLOPs (a matmul: at the weights' compute efficiency) and context x
+# expand_traffic_elements_per_token elements moved in the compute dtype (at the weights' bandwidth efficiency),
+# whichever takes longer; prefill expands once per chunk over the context so far. Measured on the 2-core dev VM
+# (hidden 256, 8 heads, kv_lora_rank 256, bf16): at a 3000-token context matmuls, almost all kv_b_proj's, are 62 %
+# of a decode step's time (torch profiler; the copies of the expansion and of SDPA's math path most of the rest).
+
+
+def mla_expand_per_layer(spec: ModelSpec, context: int, batch: int) -> tuple[list[float], list[float]]:
+    """(FLOPs, elements moved) of one decode step's MLA expansion per layer at `context` (0 for other layers)."""
+    flop = spec.per_attention_layout(lambda a: a.expand_flop_per_token * a.cached_tokens(context) * batch)
+    moved = spec.per_attention_layout(lambda a: float(a.expand_traffic_elements_per_token * a.cached_tokens(context)
+                                                      * batch))
+    return flop, moved
+
+
+def prefill_expand_flop_per_layer(spec: ModelSpec, prompt: int, chunk: int) -> list[float]:
+    """FLOPs of the MLA expansions of a chunked prefill per layer (and sequence): each chunk expands the context so
+    far, min(prompt, (k + 1) x chunk) tokens for chunk k."""
+    chunks = -(-prompt // chunk)
+    expanded = sum(min(prompt, (k + 1) * chunk) for k in range(chunks))
+    return spec.per_attention_layout(lambda a: a.expand_flop_per_token * expanded)
 
 
 def cached_elements_per_layer(spec: ModelSpec, context: int, batch: int) -> list[int]:
@@ -249,13 +277,13 @@ def _prefill_attention_flop_per_layer(spec: ModelSpec, prompt: int) -> list[floa
     """QK^T and AV FLOPs for a causal prefill of `prompt` tokens, per layer (windows capped)."""
     out = []
     for a in spec.attention:
-        # sum over positions p of min(p, window): 2 matmuls x 2 FLOPs per MAC
+        # sum over positions p of min(p, window): QK^T and AV, 2 FLOPs per MAC
         if a.window is None or prompt <= a.window:
             pairs = prompt * (prompt + 1) / 2
         else:
             w = a.window
             pairs = w * (w + 1) / 2 + (prompt - w) * w
-        out.append(4.0 * a.num_heads * a.head_dim * pairs)
+        out.append(2.0 * a.num_heads * (a.head_dim + a.value_dim) * pairs)
     return out
 
 
@@ -283,6 +311,8 @@ class DecodeWork:
     kv_update_bytes: list[float]  # a quantized cache's extra update traffic
     attention_flop: list[float]
     head_bytes: float  # lm_head (or the tied embedding) and the final norm
+    expand_flop: list[float] = field(default_factory=list)  # MLA expansion's FLOPs per layer (empty: none)
+    expand_bytes: list[float] = field(default_factory=list)  # MLA expansion's bytes moved per layer
 
 
 def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,
@@ -291,15 +321,22 @@ def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int,
     elements = cached_elements_per_layer(spec, context, batch)
     compute_bytes = dtype_bytes(scheme.compute_dtype)
     stored = kv_bytes_per_layer(spec, kv, context, batch)
+    kv_read = [e * compute_bytes for e in elements] if kv.dequantizes_whole_layer else [float(b) for b in stored]
+    # an expanding MLA layer's kernel reads the expanded K and V, in the compute dtype, not the cache
+    expanded = spec.per_attention_layout(lambda a: a.attention_read_elements_per_token * a.cached_tokens(context)
+                                         * batch * compute_bytes if a.expands_cache else None)
+    expand_flop, expand_moved = mla_expand_per_layer(spec, context, batch)
     return DecodeWork(
         weights_bytes=read.total,
         expert_bytes=read.experts,
         expert_calls=[experts_touched(spec, batch) if b else 0.0 for b in read.experts],
-        kv_read_bytes=[e * compute_bytes for e in elements] if kv.dequantizes_whole_layer else [float(b) for b in stored],
+        kv_read_bytes=[x if x is not None else r for x, r in zip(expanded, kv_read)],
         kv_stored_bytes=[float(b) for b in stored],
         kv_update_bytes=[e * kv.update_extra_bytes_per_element for e in elements],
         attention_flop=decode_attention_flops_per_layer(spec, context, batch),
         head_bytes=float(costs.head_bytes),
+        expand_flop=expand_flop,
+        expand_bytes=[m * compute_bytes for m in expand_moved],
     )
 
 
@@ -327,7 +364,14 @@ class DeviceRates:
                         w.attention_flop[i] / (self.flop_per_s * self.kv.attention_compute))
         experts = 0.0 if without_experts else self.experts_s(w.expert_bytes[i], w.expert_calls[i])
         return (self.weights_s(w.weights_bytes[i] - w.expert_bytes[i]) + experts + attention
-                + self.kv_update_s(w, i) + self.weights.per_layer_s)
+                + self.kv_update_s(w, i) + self.expand_s(w, i) + self.weights.per_layer_s)
+
+    def expand_s(self, w: DecodeWork, i: int) -> float:
+        """An MLA layer's expansion of its cached context: kv_b_proj's FLOPs or the bytes it moves, the longer."""
+        if not w.expand_flop or not w.expand_flop[i]:
+            return 0.0
+        return max(w.expand_flop[i] / (self.flop_per_s * self.weights.compute),
+                   w.expand_bytes[i] / (self.bandwidth_bytes_per_s * self.weights.bandwidth))
 
     def kv_update_s(self, w: DecodeWork, i: int) -> float:
         """A quantized cache's extra work in layer i: its update traffic, and its fixed cost per layer."""
@@ -443,7 +487,8 @@ class _Model:
         fixed_s = self.main.weights.per_token_s + self.crossings * self.crossing_s
         terms = {"resident_s": resident_s, "offloaded_s": offloaded_s, "experts_on_cpu_s": experts_s,
                  "lm_head_s": head_s, "fixed_s": fixed_s, "crossings": self.crossings,
-                 "kv_update_s": sum(self.rates[d].kv_update_s(w, i) for i, d in enumerate(self.device))}
+                 "kv_update_s": sum(self.rates[d].kv_update_s(w, i) for i, d in enumerate(self.device)),
+                 "mla_expand_s": sum(self.rates[d].expand_s(w, i) for i, d in enumerate(self.device))}
         return resident_s + offloaded_s + experts_s + head_s + fixed_s, terms
 
     def ceiling_s(self, context: int) -> float:
@@ -469,12 +514,14 @@ class _Model:
         prompt = req.prompt
         chunks = -(-prompt // req.prefill_chunk)
         matmul = [m * prompt * req.batch for m in _matmul_flop_per_layer(self.spec)]
+        expand = [x * req.batch for x in prefill_expand_flop_per_layer(self.spec, prompt, req.prefill_chunk)]
         attention = [a * req.batch for a in _prefill_attention_flop_per_layer(self.spec, prompt)]
         share = self._expert_flop_share()
         segments: dict = {}  # device -> [matmul FLOPs, weight bytes per chunk, link bytes per chunk, attention FLOPs]
         for i, dev in enumerate(self.device):
             seg = segments.setdefault(dev, [0.0, 0.0, 0.0, 0.0])
             seg[3] += attention[i]  # attention stays with the layer
+            seg[0] += expand[i]  # so does MLA's expansion, a matmul
             experts = self.costs.experts[i] if self.costs.experts else 0
             if i in self.experts_on_cpu:
                 cpu = segments.setdefault(CPU_DEVICE, [0.0, 0.0, 0.0, 0.0])

@@ -23,8 +23,9 @@ from planner.hardware import HardwareProfile
 from planner.memory import layer_costs
 from planner.quant import KV_SCHEMES, SCHEMES
 from planner.request import Request
-from planner.sources import load_spec, resolve_model
+from planner.sources import resolve_model
 from planner.speed import decode_work, prefill_attention_flop, prefill_flop
+from runtime.inventory import load_spec  # counted as the installed transformers loads it
 
 from .progress import Advance, Track, no_track
 

@@ -10,6 +10,7 @@ weights + 0.2 GiB (measured on a 2-core, 24 GiB machine: 374 s).
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import torch
@@ -41,6 +42,7 @@ def build_dummy(config, dtype: torch.dtype, scheme: WeightScheme, device: str, d
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code,
                                                  **attention_kwargs(config))
     model.tie_weights()  # no_init_weights skips it along with init_weights
+    keep_in_fp32(model, dtype)
     std = float(getattr(config, "initializer_range", None) or DEFAULT_INIT_STD)
     generator = torch.Generator(device="cpu").manual_seed(seed)
     num_layers = int(config.num_hidden_layers)
@@ -64,6 +66,23 @@ def build_dummy(config, dtype: torch.dtype, scheme: WeightScheme, device: str, d
 
         return dispatch_model(model, device_map=device_map, main_device="cuda:0")
     return model.to(device) if device != "cpu" else model
+
+
+def keep_in_fp32(model: nn.Module, dtype: torch.dtype) -> None:
+    """What `from_pretrained` does to a bf16/fp16 load: the tensors the class lists in `_keep_in_fp32_modules_strict`
+    held in fp32 (from_config builds them in the load dtype before transformers 5.24; planner/architectures/fp32.py)."""
+    keep = getattr(model, "_keep_in_fp32_modules_strict", None)
+    if not keep or dtype not in (torch.bfloat16, torch.float16):
+        return
+    pattern = re.compile("|".join(re.escape(k) for k in sorted(keep)))
+    for module_name, module in model.named_modules():
+        for store in (module._parameters, module._buffers):
+            for leaf, t in store.items():
+                if t is not None and t.dtype != torch.float32 and pattern.search(f"{module_name}.{leaf}"):
+                    if isinstance(t, nn.Parameter):
+                        t.data = t.data.float()
+                    else:
+                        store[leaf] = t.float()
 
 
 def _random_init(model, modules, std: float, generator: torch.Generator, done: set[int]) -> None:

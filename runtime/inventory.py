@@ -12,9 +12,12 @@ CLI calls, and plans a model with a builder or with headers without torch.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import re
 from dataclasses import replace
 
+from planner.architectures.fp32 import FP32_DTYPE
 from planner.errors import UnsupportedArchitectureError
 from planner.generic import (CONTEXT_KEYS, HEAD_KEYS, HIDDEN_KEYS, INTERMEDIATE_KEYS, KV_HEAD_KEYS, LAYER_KEYS,
                              TOP_K_KEYS, classify, is_routed_expert, refuse_unmodelled_state, spec_from_tensors)
@@ -35,8 +38,17 @@ def runtime_installed() -> bool:
 
 def load_spec(source: ModelSource) -> ModelSpec:
     """The source's exact inventory (planner.sources.load_spec), with this module's meta-device path for a
-    model_type that has neither a builder nor known headers, when torch and transformers are installed."""
-    return planner_load_spec(source, generic=spec_from_transformers if runtime_installed() else None)
+    model_type that has neither a builder nor known headers, when torch and transformers are installed, counted
+    as the installed transformers holds it (its version read from the package metadata: no import)."""
+    return planner_load_spec(source, generic=spec_from_transformers if runtime_installed() else None,
+                             transformers_version=installed_transformers_version())
+
+
+def installed_transformers_version() -> str | None:
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def spec_from_transformers(config: dict, name: str, source: str) -> ModelSpec:
@@ -71,9 +83,19 @@ def spec_from_transformers(config: dict, name: str, source: str) -> ModelSpec:
         owner, leaf = n.rsplit(".", 1) if "." in n else ("", n)
         if leaf not in modules[owner]._non_persistent_buffers_set:
             tensors.append(replace(_tensor(n, tuple(b.shape), modules, stack, inputs, outputs, moe), kind=Kind.BUFFER))
+    tensors = _kept_in_fp32(tensors, getattr(model, "_keep_in_fp32_modules_strict", None))
     spec = spec_from_tensors(resolved, tensors, name=name, source=source, where=where,
                              inventory=INVENTORY_META_DEVICE, architecture=type(model).__name__, tied=tied)
     return replace(spec, model_type=str(config.get("model_type")), config=config)
+
+
+def _kept_in_fp32(tensors: list[TensorSpec], keep) -> list[TensorSpec]:
+    """The tensors the class keeps in fp32 under a bf16/fp16 load (`_keep_in_fp32_modules_strict`, matched as
+    transformers matches it: anywhere in the name), marked so (as runtime/dummy.py holds them too)."""
+    if not keep:
+        return tensors
+    pattern = re.compile("|".join(re.escape(k) for k in sorted(keep)))
+    return [replace(t, held_dtype=FP32_DTYPE) if pattern.search(t.name) else t for t in tensors]
 
 
 def _tensor(name: str, shape: tuple[int, ...], modules: dict, stack: str, inputs, outputs, moe: bool) -> TensorSpec:

@@ -61,9 +61,10 @@ def run_fresh(job: RunJob, *, timeout_s: float | None = None) -> RunReport:
 
 def _run(job: RunJob) -> RunReport:
     from planner.search import plan
-    from planner.sources import load_spec, resolve_model
+    from planner.sources import resolve_model
 
     from .execute import execute
+    from .inventory import load_spec  # counted as the installed transformers loads it
 
     source = resolve_model(job.model)
     spec = load_spec(source)

@@ -104,8 +104,10 @@ def _gaussian_experts(arch: str, seed: int = 0, **overrides):
 @pytest.mark.parametrize("arch", sorted(TINY_MOE))
 def test_planned_bytes_equal_allocated_bytes_per_experts_tensor(arch, quant):
     """Every fused experts tensor: the planner's bytes == the bytes its quantized projection holds; and in total."""
+    import transformers
+
     config = moe_config(arch)
-    spec = spec_from_config(config, name=arch)
+    spec = spec_from_config(config, name=arch, transformers_version=transformers.__version__)  # fp32 routers
     loaded = load_model(config, scheme=SCHEMES[quant], dummy_weights=True, seed=1)
     model = loaded.model
     experts = _experts_modules(model)

@@ -33,6 +33,7 @@ from ..errors import ConfigError, UnsupportedArchitectureError
 from ..modelspec import ModelSpec
 from . import dense, mla, moe, multimodal
 from .config import Cfg, check_rope
+from .fp32 import keep_in_fp32
 
 BUILDERS: dict[str, Callable[[Cfg, str], ModelSpec]] = {
     "llama": dense.build_llama,
@@ -71,8 +72,10 @@ BUILDERS: dict[str, Callable[[Cfg, str], ModelSpec]] = {
 SUPPORTED_MODEL_TYPES = tuple(BUILDERS)
 
 
-def spec_from_config(config: dict, *, name: str = "model", source: str = "", where: str | None = None) -> ModelSpec:
-    """Build the exact inventory of the model a config.json describes."""
+def spec_from_config(config: dict, *, name: str = "model", source: str = "", where: str | None = None,
+                     transformers_version: str | None = None) -> ModelSpec:
+    """Build the exact inventory of the model a config.json describes, as `transformers_version` (default: the
+    latest verified, fp32.VERIFIED_TRANSFORMERS) holds it once loaded."""
     where = where or name
     c = Cfg(config, where)
     mt = config.get("model_type")
@@ -90,4 +93,4 @@ def spec_from_config(config: dict, *, name: str = "model", source: str = "", whe
         spec = builder(c, name)
     except (KeyError, TypeError, ZeroDivisionError) as e:  # a malformed config, never a crash
         raise ConfigError(f"{where}: malformed config ({type(e).__name__}: {e})") from e
-    return replace(spec, source=source)
+    return replace(keep_in_fp32(spec, transformers_version), source=source)

@@ -9,8 +9,13 @@ from .common import Inventory, build_decoder
 from .config import Cfg
 from .moe import deepseek_moe_ffn, moe_info, mtp_note
 
-MLA_CACHE_NOTE = ("MLA: the KV cache counts the compressed latent (kv_lora_rank + qk_rope_head_dim) per token per layer, "
-                  "as vLLM/SGLang store it; transformers' eager cache stores the decompressed K and V instead")
+MLA_CACHE_NOTE = ("MLA: the KV cache holds the compressed latent (kv_lora_rank + qk_rope_head_dim per token and "
+                  "layer), as transformers 5.17+, vLLM and SGLang store it; transformers then re-expands the whole "
+                  "cached context to full K and V (kv_b_proj) in every layer at every forward: the plan counts that "
+                  "up-projection's FLOPs and traffic per token and its temporary K and V (one layer's) in the "
+                  "workspace; "
+                  "on a CPU, torch's SDPA has no fused kernel for V's head dim unlike K's and materialises the scores "
+                  "in fp32 (workspace term sdpa_math_fallback)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +47,7 @@ class MLA:
 
     def layout(self, window: int | None) -> AttentionLayout:
         return AttentionLayout(kind="mla", num_heads=self.heads, num_kv_heads=self.heads, head_dim=self.nope + self.rope,
-                               mla_cache_dim=self.kv_lora + self.rope)
+                               mla_cache_dim=self.kv_lora + self.rope, mla_rope_dim=self.rope, v_head_dim=self.v_dim)
 
 
 def mla(c: Cfg) -> MLA:

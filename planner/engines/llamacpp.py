@@ -267,7 +267,7 @@ def with_entries(hw: HardwareProfile, entries: tuple[CalibrationEntry, ...]) -> 
 def calibration_sample(hw: HardwareProfile, run: ServerRun, label: str = "") -> Sample:
     """One llama-server run reduced to the speed model's features, as llama.cpp's plans cost it: GGUF bytes, f16
     attention, prompts in n_ubatch steps."""
-    spec, model = run.spec, rules.gguf_model(run.spec, run.file_type)
+    spec, model = rules.without_mla_expansion(run.spec), rules.gguf_model(run.spec, run.file_type)
     req = Request(context=run.prompt + run.new_tokens, prompt_tokens=run.prompt, engine=ENGINE,
                   prefill_chunk=rules.N_UBATCH)
     fp = footprint(spec, hw, req, model, run.kv_type)

@@ -213,10 +213,22 @@ def window(spec: ModelSpec, layer) -> int | None:
 
 
 def as_run(spec: ModelSpec) -> ModelSpec:
-    """The model as llama.cpp runs it: without the sliding windows it drops (its speed attends the whole context)."""
+    """The model as llama.cpp runs it: without the sliding windows it drops (its speed attends the whole context),
+    and without transformers' MLA expansion (`without_mla_expansion`)."""
+    spec = without_mla_expansion(spec)
     if spec.model_type in SWA_MODEL_TYPES or not any(a.window for a in spec.attention):
         return spec
     return replace(spec, attention=tuple(replace(a, window=None) for a in spec.attention))
+
+
+def without_mla_expansion(spec: ModelSpec) -> ModelSpec:
+    """MLA layers costed as before vramplan modelled transformers' `expand_kv` (AttentionLayout.expands_cache):
+    llama.cpp's deepseek2 graph never up-projects the cached context per token, and its fitted attention
+    efficiencies were fitted on this costing."""
+    if not any(a.expands_cache for a in spec.attention):
+        return spec
+    return replace(spec, attention=tuple(replace(a, mla_rope_dim=None, v_head_dim=None) if a.expands_cache else a
+                                         for a in spec.attention))
 
 
 def layer_cells(window: int | None, req: Request, slots: Slots) -> tuple[int, int]:
