@@ -85,7 +85,7 @@ def compute_device(model: nn.Module) -> torch.device:
 
 
 @functools.cache
-def _cache_argument(model_class: type) -> str:
+def cache_argument(model_class: type) -> str:
     """The name of the forward's KV-cache argument: ``cache`` since transformers 5.24, where ``past_key_values``
     still works but warns on every run (FutureWarning from transformers/utils/deprecation.py: "deprecated and
     will be removed in version 5.40.0 ... Use `cache` instead"); ``past_key_values`` before it (and in remote code
@@ -104,7 +104,7 @@ def _forward(model: nn.Module, input_ids: torch.Tensor, start: int, cache) -> to
     positions = torch.arange(start, start + n, device=input_ids.device).unsqueeze(0)
     last = 1 if n == 1 else torch.tensor([n - 1], device=input_ids.device)
     out = model(input_ids=input_ids, position_ids=positions, use_cache=True, logits_to_keep=last,
-                **{_cache_argument(type(model)): cache})
+                **{cache_argument(type(model)): cache})
     return out.logits[:, -1, :].float()
 
 

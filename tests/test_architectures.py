@@ -331,8 +331,10 @@ def test_kv_cache_shapes_match_a_real_forward():
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
     ids = torch.randint(0, cfg.vocab_size, (1, 10))
     cache = transformers.DynamicCache(config=cfg)
+    from runtime.generate import cache_argument
+
     with torch.inference_mode():
-        model(ids, past_key_values=cache, use_cache=True)
+        model(ids, **{cache_argument(type(model)): cache}, use_cache=True)
     stored = sum(layer.keys.numel() * 2 + layer.values.numel() * 2 for layer in cache.layers)
     assert stored == spec.kv_bytes_per_token(2.0) * 10
 

@@ -30,7 +30,7 @@ import torch
 
 from conftest import FULL_ATTENTION_ARCHS, TINY_ARCHS, tiny_config, tiny_config_dict
 from planner.errors import CheckpointError, VramplanError
-from runtime.generate import first_logits, generate, synthetic_prompt
+from runtime.generate import cache_argument, first_logits, generate, synthetic_prompt
 from runtime.kvcache import make_cache
 from planner.quant import KV_SCHEMES, SCHEMES
 from runtime.load import _device_map_for, load_model, offload_device_map
@@ -243,7 +243,7 @@ def test_fp16_kv_for_a_bf16_model_stores_the_compute_dtype(load_tiny):
     model = load_tiny("llama", "bf16").model
     cache = make_cache(KV_SCHEMES["fp16"], model.config)
     with torch.no_grad():
-        model(PROMPT, past_key_values=cache, use_cache=True)
+        model(PROMPT, **{cache_argument(type(model)): cache}, use_cache=True)
     assert cache.layers[0].keys.dtype == torch.bfloat16
 
 
