@@ -18,7 +18,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from planner.quant import WeightScheme
-from runtime.load import attention_kwargs, decoder_layers
+from runtime.modeling import attention_kwargs, decoder_layers
 from runtime.quantize import backend
 from runtime.tensors import release_freed_heap
 

@@ -59,9 +59,9 @@ def spec_from_transformers(config: dict, name: str, source: str) -> ModelSpec:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
 
-    from runtime.load import _config_from_dict, decoder_layers
+    from runtime.modeling import config_from_dict, decoder_layers
 
-    cfg = _config_from_dict(config, trust_remote_code=False)
+    cfg = config_from_dict(config, trust_remote_code=False)
     verbosity = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()  # the config's own warnings (RoPE factors, ...) are not ours to print
     try:

@@ -6,7 +6,6 @@ placed on one device or split between cuda:0 and the CPU; its resident bytes cou
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -16,19 +15,21 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 from planner.errors import (
     CheckpointError,
     ConfigError,
     ModelNotFoundError,
-    UnsupportedArchitectureError,
     VramplanError,
 )
 from planner.quant import WeightScheme
 from planner.sources import read_safetensors_header, weight_files
+from runtime.devices import resolve_device
+from runtime.dummy import build_dummy
 from runtime.experts import quantize_experts
 from runtime.measure import is_oom
+from runtime.modeling import attention_kwargs, config_from_dict, config_from_dir, decoder_layers
 from runtime.quantize import backend, unsupported
 from runtime.tensors import count_tensor_bytes, release_freed_heap
 
@@ -107,7 +108,7 @@ def load_model(
         if not dummy_weights:
             raise CheckpointError("a config without a checkpoint has no weights: pass dummy_weights to run it with "
                                   "random ones")
-        config = _config_from_dict(source, trust_remote_code)
+        config = config_from_dict(source, trust_remote_code)
     else:
         model_dir = Path(source)
         if not model_dir.is_dir():
@@ -116,7 +117,7 @@ def load_model(
             raise ConfigError(f"{model_dir} has no config.json")
         if not dummy_weights:
             check_checkpoint(model_dir, allow_pickle)
-        config = _config_from_dir(model_dir, trust_remote_code)
+        config = config_from_dir(model_dir, trust_remote_code)
 
     num_layers = int(config.num_hidden_layers)
     if gpu_layers is not None and not 0 <= gpu_layers <= num_layers:
@@ -124,8 +125,6 @@ def load_model(
     device_map = _device_map_for(config, device, gpu_layers, num_layers, scheme, trust_remote_code)
     notes = backend(scheme).notes(scheme, offloaded=device_map is not None)
     if dummy_weights:
-        from runtime.dummy import build_dummy
-
         model = build_dummy(config, dtype, scheme, device, device_map, seed, trust_remote_code, on_layer)
     else:
         model = _load_checkpoint(model_dir, config, dtype, scheme, device, device_map, allow_pickle, trust_remote_code)
@@ -141,55 +140,14 @@ def load_model(
 
 
 def _normalize_device(device: str) -> str:
-    if device == "cpu":
+    """The device a load places on, as runtime.devices.resolve_device parses it: "cpu" or the first GPU, "cuda:0" (a
+    split over several GPUs is the offload engine's, which takes the model from the CPU)."""
+    d = resolve_device(device)
+    if d.type == "cpu" and not d.index:
         return "cpu"
-    if device in ("cuda", "cuda:0"):
-        if not torch.cuda.is_available():
-            raise VramplanError(f"device {device!r} asked for, but torch {torch.__version__} sees no CUDA GPU")
+    if d.type == "cuda" and d.index == 0:
         return "cuda:0"
     raise ValueError(f"unsupported device {device!r}: 'cpu' or 'cuda:0' (one GPU)")
-
-
-# --- configs --------------------------------------------------------------------------
-
-
-def _config_from_dict(raw: Mapping[str, Any], trust_remote_code: bool):
-    values = {k: v for k, v in raw.items() if k not in ("quantization_config", "_name_or_path")}
-    model_type = values.pop("model_type", None)
-    if model_type is None:
-        raise ConfigError("config has no model_type")
-    if not trust_remote_code:
-        values.pop("auto_map", None)
-    try:
-        config = AutoConfig.for_model(model_type, **values)
-    except ValueError as exc:
-        first = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else type(exc).__name__
-        raise UnsupportedArchitectureError(f"unsupported architecture: transformers cannot build model_type "
-                                           f"{model_type!r} ({first[:200]})") from None
-    return _text_config(config)
-
-
-def _config_from_dir(model_dir: Path, trust_remote_code: bool):
-    try:
-        json.loads((model_dir / "config.json").read_text())
-        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{model_dir / 'config.json'} is not valid JSON: {exc}") from None
-    except ValueError as exc:
-        raise UnsupportedArchitectureError(f"{model_dir}: {exc}".splitlines()[0]) from None
-    return _text_config(config)
-
-
-def _text_config(config):
-    """The decoder's config: gemma3 and other multimodal configs nest it as text_config."""
-    return config.get_text_config(decoder=True)
-
-
-def attention_kwargs(config) -> dict:
-    """The attention implementation to ask for. Logit softcapping (Gemma 2) needs eager attention: transformers 5.23
-    picks it by default, but 5.17 picks SDPA, which ignores the softcap (its logits differ by ~0.02)."""
-    text = config.get_text_config(decoder=True)
-    return {"attn_implementation": "eager"} if getattr(text, "attn_logit_softcapping", None) is not None else {}
 
 
 # --- checkpoint checks ----------------------------------------------------------------
@@ -253,16 +211,6 @@ def _device_map_for(config, device, gpu_layers, num_layers, scheme: WeightScheme
         non_layer += [f"{parent_path}.{name}" for name, _ in parent.named_children()
                       if f"{parent_path}.{name}" != layers_path]
     return offload_device_map(layers_path, non_layer, num_layers, gpu_layers)
-
-
-def decoder_layers(model: nn.Module, num_layers: int) -> tuple[str, nn.ModuleList]:
-    """The ModuleList of decoder layers (``model.layers`` for most architectures)."""
-    candidates = [(name, mod) for name, mod in model.named_modules()
-                  if isinstance(mod, nn.ModuleList) and len(mod) == num_layers]
-    if not candidates:
-        raise UnsupportedArchitectureError(f"{type(model).__name__}: no list of {num_layers} decoder layers found")
-    candidates.sort(key=lambda item: (not item[0].endswith("layers"), item[0].count(".")))
-    return candidates[0]
 
 
 # --- real checkpoints -----------------------------------------------------------------

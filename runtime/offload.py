@@ -38,12 +38,12 @@ import torch
 from torch import nn
 
 from planner.errors import VramplanError
-from runtime.load import decoder_layers
-from runtime.stream import LayerStream, distinct_bytes, move_module, public_scalars
+from runtime.modeling import decoder_layers
+from runtime.devices import CPU, move_module, resolve_device, send_to_device
+from runtime.stream import LayerStream, distinct_bytes, public_scalars
 from runtime.tensors import count_tensor_bytes, module_leaves
 
 MODES = ("stream", "cpu")
-CPU = torch.device("cpu")
 
 
 # ---------------------------------------------------------------------------------------
@@ -62,8 +62,8 @@ def apply_offload(model: nn.Module, *, gpu_layers: int, mode: str, device: str |
     the first that many MoE layers stay in RAM and compute on the CPU, the rest of those layers on their GPU."""
     if mode not in (*MODES, "none"):
         raise VramplanError(f"unknown offload mode {mode!r}; one of {', '.join(MODES)}, or none")
-    device = _resolve_device(device)
-    devices = [device] + [_resolve_device(d) for d in (devices or [device])[1:]]
+    device = resolve_device(device)
+    devices = [device] + [resolve_device(d) for d in (devices or [device])[1:]]
     split = tuple(gpu_layers_per_device) if gpu_layers_per_device else (gpu_layers,)
     if len(split) > len(devices) or sum(split) != gpu_layers:
         raise VramplanError(f"gpu_layers_per_device {list(split)} must sum to gpu_layers={gpu_layers} over at most "
@@ -278,28 +278,12 @@ class OffloadEngine:
         args, kwargs = self._boundary.move((args, kwargs), CPU)
         output = layer(*args, **kwargs)
         if index == self.offloaded_layers[-1]:
-            output = _to(output, self.device)
+            output = send_to_device(output, self.device)
         return output
 
 
 # ---------------------------------------------------------------------------------------
 # Devices and moving tensors
-
-
-def _resolve_device(device: str | torch.device) -> torch.device:
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise VramplanError(f"unsupported device {device!r}: {exc}") from None
-    if device.type == "cpu":
-        # cpu:N (N > 0) is the CPU too, but a device of its own to the engine: the multi-GPU hooks and boundaries run
-        # on a machine without GPUs (tests)
-        return CPU if not device.index else device
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise VramplanError(f"device {str(device)!r} asked for, but torch {torch.__version__} sees no CUDA GPU")
-        return torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
-    raise VramplanError(f"unsupported device {str(device)!r}: 'cpu' or 'cuda[:N]'")
 
 
 def _modules_outside(root: nn.Module, layers: nn.ModuleList,
@@ -321,15 +305,6 @@ def _embeddings_tied(model: nn.Module) -> bool:
     output = model.get_output_embeddings()
     weight = getattr(output, "weight", None)
     return weight is not None and weight is model.get_input_embeddings().weight
-
-
-def _to(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, tuple):
-        return type(value)(*(_to(v, device) for v in value)) if hasattr(value, "_fields") \
-            else tuple(_to(v, device) for v in value)
-    return value
 
 
 class _Boundary:
@@ -371,11 +346,11 @@ def _output_to(device: torch.device, module: nn.Module, args: tuple, output: tor
 
 
 def _args_to(device: torch.device, module: nn.Module, args: tuple):
-    return _to(args, device)
+    return send_to_device(args, device)
 
 
 def _all_to(device: torch.device, module: nn.Module, args: tuple, kwargs: dict):
-    return _to(args, device), {k: _to(v, device) for k, v in kwargs.items()}
+    return send_to_device(args, device), send_to_device(kwargs, device)
 
 
 def _routed_experts(layer: nn.Module) -> nn.Module | None:
@@ -389,5 +364,4 @@ def _routed_experts(layer: nn.Module) -> nn.Module | None:
 
 def _kwargs_to(device: torch.device, module: nn.Module, args: tuple, kwargs: dict):
     """Positions, mask and the like go to ``device``; token ids stay for the embedding's hook."""
-    moved = {k: v.to(device) if isinstance(v, torch.Tensor) and k != "input_ids" else v for k, v in kwargs.items()}
-    return args, moved
+    return args, send_to_device(kwargs, device, skip_keys=("input_ids",))

@@ -22,6 +22,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from planner.errors import VramplanError
+from runtime.devices import bnb4_device_form, move_module
 from runtime.tensors import Leaf, is_wrapper, module_leaves, release_freed_heap
 
 SLOT_COUNT = 2
@@ -409,46 +410,3 @@ def _page_unlock(buffers: list[torch.Tensor]) -> None:
     for buffer in buffers:
         torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr())
     buffers.clear()
-
-
-def move_module(module: nn.Module, device: torch.device, *, recurse: bool = True) -> None:
-    """``module.to(device)``, then every leaf re-pointed at its copy on ``device``: nn.Module.to
-    swaps a parameter's ``.data`` but not bnb's side tensors (Int8Params.SCB, its CB alias)."""
-    if device.type != "cpu":
-        bnb4_device_form(module, device)
-    if recurse:
-        module.to(device)  # optimum-quanto tensors re-wrap themselves for the device
-    for leaf in module_leaves(module, recurse=recurse):
-        leaf.rebind(leaf.tensor.to(device))
-
-
-def bnb4_device_form(layer: nn.Module, device: torch.device) -> None:
-    """Put bnb 4-bit weights in the layout their forward uses on ``device``, up front.
-
-    On a CPU with AVX512-BF16, Linear4bit repacks its weight and absmax on its first forward
-    and rebinds them; a slot must not do that under the engine (its tensors are views of its
-    buffer), so layers that slots run on the CPU are repacked here, the same way. A layer
-    repacked by an earlier CPU forward and bound for CUDA is unpacked (as Params4bit.cuda() does).
-    """
-    for module in layer.modules():
-        weight = getattr(module, "weight", None)
-        quant_state = getattr(weight, "quant_state", None)
-        if quant_state is None:
-            continue
-        from bitsandbytes.functional import _convert_weight_packed_for_cpu, _convert_weight_packed_for_cpu_inverse
-
-        packed = getattr(quant_state, "packing_format_for_cpu", False)
-        if device.type == "cpu" and not packed and getattr(module, "support_avx512bf16_for_cpu", False) \
-                and not module.training:
-            weight.data, weight.quant_state = _convert_weight_packed_for_cpu(weight.data, quant_state)
-        elif device.type != "cpu" and packed:
-            nested = getattr(quant_state, "original_nested", False)
-            weight.data, weight.quant_state = _convert_weight_packed_for_cpu_inverse(weight.data, quant_state)
-            if not nested:
-                # bitsandbytes 0.50.2's inverse restores absmax only for double quantization; otherwise it stays
-                # the CPU form, bf16 [K / blocksize, N], where CUDA kernels want fp32 [N * K / blocksize]
-                # (functional.py _convert_weight_packed_for_cpu / _inverse)
-                qs = weight.quant_state
-                qs.absmax = qs.absmax.T.reshape(-1).to(torch.float32).contiguous()
-
-
