@@ -226,23 +226,26 @@ def _check_complete(d: dict) -> None:
         for key in _FITTING_KEYS:
             if d[key] is None:
                 raise PlanError(f"plan file is incomplete: {key} is empty in a plan that fits")
-    _check_keys(d["model"], _MODEL_KEYS, "model.")
-    _check_keys(d["hardware"], _HARDWARE_KEYS, "hardware.")
-    _check_keys(d["request"], _REQUEST_KEYS, "request.")
+    _check_keys(d["model"], _MODEL_KEYS, "model")
+    _check_keys(d["hardware"], _HARDWARE_KEYS, "hardware")
+    _check_keys(d["request"], _REQUEST_KEYS, "request")
     for i, c in enumerate(d["candidates"]):
         if not isinstance(c, dict):
             raise PlanError(f"plan file is malformed: candidates[{i}] must be a mapping, got {type(c).__name__}")
-        _check_keys(c, _CANDIDATE_KEYS, f"candidates[{i}].")
+        _check_keys(c, _CANDIDATE_KEYS, f"candidates[{i}]")
 
 
-def _check_keys(d: dict, keys: dict[str, tuple[type, ...]], where: str) -> None:
+def _check_keys(d: dict, keys: dict[str, tuple[type, ...]], section: str) -> None:
+    """`section` names where `d` sits ("" at the top) in the message (not as "request.x": the CLI reads that as a
+    flag's name)."""
+    where = f" in {section}" if section else ""
     for key, types in keys.items():
         if key not in d:
-            raise PlanError(f"plan file is incomplete: it has no {where}{key} (cut short?)")
+            raise PlanError(f"plan file is incomplete: it has no {key}{where} (cut short?)")
         v = d[key]
         if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
             names = " or ".join("null" if t is _NULL else t.__name__ for t in types)
-            raise PlanError(f"plan file is malformed: {where}{key} must be {names}, got {type(v).__name__}")
+            raise PlanError(f"plan file is malformed: {key}{where} must be {names}, got {type(v).__name__}")
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
