@@ -97,13 +97,38 @@ def _format(as_json: bool, as_yaml: bool) -> str | None:
     return "json" if as_json else "yaml" if as_yaml else None
 
 
-def _save_path(save: str | None) -> str | None:
-    """The --save path, checked writable now (before any work), or None."""
+def _save_path(save: str | None, flag: str = "--save", inputs: dict[str, list[str]] | None = None) -> str | None:
+    """The --save path, checked writable now (before any work), or None. `inputs` (flag -> the files it names) are
+    what the command reads: saving over one of them is refused, before any work too."""
     if save is None:
         return None
     from runtime.files import check_writable
 
-    return str(check_writable(save))
+    path = str(check_writable(save))
+    for name, files in (inputs or {}).items():
+        if any(_same_file(path, f) for f in files):
+            kind = "output" if name.startswith("--save") else "input"
+            raise UsageError(f"{flag} {save} is also the {name} {kind}; choose another path")
+    return path
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (through symlinks, `..` or hard links); a path not there yet by its name."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
+
+
+def _given_files(*paths: str | None) -> list[str]:
+    """Of the inputs a command was given, those that name files (a profile or model named, not a path: none)."""
+    return [p for p in paths if p is not None and os.path.isfile(os.path.expanduser(p))]
+
+
+def _model_files(model: str) -> list[str]:
+    """The file --model reads when it names one: a config.json, or the one in a model directory."""
+    path = os.path.expanduser(model)
+    return _given_files(os.path.join(path, "config.json") if os.path.isdir(path) else path)
 
 
 def build_request(context: str | None, batch: int | None, prompt_tokens: int | None, prefer: str | None,
@@ -337,8 +362,8 @@ def plan_cmd(
     allow_context_overflow: OverflowOpt = False,
     as_json: JsonOpt = False,
     as_yaml: YamlOpt = False,
-    save: Annotated[Optional[str], typer.Option("--save", help="Write the plan (YAML) for `vramplan run "
-                                                "--plan`.")] = None,
+    save: Annotated[Optional[str], typer.Option("--save", help="Write the plan for `vramplan run --plan` (YAML; "
+                                                "JSON for a .json path).")] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Show every candidate and the constants used (by default: "
                                            "the plan, its memory and the best alternatives; --json has "
                                            "everything).")] = False,
@@ -349,7 +374,7 @@ def plan_cmd(
     from planner.engines import plan_for_engine
 
     fmt = _format(as_json, as_yaml)
-    path = _save_path(save)
+    path = _save_path(save, inputs={"--hardware": _given_files(hardware), "--model": _model_files(model)})
     req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
                         ram_budget, headroom, prefill_chunk, nodes=nodes, engine=engine,
                         allow_context_overflow=allow_context_overflow, expert_placement=expert_placement)
@@ -371,9 +396,9 @@ def plan_cmd(
     export = write_for(target, spec, hw, p) if target is not None else None
     d = p.to_dict()
     if path:
-        from runtime.files import save_yaml
+        from runtime.files import save_data
 
-        save_yaml(path, d)
+        save_data(path, d, default="yaml")
     if export is not None:
         d["emit"] = export.to_dict()
     if fmt:
@@ -403,8 +428,9 @@ def calibrate_cmd(
     repeats: Annotated[Optional[int], typer.Option("--repeats", help="Runs per point; the fastest is kept.")] = None,
     kv_dtypes: Annotated[Optional[str], typer.Option("--kv-dtypes", help="Quantized KV caches to time on the first "
                                                      "model (comma list; 'none' for none).")] = None,
-    save_runs: Annotated[Optional[str], typer.Option("--save-runs", help="Also write the measured runs (JSON), to fit "
-                                                     "them again with later ones (--add-runs).")] = None,
+    save_runs: Annotated[Optional[str], typer.Option("--save-runs", help="Also write the measured runs (JSON; YAML for "
+                                                     "a .yaml path), to fit them again with later ones "
+                                                     "(--add-runs).")] = None,
     add_runs: Annotated[Optional[str], typer.Option("--add-runs", help="Comma list of run files saved by an earlier "
                                                     "--save-runs on this machine: fitted together with these runs.")] = None,
     as_json: JsonOpt = False,
@@ -413,12 +439,15 @@ def calibrate_cmd(
     from planner.profile_yaml import profile_to_dict
     from planner.units import parse_context
     from runtime.calibrate import calibrate, check_fits, load_runs, matrix_for
-    from runtime.files import save_json, save_profile
+    from runtime.files import save_data, save_profile
     from runtime.this_machine import differences, this_machine_profile
 
     out.set_mode(json=as_json)
-    path, runs_path = _save_path(save), _save_path(save_runs)
-    earlier = load_runs(tuple(p.strip() for p in add_runs.split(",") if p.strip())) if add_runs else []
+    run_files = tuple(p.strip() for p in add_runs.split(",") if p.strip()) if add_runs else ()
+    inputs = {"--hardware": _given_files(hardware), "--add-runs": _given_files(*run_files)}
+    path = _save_path(save, inputs=inputs)
+    runs_path = _save_path(save_runs, "--save-runs", {**inputs, "--save": [path] if path else []})
+    earlier = load_runs(run_files) if run_files else []
     here = this_machine_profile()  # the cached quick probe: what this machine holds, before any load
     hw = resolve_hardware(hardware) if hardware is not None else None
     if hw is not None and (differs := differences(hw, here)):
@@ -442,7 +471,7 @@ def calibrate_cmd(
     for w in result.warnings:
         out.warn(w)
     if runs_path:
-        save_json(runs_path, {"runs": [r.to_dict() for r in result.records]})
+        save_data(runs_path, {"runs": [r.to_dict() for r in result.records]}, default="json")
         out.info(f"runs saved to {runs_path}")
     if path:
         save_profile(result.profile, path)
@@ -485,7 +514,8 @@ def run_cmd(
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) checkpoints.")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
     as_json: JsonOpt = False,
-    save: Annotated[Optional[str], typer.Option("--save", help="Write the run report (JSON).")] = None,
+    save: Annotated[Optional[str], typer.Option("--save", help="Write the run report (JSON; YAML for a .yaml "
+                                                "path).")] = None,
 ) -> None:
     """Run the model as planned, stream the text, and report predicted versus measured."""
     from planner.plan import load_plan
@@ -507,8 +537,9 @@ def run_cmd(
         given = [flag for flag, v in planning.items() if v is not None]
         if given:
             raise UsageError(f"--plan fixes the configuration; drop {', '.join(given)} (or plan again without --plan)")
+    path = _save_path(save, inputs={"--plan": _given_files(plan_file), "--hardware": _given_files(hardware),
+                                    "--prompt-file": _given_files(prompt_file), "--model": _model_files(model)})
     text = _prompt_text(prompt, prompt_file, prompt_tokens)
-    path = _save_path(save)
     source, spec = resolve_model(model, revision)
     if not source.has_weights and not dummy_weights:
         raise UsageError(f"{source.id} has no weights here ({source.origin}); add --dummy-weights to measure its "
@@ -548,9 +579,9 @@ def run_cmd(
         out.raw("\n")
         render.run_report(d)
     if path:
-        from runtime.files import save_json
+        from runtime.files import save_data
 
-        save_json(path, d)
+        save_data(path, d, default="json")
         out.info(f"run report saved to {path}")
     if report.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
@@ -566,9 +597,10 @@ def _prompt_text(prompt: str | None, prompt_file: str | None, prompt_tokens: int
     if prompt is not None and prompt_file is not None:
         raise UsageError("give --prompt or --prompt-file, not both")
     if prompt_file is not None:
+        from planner.textfiles import read_text
+
         try:
-            with open(prompt_file, encoding="utf-8") as f:
-                prompt = f.read()
+            prompt = read_text(prompt_file)
         except (OSError, UnicodeDecodeError) as e:
             raise UsageError(f"--prompt-file {prompt_file}: {getattr(e, 'strerror', None) or e}") from None
     elif prompt is None and prompt_tokens is None and not sys.stdin.isatty():
@@ -617,10 +649,19 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: one-line errors and the exit codes in this module's docstring."""
     debug = bool(os.environ.get("VRAMPLAN_DEBUG"))
     click_errors = _click_exceptions()
+    previous = _on_sigterm(_interrupt)  # SIGTERM ends every command like Ctrl-C
     try:
         rc = app(args=argv, prog_name="vramplan", standalone_mode=False)
+        out.flush()  # inside the try: a full disk under stdout is reported here, not at the interpreter's exit
+        if rc == EXIT_INTERRUPTED:  # typer turns Ctrl-C (and SIGTERM) into this code (run reports first)
+            out.err.print("interrupted", highlight=False)
         sys.exit(rc if isinstance(rc, int) else 0)
+    except render.StdoutClosed:  # the reader has gone (`| head -1`): stop quietly
+        out.silence_stdout()
+        sys.exit(0)
     except VramplanError as e:
+        if isinstance(e, render.OutputError):
+            out.silence_stdout()
         if debug:
             raise
         out.plain_error(_as_flags(str(e)))
@@ -651,6 +692,18 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         _internal(e)
+    finally:
+        _on_sigterm(previous)
+
+
+def _on_sigterm(handler):
+    """Install `handler` for SIGTERM and return the one it replaces (None where signals cannot be set: a thread)."""
+    if handler is None:
+        return None
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        return None
 
 
 def _internal(e: BaseException) -> None:

@@ -12,6 +12,7 @@ literally: no rich markup ("[bold]") and no emoji codes (":x:") are read from it
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.choice import experts_in_ram_text
+from planner.errors import VramplanError
 from planner.modelspec import INVENTORY_HAND_WRITTEN
 from planner.units import format_bandwidth, format_bytes, format_count, format_flops, format_tokens
 
@@ -34,13 +36,40 @@ from planner.units import format_bandwidth, format_bytes, format_count, format_f
 PROGRESS_MIN_S = 2.0
 
 
+class StdoutClosed(Exception):
+    """Whoever read stdout has gone (`vramplan plan | head -1`): not an error, the command just stops."""
+
+
+class OutputError(VramplanError):
+    """Stdout cannot be written (a full disk, /dev/full): one line, exit 2."""
+
+
+@contextmanager
+def _stdout_writes() -> Iterator[None]:
+    """Errors writing stdout as the two types above, so that main() tells them from any other OSError."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise StdoutClosed from None
+    except OSError as e:
+        raise OutputError(f"cannot write to stdout ({e.strerror or e})") from None
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """rich's own handler exits 1; a closed stdout is the reader's choice, and a closed stderr loses only notes."""
+        self.quiet = True
+        if not self.stderr:
+            raise StdoutClosed
+
+
 class Output:
     """Everything the CLI prints goes through one of these methods."""
 
     def __init__(self) -> None:
         # Piped output keeps full table widths instead of wrapping at 80 columns.
-        self.out = Console(width=None if sys.stdout.isatty() else 160, emoji=False)
-        self.err = Console(stderr=True, width=None if sys.stderr.isatty() else 160, emoji=False)
+        self.out = _Console(width=None if sys.stdout.isatty() else 160, emoji=False)
+        self.err = _Console(stderr=True, width=None if sys.stderr.isatty() else 160, emoji=False)
         self.set_mode()
 
     def set_mode(self, *, json: bool = False) -> None:
@@ -51,16 +80,29 @@ class Output:
     # --- machine-readable results
     def data(self, obj: Any, fmt: str = "json") -> None:
         """A result as JSON (default) or YAML on stdout."""
-        if fmt == "yaml":
-            sys.stdout.write(yaml.safe_dump(obj, sort_keys=False))
-        else:
-            sys.stdout.write(json.dumps(obj, indent=2) + "\n")
-        sys.stdout.flush()
+        self.raw(yaml.safe_dump(obj, sort_keys=False) if fmt == "yaml" else json.dumps(obj, indent=2) + "\n")
 
     def raw(self, text: str) -> None:
         """Text exactly as given on stdout (generated tokens as they stream, a YAML document)."""
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        with _stdout_writes():
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    def flush(self) -> None:
+        """What stdout still buffers, written now (a full disk shows here, not at the interpreter's exit)."""
+        with _stdout_writes():
+            sys.stdout.flush()
+
+    def silence_stdout(self) -> None:
+        """After stdout failed: point it at /dev/null, so the interpreter's last flush does not fail again."""
+        self.out.quiet = True
+        try:
+            fd = sys.stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # a test's captured stdout: nothing to redirect
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
 
     # --- results for people
     def table(self, title: str | None, columns: list[str], rows: list[list[Any]], *, right: set[int] = frozenset(),
@@ -70,11 +112,16 @@ class Output:
             t.add_column(c, justify="right" if i in right else "left")
         for r in rows:
             t.add_row(*[_text("-" if v is None else v) for v in r])
-        (self.err if stderr else self.out).print(t)
+        if stderr:
+            self.err.print(t)
+            return
+        with _stdout_writes():
+            self.out.print(t)
 
     def line(self, text: str | Text) -> None:
         """One line on stdout: a str is printed literally; styles come as Text (`styled`)."""
-        self.out.print(_text(text), highlight=False, soft_wrap=True)
+        with _stdout_writes():
+            self.out.print(_text(text), highlight=False, soft_wrap=True)
 
     # --- everything else, on stderr
     def info(self, text: str) -> None:

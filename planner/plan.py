@@ -161,10 +161,11 @@ class Plan:
             "max_context_tokens": c.max_context_tokens if c else 0,
             "quality_cost_pct": c.quality_cost_pct if c else None,
             "reason": c.reason if c else None,
+            # the long list before the short ones: a file cut short inside it lacks the keys after it
+            "candidates": [x.to_dict() for x in self.candidates],
             "constants": self.constants,
             "warnings": list(self.warnings),
             "alternatives": list(self.alternatives),
-            "candidates": [x.to_dict() for x in self.candidates],
         }
 
     @classmethod
@@ -176,6 +177,7 @@ class Plan:
         if engine not in (None, "vramplan"):
             raise PlanError(f"this plan follows {engine}'s rules (request.engine): run it with {engine} (`vramplan "
                             f"plan ... --engine {engine} --emit {engine}` prints the command), not with vramplan run")
+        _check_complete(d)
         try:
             chosen = None
             if d.get("fits"):
@@ -196,15 +198,66 @@ class Plan:
             raise PlanError(f"plan file is incomplete or malformed ({type(e).__name__}: {e})") from None
 
 
+# Every key a saved plan holds (to_dict writes them all) and the types each may take: a file cut short, or edited,
+# lacks some, and is refused naming the first one missing rather than run with defaults.
+_NULL = type(None)
+_PLAN_KEYS: dict[str, tuple[type, ...]] = {
+    "schema_version": (int,), "fits": (bool,), "model": (dict,), "hardware": (dict,), "request": (dict,),
+    "choice": (dict, _NULL), "reasons": (list,), "memory": (dict, _NULL), "ceiling": (dict,),
+    "predicted": (dict, _NULL), "speed_terms": (dict, _NULL), "max_context_tokens": (int,),
+    "quality_cost_pct": (int, float, _NULL), "reason": (str, _NULL), "candidates": (list,), "constants": (dict,),
+    "warnings": (list,), "alternatives": (list,)}
+_FITTING_KEYS = ("choice", "memory", "predicted", "speed_terms")  # not null in a plan that fits
+_MODEL_KEYS: dict[str, tuple[type, ...]] = {"id": (str,), "fingerprint": (str,)}  # what run checks
+_HARDWARE_KEYS: dict[str, tuple[type, ...]] = {"name": (str,), "fingerprint": (str,)}
+_REQUEST_KEYS: dict[str, tuple[type, ...]] = {"context": (int,)}  # the others have defaults
+_CANDIDATE_KEYS: dict[str, tuple[type, ...]] = {
+    "fits": (bool,), "fits_on_gpu": (bool,), "weight_quant": (str,), "kv_dtype": (str,), "gpu_layers": (int,),
+    "total_layers": (int, _NULL), "offload": (str,), "compute_device": (str, _NULL),
+    "embeddings_device": (str, _NULL), "quality_cost_pct": (int, float), "memory": (dict,),
+    "vram_bytes": (int, _NULL), "ram_bytes": (int, _NULL), "ceiling": (dict,), "predicted": (dict,),
+    "max_context_tokens": (int,), "reason": (str,)}
+
+
+def _check_complete(d: dict) -> None:
+    """PlanError naming the first key a plan lacks or holds with the wrong type (a truncated or hand-cut file)."""
+    _check_keys(d, _PLAN_KEYS, "")
+    if d["fits"]:
+        for key in _FITTING_KEYS:
+            if d[key] is None:
+                raise PlanError(f"plan file is incomplete: {key} is empty in a plan that fits")
+    _check_keys(d["model"], _MODEL_KEYS, "model")
+    _check_keys(d["hardware"], _HARDWARE_KEYS, "hardware")
+    _check_keys(d["request"], _REQUEST_KEYS, "request")
+    for i, c in enumerate(d["candidates"]):
+        if not isinstance(c, dict):
+            raise PlanError(f"plan file is malformed: candidates[{i}] must be a mapping, got {type(c).__name__}")
+        _check_keys(c, _CANDIDATE_KEYS, f"candidates[{i}]")
+
+
+def _check_keys(d: dict, keys: dict[str, tuple[type, ...]], section: str) -> None:
+    """`section` names where `d` sits ("" at the top) in the message (not as "request.x": the CLI reads that as a
+    flag's name)."""
+    where = f" in {section}" if section else ""
+    for key, types in keys.items():
+        if key not in d:
+            raise PlanError(f"plan file is incomplete: it has no {key}{where} (cut short?)")
+        v = d[key]
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            names = " or ".join("null" if t is _NULL else t.__name__ for t in types)
+            raise PlanError(f"plan file is malformed: {key}{where} must be {names}, got {type(v).__name__}")
+
+
 def load_plan(path: str | os.PathLike[str]) -> Plan:
     """A plan saved by `vramplan plan --save` (YAML or JSON); anything unreadable or malformed is a PlanError."""
     import yaml
 
     from .yaml_strict import safe_load_strict
 
+    from .textfiles import read_text
+
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = read_text(path)
     except (OSError, UnicodeDecodeError) as e:
         raise PlanError(f"{path}: cannot read the plan ({getattr(e, 'strerror', None) or e})") from None
     try:

@@ -22,6 +22,7 @@ import yaml
 from .errors import ProfileError, UnitError
 from .hardware import (SCHEMA_VERSION, Calibration, CalibrationEntry, GPUSpec, HardwareProfile, HostSpec, LinkSpec,
                        Overheads, _FieldError, _is_number)
+from .textfiles import read_text
 from .units import GiB, KiB, MiB, TiB, OutOfRangeError, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
 from .yaml_strict import safe_load_strict
 
@@ -440,11 +441,11 @@ def dumps_profile(p: HardwareProfile) -> str:
 def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except FileNotFoundError:
         raise ProfileError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise ProfileError(f"{path}: is a directory, not a profile file") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ProfileError(f"{path}: cannot read: {e}") from None
+        raise ProfileError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     return loads_profile(text, str(path))

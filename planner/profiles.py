@@ -20,6 +20,7 @@ from typing import NamedTuple
 from .errors import ProfileError
 from .hardware import HardwareProfile
 from .profile_yaml import load_profile
+from .textfiles import file_kind
 
 PROFILE_SUFFIXES = (".yaml", ".yml")
 
@@ -81,6 +82,8 @@ def resolve_profile(name_or_path: str | os.PathLike[str]) -> tuple[HardwareProfi
         return load_profile(candidate), candidate
     if candidate.is_dir():
         raise ProfileError(f"{text}: is a directory, not a hardware profile file")
+    if candidate.exists():  # a FIFO, a socket, a device: reading it would block or never end
+        raise ProfileError(f"{text}: is {file_kind(candidate.stat().st_mode)}, not a hardware profile file")
     if _looks_like_path(text):
         raise ProfileError(f"{text}: no such profile file")
     wanted = text.strip().lower()

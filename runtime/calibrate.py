@@ -183,13 +183,24 @@ def load_runs(paths: tuple[str, ...]) -> list[RunRecord]:
     """Runs saved by an earlier `calibrate --save-runs` (on the same machine), to fit together with new ones."""
     import json
 
+    import yaml
+
+    from planner.textfiles import read_text
+
+    from .files import suffix_format
+
     records = []
     for path in paths:
         try:
-            with open(path, encoding="utf-8") as f:
-                records += [RunRecord.from_dict(r) for r in json.load(f)["runs"]]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise VramplanError(f"{path}: not a file of calibration runs ({type(e).__name__}: {e})") from None
+            text = read_text(path)
+        except (OSError, UnicodeDecodeError) as e:
+            raise VramplanError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+        try:  # saved as YAML for a .yaml / .yml path, else as JSON (runtime.files)
+            doc = yaml.safe_load(text) if suffix_format(path, "json") == "yaml" else json.loads(text)
+            records += [RunRecord.from_dict(r) for r in doc["runs"]]
+        except (yaml.YAMLError, ValueError, KeyError, TypeError) as e:
+            raise VramplanError(f"{path}: not a file of calibration runs ({type(e).__name__}: "
+                                f"{' '.join(str(e).split())[:200]})") from None
     return records
 
 
