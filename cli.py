@@ -615,9 +615,12 @@ def _prompt_text(prompt: str | None, prompt_file: str | None, prompt_tokens: int
 
 # ---------------------------------------------------------------- entry point
 def _click_exceptions() -> tuple[type, ...]:
-    """The usage-error base classes of whichever click typer runs on (typer >= 0.29 bundles its own)."""
+    """The usage-error base classes of whichever click typer runs on: its bundled copy (typer >= 0.28), or the click
+    package, asked for only when typer bundles none or something has imported it (importing it costs 8 ms a run)."""
     found = []
     for module in ("typer._click.exceptions", "click.exceptions"):
+        if found and module.partition(".")[0] not in sys.modules:
+            continue
         try:
             found.append(__import__(module, fromlist=["ClickException"]).ClickException)
         except ImportError:

@@ -11,6 +11,7 @@ literally: no rich markup ("[bold]") and no emoji codes (":x:") are read from it
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -18,9 +19,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-import yaml
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -80,7 +79,12 @@ class Output:
     # --- machine-readable results
     def data(self, obj: Any, fmt: str = "json") -> None:
         """A result as JSON (default) or YAML on stdout."""
-        self.raw(yaml.safe_dump(obj, sort_keys=False) if fmt == "yaml" else json.dumps(obj, indent=2) + "\n")
+        if fmt == "yaml":
+            import yaml  # imported here: a command that prints no YAML does not pay for it
+
+            self.raw(yaml.safe_dump(obj, sort_keys=False))
+        else:
+            self.raw(json.dumps(obj, indent=2) + "\n")
 
     def raw(self, text: str) -> None:
         """Text exactly as given on stdout (generated tokens as they stream, a YAML document)."""
@@ -172,14 +176,16 @@ class _Bar:
         self.console, self.description, self.total, self.predicted_s = console, description, total, predicted_s
         self.t0 = time.perf_counter()
         self.done = 0
-        self.progress: Progress | None = None
+        self.progress: Any = None  # a rich.progress.Progress while shown
         self.task = None
         if predicted_s is not None and predicted_s >= PROGRESS_MIN_S:
             self._start()
 
     def _start(self) -> None:
-        self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), _TimesColumn(),
-                                 console=self.console)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn  # only when a bar is drawn
+
+        self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                                 _times_column()(), console=self.console)
         self.task = self.progress.add_task(self.description, total=self.total, completed=self.done, t0=self.t0,
                                            predicted_s=self.predicted_s)
         self.progress.start()
@@ -199,25 +205,33 @@ class _Bar:
             self.progress = None
 
 
-class _TimesColumn(ProgressColumn):
-    """Elapsed, the ETA, and the prediction: "0:41 elapsed, ETA 2:10 (predicted 2:51)"."""
+@functools.cache
+def _times_column() -> type:
+    """The bar's time column (a rich.progress column: defined on first use, so commands without a bar skip
+    importing rich.progress)."""
+    from rich.progress import ProgressColumn, Task
 
-    def render(self, task: Task) -> Text:
-        elapsed = time.perf_counter() - task.fields["t0"]
-        predicted = task.fields["predicted_s"]
-        done = task.completed / task.total if task.total else 0.0
-        if done >= 1:
-            eta = 0.0
-        elif done > 0:
-            eta = elapsed * (1 - done) / done  # the pace so far
-        elif predicted is not None:
-            eta = max(0.0, predicted - elapsed)  # nothing done yet: the prediction
-        else:
-            eta = None
-        text = f"{_clock(elapsed)} elapsed, ETA {'?' if eta is None else _clock(eta)}"
-        if predicted is not None:
-            text += f" (predicted {_clock(predicted)})"
-        return Text(text, style="progress.remaining")
+    class TimesColumn(ProgressColumn):
+        """Elapsed, the ETA, and the prediction: "0:41 elapsed, ETA 2:10 (predicted 2:51)"."""
+
+        def render(self, task: Task) -> Text:
+            elapsed = time.perf_counter() - task.fields["t0"]
+            predicted = task.fields["predicted_s"]
+            done = task.completed / task.total if task.total else 0.0
+            if done >= 1:
+                eta = 0.0
+            elif done > 0:
+                eta = elapsed * (1 - done) / done  # the pace so far
+            elif predicted is not None:
+                eta = max(0.0, predicted - elapsed)  # nothing done yet: the prediction
+            else:
+                eta = None
+            text = f"{_clock(elapsed)} elapsed, ETA {'?' if eta is None else _clock(eta)}"
+            if predicted is not None:
+                text += f" (predicted {_clock(predicted)})"
+            return Text(text, style="progress.remaining")
+
+    return TimesColumn
 
 
 def _clock(seconds: float) -> str:

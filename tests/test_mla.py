@@ -310,3 +310,20 @@ def test_a_long_mla_prefill_stays_within_the_planned_workspace():
     print(f"peak RSS grew {grown / 2**20:.1f} MiB; planned workspace {planned.workspace_bytes / 2**20:.1f} MiB + KV "
           f"{planned.kv_cache_bytes / 2**20:.1f} MiB")
     assert grown <= planned.workspace_bytes + planned.kv_cache_bytes
+
+
+def test_the_installed_transformers_version_is_read_without_importing_it():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import transformers
+
+    from runtime.inventory import installed_transformers_version
+
+    root = Path(__file__).resolve().parents[1]
+    assert installed_transformers_version() == transformers.__version__
+    code = ("import sys; from runtime.inventory import installed_transformers_version as v; v(); "
+            "print('transformers' in sys.modules, 'importlib.metadata' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=60)
+    assert r.stdout.split() == ["False", "False"], r.stdout + r.stderr
