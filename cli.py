@@ -614,17 +614,20 @@ def _prompt_text(prompt: str | None, prompt_file: str | None, prompt_tokens: int
 
 
 # ---------------------------------------------------------------- entry point
-def _click_exceptions() -> tuple[type, ...]:
-    """The usage-error base classes of whichever click typer runs on: its bundled copy (typer >= 0.28), or the click
-    package, asked for only when typer bundles none or something has imported it (importing it costs 8 ms a run)."""
+def _click_types(name: str) -> tuple[type, ...]:
+    """The class `name` (ClickException, Exit, Abort, NoArgsIsHelpError) of whichever click typer runs on: its bundled
+    copy (typer >= 0.28) and typer's own exceptions, or the click package, asked for only when something imported it
+    (importing it costs 8 ms a run)."""
     found = []
-    for module in ("typer._click.exceptions", "click.exceptions"):
-        if found and module.partition(".")[0] not in sys.modules:
+    for module in ("typer.exceptions", "typer._click.exceptions", "click.exceptions"):
+        if module.startswith("click") and "click" not in sys.modules:
             continue
         try:
-            found.append(__import__(module, fromlist=["ClickException"]).ClickException)
+            cls = getattr(__import__(module, fromlist=[name]), name, None)
         except ImportError:
-            pass
+            continue
+        if cls is not None and cls not in found:
+            found.append(cls)
     return tuple(found)
 
 
@@ -648,10 +651,56 @@ def _as_flags(message: str) -> str:
     return re.sub(r"request\.([a-z_]+)", lambda m: _REQUEST_FLAGS.get(m.group(1), m.group(0)), message)
 
 
+# ---------------------------------------------------------------- errors: one table, type -> formatter
+# Each formatter prints what the user sees (one line at most) and returns the exit code; None means "unexpected":
+# an internal error (exit 3), or the traceback under VRAMPLAN_DEBUG=1. The first row whose types match wins.
+def _closed_stdout(e: BaseException) -> int:
+    out.silence_stdout()  # the reader has gone (`| head -1`): stop quietly
+    return 0
+
+
+def _vramplan_error(e: BaseException) -> int | None:
+    if isinstance(e, render.OutputError):
+        out.silence_stdout()
+    out.plain_error(_as_flags(str(e)))
+    return e.exit_code
+
+
+def _interrupted(e: BaseException) -> int:
+    out.err.print("interrupted", highlight=False)
+    return EXIT_INTERRUPTED
+
+
+def _missing_module(e: BaseException) -> int | None:
+    missing = (e.name or "").split(".")[0]
+    if missing not in RUNTIME_PACKAGES:
+        return None
+    out.plain_error(f"this command needs the runtime extra ({missing} is not installed): "
+                    "pip install 'vramplan[runtime]' (from a checkout: pip install -e '.[runtime]')")
+    return EXIT_BAD_INPUT
+
+
+def _usage_error(e: BaseException) -> int:
+    out.plain_error(_usage(e))
+    return EXIT_BAD_INPUT
+
+
+def error_table() -> list[tuple[tuple[type, ...], Any, bool]]:
+    """(exception types, formatter, re-raised under VRAMPLAN_DEBUG) in the order they are matched."""
+    return [
+        ((render.StdoutClosed,), _closed_stdout, False),
+        ((VramplanError,), _vramplan_error, True),
+        ((KeyboardInterrupt, EOFError), _interrupted, False),
+        ((ModuleNotFoundError,), _missing_module, True),
+        (_click_types("Exit"), lambda e: e.exit_code, False),  # typer.Exit(code): the command chose its code
+        (_click_types("Abort"), _interrupted, False),  # click's Ctrl-C at a prompt
+        (_click_types("NoArgsIsHelpError"), lambda e: EXIT_BAD_INPUT, False),  # typer has printed the help
+        (_click_types("ClickException"), _usage_error, False),
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: one-line errors and the exit codes in this module's docstring."""
-    debug = bool(os.environ.get("VRAMPLAN_DEBUG"))
-    click_errors = _click_exceptions()
     previous = _on_sigterm(_interrupt)  # SIGTERM ends every command like Ctrl-C
     try:
         rc = app(args=argv, prog_name="vramplan", standalone_mode=False)
@@ -659,44 +708,30 @@ def main(argv: list[str] | None = None) -> None:
         if rc == EXIT_INTERRUPTED:  # typer turns Ctrl-C (and SIGTERM) into this code (run reports first)
             out.err.print("interrupted", highlight=False)
         sys.exit(rc if isinstance(rc, int) else 0)
-    except render.StdoutClosed:  # the reader has gone (`| head -1`): stop quietly
-        out.silence_stdout()
-        sys.exit(0)
-    except VramplanError as e:
-        if isinstance(e, render.OutputError):
-            out.silence_stdout()
-        if debug:
+    except Exception as e:  # noqa: BLE001 -- every exception goes through the table
+        sys.exit(_exit_code(e))
+    except BaseException as e:  # KeyboardInterrupt (SystemExit passes: it is no error)
+        if isinstance(e, SystemExit):
             raise
-        out.plain_error(_as_flags(str(e)))
-        sys.exit(e.exit_code)
-    except (KeyboardInterrupt, EOFError):
-        out.err.print("interrupted", highlight=False)
-        sys.exit(EXIT_INTERRUPTED)
-    except ModuleNotFoundError as e:
-        if debug:
-            raise
-        missing = (e.name or "").split(".")[0]
-        if missing in RUNTIME_PACKAGES:
-            out.plain_error(f"this command needs the runtime extra ({missing} is not installed): "
-                            "pip install 'vramplan[runtime]' (from a checkout: pip install -e '.[runtime]')")
-            sys.exit(EXIT_BAD_INPUT)
-        _internal(e)
-    except Exception as e:  # click's usage errors, typer.Exit, and anything unexpected
-        code = getattr(e, "exit_code", None)
-        if type(e).__name__ in ("Exit", "Abort") and code is not None:
-            sys.exit(code)
-        if type(e).__name__ == "Abort":
-            sys.exit(EXIT_INTERRUPTED)
-        if click_errors and isinstance(e, click_errors):
-            if type(e).__name__ == "NoArgsIsHelpError":  # typer has printed the help already
-                sys.exit(EXIT_BAD_INPUT)
-            out.plain_error(_usage(e))
-            sys.exit(EXIT_BAD_INPUT)
-        if debug:
-            raise
-        _internal(e)
+        sys.exit(_exit_code(e))
     finally:
         _on_sigterm(previous)
+
+
+def _exit_code(e: BaseException) -> int:
+    debug = bool(os.environ.get("VRAMPLAN_DEBUG"))
+    for types, formatter, reraise_in_debug in error_table():
+        if types and isinstance(e, types):
+            if debug and reraise_in_debug:
+                raise e
+            code = formatter(e)
+            if code is not None:
+                return code
+            break
+    if debug:
+        raise e
+    _internal(e)
+    return EXIT_INTERNAL
 
 
 def _on_sigterm(handler):
@@ -712,7 +747,6 @@ def _on_sigterm(handler):
 def _internal(e: BaseException) -> None:
     out.plain_error(f"internal error: {type(e).__name__}: {' '.join(str(e).split())[:500]} "
                     "(set VRAMPLAN_DEBUG=1 for the traceback)")
-    sys.exit(EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

@@ -185,3 +185,13 @@ def test_the_planner_only_install(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, "plan"], cwd=ROOT, capture_output=True, text=True, env=env,
                        timeout=60)
     assert r.returncode == 2 and "Missing option" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_error_table_finds_every_class_it_names():
+    """One table maps exception types to what the user sees; each of its rows resolves on the installed typer (a
+    typer that renamed its click classes would otherwise turn usage errors into internal errors)."""
+    rows = cli.error_table()
+    assert all(types for types, _, _ in rows), [formatter for types, formatter, _ in rows if not types]
+    import typer
+
+    assert typer.Exit in rows[4][0] and typer.Abort in rows[5][0]
