@@ -248,11 +248,17 @@ class MemoryBreakdown:
 
 
 def gpu_capacity(hw: HardwareProfile, req: Request, device: int = 0) -> int:
-    """What GPU `device` may hold: its memory, or less where the request's budget (per device) says so."""
+    """What GPU `device` may hold: its memory, or less where the request's budget (per device) says so. Every engine
+    takes its capacity from here (a budget above a device's memory is refused earlier, by the request checks)."""
     if not hw.gpus:
         return 0
     memory = hw.devices[device].memory_bytes
     return memory if req.vram_budget_bytes is None else min(memory, req.vram_budget_bytes)
+
+
+def gpu_capacities(hw: HardwareProfile, req: Request) -> list[int]:
+    """gpu_capacity of every GPU device, in device order."""
+    return [gpu_capacity(hw, req, d) for d in range(len(hw.devices))]
 
 
 def ram_capacity(hw: HardwareProfile, req: Request, gpu_total: int = 0) -> int:

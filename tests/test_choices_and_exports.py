@@ -260,3 +260,20 @@ def test_nodes_with_emit_vllm_and_one_emit_still_work(capsys):
     assert code == 0 and json.loads(out)["emit"]["engine"] == "vllm"
     code, out, _ = main(capsys, *PLAN_8B, "--emit", "ollama")
     assert code == 0 and "FROM llama3.1:8b-text-" in out
+
+
+@pytest.mark.parametrize("engine", ["vramplan", "llama.cpp"])
+def test_every_engine_refuses_a_gpu_budget_beyond_the_card(capsys, engine):
+    """Capacity comes from one function and the request checks run for every engine: llama.cpp once planned
+    `--vram-budget 200GiB` on a 24 GiB card against 200 GiB."""
+    code, _, err = main(capsys, "plan", "--model", "llama-3.1-8b", "-H", "rtx-4090", "--engine", engine,
+                        "--vram-budget", "200GiB")
+    assert_one_line_error(code, err)
+    assert "exceeds the GPU's" in err
+
+
+def test_a_gpu_budget_below_the_card_is_each_engines_capacity(capsys):
+    for engine in ("vramplan", "llama.cpp"):
+        code, d = plan_json(capsys, "--model", "llama-3.1-8b", "-H", "rtx-4090", "--engine", engine,
+                            "--vram-budget", "6GiB", "--context", "8k")
+        assert d["memory"]["gpu"]["capacity_bytes"] == 6 * 2**30, engine

@@ -11,7 +11,6 @@ import math
 import shlex
 from dataclasses import dataclass, field
 
-from ..hardware import HardwareProfile
 from ..modelspec import ModelSpec
 from ..units import GiB, format_bytes
 
@@ -88,12 +87,6 @@ def floor_to(x: float, step: float) -> float:
     """x rounded down to a multiple of step (a float like 0.01), without binary noise."""
     digits = max(0, -int(math.floor(math.log10(step))))
     return round(math.floor(x / step + 1e-9) * step, digits)
-
-
-def device_memories(hw: HardwareProfile) -> list[int]:
-    """Every GPU device's memory, one entry per device (a GPUSpec with count 2 is two entries)."""
-    return [g.memory_bytes for g in hw.gpus for _ in range(g.count)]
-
 
 
 def first_moe_layers(spec: ModelSpec, count: int) -> list[int]:

@@ -17,19 +17,19 @@ from ..errors import PlanError
 from ..gguf import GGUF_FILE_TYPES, gguf_file_bytes
 from ..calibration import MIN_EFFICIENCY, Sample, fit
 from ..hardware import MAX_EFFICIENCY, Calibration, CalibrationEntry, HardwareProfile
-from ..memory import CPUMemory, GPUMemory, LayerCosts, MemoryBreakdown
+from ..memory import CPUMemory, GPUMemory, LayerCosts, MemoryBreakdown, gpu_capacities
 from ..modelspec import ModelSpec
 from ..plan import Candidate, Plan, hardware_ref, model_ref
 from ..quant import SCHEMES, KVScheme, QualityCost
 from ..request import LLAMA_CPP_KV_DTYPES, Request
-from ..search import check_context, check_experts
+from ..search import check_context, check_experts, check_request
 from ..search import _choose as choose_by_preference  # vramplan's preference rule, applied to any candidates
 from ..search import bisect_max
 from ..speed import (EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, ReadBytes, decode_work, estimate,
                      prefill_attention_flop, prefill_flop)
 from ..units import MiB, format_bytes
 from . import llamacpp_rules as rules
-from .common import Export, assumption_notes, commented, device_memories, first_moe_layers, shell_command
+from .common import Export, assumption_notes, commented, first_moe_layers, shell_command
 
 ENGINE = "llama.cpp"
 SPEED_LABEL = "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"
@@ -83,7 +83,7 @@ def kv_scheme(kv_type: str) -> KVScheme:
 
 
 def _capacities(hw: HardwareProfile, req: Request) -> list[int]:
-    return [req.vram_budget_bytes if req.vram_budget_bytes is not None else m for m in device_memories(hw)]
+    return gpu_capacities(hw, req)
 
 
 def footprint(spec, hw, req, model, kv_type, margin_bytes=rules.FIT_TARGET_MARGIN_BYTES, slots=None,
@@ -381,9 +381,7 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     if req.offload is OffloadMode.STREAM:
         raise PlanError("llama.cpp computes the layers it does not offload on the CPU: it has no stream mode "
                         "(drop --offload stream)")
-    if not hw.has_gpu and (req.gpu_layers or req.vram_budget_bytes is not None or req.expert_placement is not None):
-        raise PlanError(f"GPU layers, an expert placement or a GPU budget were given, but hardware {hw.name!r} has "
-                        "no GPU")
+    check_request(hw, req)  # the checks every engine shares: a budget beyond the hardware, GPU options without one
     check_experts(spec, req)
     context_warnings = check_context(spec, req)
     types = req.quant or rules.PLANNED_FILE_TYPES

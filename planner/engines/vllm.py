@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ..choice import OffloadMode
 from ..hardware import HardwareProfile
+from ..memory import gpu_capacity
 from ..modelspec import Kind, ModelSpec, Role, TensorSpec, dtype_bytes
 from ..plan import Plan
 from ..quant import SCHEMES
@@ -218,7 +219,7 @@ class VLLMModel:
         self.spec, self.hw, self.req, self.fmt, self.kv_cache = spec, hw, req, fmt, kv_cache
         g = hw.gpu
         self.total = g.memory_bytes
-        capacity = req.vram_budget_bytes if req.vram_budget_bytes is not None else g.memory_bytes
+        capacity = gpu_capacity(hw, req, 0)
         outside = req.headroom_bytes + hw.overheads.cuda_context_bytes + CUDAGRAPH_BYTES_ASSUMED
         self.utilization = min(1.0, floor_to((capacity - outside) / self.total, 0.01))
         self.layer_tensors = [spec.layer_tensors(i) for i in range(spec.num_layers)]
