@@ -17,6 +17,7 @@ import typer
 
 import render
 from planner.errors import VramplanError
+from planner.quant import KV_SCHEMES, SCHEMES
 from render import out
 
 EXIT_NOTHING_FITS = 1
@@ -56,10 +57,11 @@ PromptTokensOpt = Annotated[Optional[int], typer.Option(
     "prompt of this many tokens.")]
 PreferOpt = Annotated[Optional[str], typer.Option("--prefer", help="quality, speed or balanced (default: the best "
                                                   "quality within reach of the fastest).")]
-QuantOpt = Annotated[Optional[str], typer.Option("--quant", "-q", help="Force weight quantization (comma list): bf16, "
-                     "fp16, bnb-int8, bnb-nf4, bnb-nf4-dq, bnb-fp4, bnb-fp4-dq, quanto-int8, quanto-int4.")]
-KVOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="Force KV-cache dtype (comma list): bf16, fp16, fp8, "
-                                              "quanto-int4, quanto-int2.")]
+# The scheme names come from the registries (planner/quant.py), so a new scheme is in the help with nothing else to edit.
+QuantOpt = Annotated[Optional[str], typer.Option("--quant", "-q", help="Force weight quantization (comma list): "
+                     f"{', '.join(SCHEMES)}.")]
+KVOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="Force KV-cache dtype (comma list): "
+                                              f"{', '.join(KV_SCHEMES)}.")]
 GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", help="Force decoder layers on the GPU "
                                                      "(>= layers: all).")]
 OffloadOpt = Annotated[Optional[str], typer.Option("--offload", help="Force the offload mode: stream or cpu.")]

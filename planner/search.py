@@ -291,7 +291,7 @@ def _max_resident_context(spec, hw, req, scheme, kv, weights: WeightCosts) -> in
     return max(0, bisect_max(fits, 1, spec.max_context or req.context))
 
 
-def _choose(cands: list[Candidate], req: Request) -> tuple[Candidate, list[str]]:
+def choose_by_preference(cands: list[Candidate], req: Request) -> tuple[Candidate, list[str]]:
     runnable = [c for c in cands if c.fits]
     fastest = max(runnable, key=lambda c: c.speed.decode_tokens_per_s)
     top = fastest.speed.decode_tokens_per_s
@@ -493,7 +493,7 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
             reasons.append(f"what would fit instead: {a['weight_quant']} weights + {a['kv_dtype']} KV up to "
                            f"{a['max_context_tokens']} tokens of context")
         return Plan(**common, chosen=None, reasons=reasons, warnings=warnings, alternatives=alts)
-    chosen, reasons = _choose(cands, req)
+    chosen, reasons = choose_by_preference(cands, req)
     c = chosen.choice
     if c.offload is not OffloadMode.NONE:
         warnings.append(f"{c.offloaded_layers} of {c.total_layers} layers are offloaded ({c.offload.value}): decode "

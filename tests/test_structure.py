@@ -146,3 +146,22 @@ def test_no_import_cycles(package):
 def test_an_import_cycle_is_caught():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _private_imports(path: Path) -> list[str]:
+    """`from X import _name` of another module's private name (lazy imports included)."""
+    return [f"{node.module}.{a.name}" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) for a in node.names
+            if a.name.startswith("_") and not a.name.startswith("__")]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "planner" / "engines").glob("*.py")), ids=lambda p: p.name)
+def test_no_engine_imports_another_modules_private_names(path):
+    """An engine uses what the planner and the other engines offer publicly (llama.cpp once took search._choose)."""
+    assert not _private_imports(path)
+
+
+def test_a_private_import_is_caught(tmp_path):
+    planted = tmp_path / "engine.py"
+    planted.write_text("from ..search import _choose as choose\nfrom .common import Export\n")
+    assert _private_imports(planted) == ["search._choose"]

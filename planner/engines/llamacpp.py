@@ -23,7 +23,7 @@ from ..plan import Candidate, Plan, hardware_ref, model_ref
 from ..quant import SCHEMES, KVScheme, QualityCost
 from ..request import LLAMA_CPP_KV_DTYPES, Request
 from ..search import check_context, check_experts, check_request
-from ..search import _choose as choose_by_preference  # vramplan's preference rule, applied to any candidates
+from ..search import choose_by_preference  # the --prefer rule, applied to any engine's candidates
 from ..search import bisect_max
 from ..speed import (EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, ReadBytes, decode_work, estimate,
                      prefill_attention_flop, prefill_flop)
