@@ -12,30 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cli
+from cli_helpers import assert_one_line_error, isolate, run_cli as main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
-
-
-def assert_one_line_error(code: int, err: str, expected: int = 2) -> None:
-    assert code == expected, err
-    assert "Traceback" not in err and "internal error" not in err, err
-    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
-    assert len(errors) == 1, err
-
-
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("VRAMPLAN_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.delenv("VRAMPLAN_PROFILES", raising=False)
-    monkeypatch.delenv("VRAMPLAN_DEBUG", raising=False)
+    isolate(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("argv", [

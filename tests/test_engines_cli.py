@@ -8,25 +8,16 @@ from pathlib import Path
 
 import pytest
 
-import cli
+from cli_helpers import isolate, run_cli as main
 from planner.engines import emit, plan_for_engine
 from planner.profiles import resolve_profile
 from planner.request import Request
 from planner.sources import model_spec
 
 
-def main(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
-
-
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("VRAMPLAN_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.delenv("VRAMPLAN_PROFILES", raising=False)
+    isolate(tmp_path, monkeypatch)
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,32 +9,12 @@ import re
 
 import pytest
 
-import cli
-
-
-def main(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
-
-
-def assert_one_line_error(code: int, err: str, expected: int = 2) -> str:
-    assert code == expected, err
-    assert "Traceback" not in err and "internal error" not in err, err
-    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
-    assert len(errors) == 1, err
-    return " ".join(err.split())
+from cli_helpers import assert_one_line_error, isolate, run_cli as main
 
 
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("VRAMPLAN_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))  # no cached hub model answers for a catalog name
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # and the hub is never asked
-    monkeypatch.delenv("VRAMPLAN_PROFILES", raising=False)
-    monkeypatch.delenv("VRAMPLAN_DEBUG", raising=False)
+    isolate(tmp_path, monkeypatch, offline_hub=True)
 
 
 # ------------------------------------------------------------------ 1. model names

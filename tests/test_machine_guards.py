@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import cli
+from cli_helpers import assert_one_line_error, isolate, run_cli as main
 from fake_hub import FakeHub
 from planner.profile_yaml import load_profile
 from planner.sources import load_spec, resolve_model
@@ -24,26 +24,9 @@ from runtime.calibrate import CPU_MATRIX, DoesNotFitError, Matrix, check_fits, p
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
-
-
-def assert_one_line_error(code: int, err: str, expected: int = 2) -> None:
-    assert code == expected, err
-    assert "Traceback" not in err and "internal error" not in err, err
-    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
-    assert len(errors) == 1, err
-
-
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("VRAMPLAN_CONFIG_DIR", str(tmp_path / "config"))
-    for var in ("VRAMPLAN_PROFILES", "VRAMPLAN_DEBUG", "VRAMPLAN_PROBE_MAX_AGE_DAYS", "VRAMPLAN_HUB_DEADLINE_S"):
-        monkeypatch.delenv(var, raising=False)
+    isolate(tmp_path, monkeypatch)
 
 
 def subprocess_env(tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-import cli
+from cli_helpers import isolate, run_cli as main
 from planner.architectures import spec_from_config
 from planner.architectures.fp32 import VERIFIED_TRANSFORMERS
 from planner.engines.llamacpp_rules import as_run
@@ -36,19 +36,9 @@ EXPERTS, HIDDEN, MOE_LAYERS = 8, 64, 2
 BF16 = 2
 
 
-def main(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
-
-
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("VRAMPLAN_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.delenv("VRAMPLAN_PROFILES", raising=False)
-    monkeypatch.delenv("VRAMPLAN_DEBUG", raising=False)
+    isolate(tmp_path, monkeypatch)
 
 
 def cpu_hw(*, flops="1 TFLOPS", ram_bw="10 GB/s", gpu: bool = False):

@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import render  # noqa: E402
+from cli_helpers import isolate  # noqa: E402
 from planner.profiles import resolve_profile  # noqa: E402
 from planner.request import Request  # noqa: E402
 from planner.search import plan  # noqa: E402
@@ -41,12 +42,10 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 SLOW_FLOPS = "1 MFLOPS"
 
 
+
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("VRAMPLAN_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.delenv("VRAMPLAN_PROFILES", raising=False)
-    monkeypatch.delenv("VRAMPLAN_DEBUG", raising=False)
+    isolate(tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="module")

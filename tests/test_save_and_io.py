@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import cli
+from cli_helpers import assert_one_line_error, isolate, run_cli as main
 from conftest import tiny_config_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,21 +24,6 @@ MODEL = "llama-3.1-8b"  # a catalog model: plans without any download
 HW = "cpu-ddr5-desktop"  # a CPU-only shipped profile: a plan made with it runs on this machine's CPU
 SHIPPED_HW = ROOT / "profiles" / f"{HW}.yaml"
 HANG_GUARD_S = 20  # a read that blocks (a FIFO) fails the test instead of hanging the suite
-
-
-def main(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
-
-
-def assert_one_line_error(code: int, err: str, expected: int = 2) -> str:
-    assert code == expected, err
-    assert "Traceback" not in err and "internal error" not in err, err
-    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
-    assert len(errors) == 1, err
-    return " ".join(errors[0].split())
 
 
 def run_cli(*argv, stdout) -> subprocess.CompletedProcess:
@@ -49,10 +34,7 @@ def run_cli(*argv, stdout) -> subprocess.CompletedProcess:
 
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("VRAMPLAN_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.delenv("VRAMPLAN_PROFILES", raising=False)
-    monkeypatch.delenv("VRAMPLAN_DEBUG", raising=False)
+    isolate(tmp_path, monkeypatch)
 
 
 @pytest.fixture
