@@ -66,8 +66,8 @@ GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", help="Force
                                                      "(>= layers: all).")]
 OffloadOpt = Annotated[Optional[str], typer.Option("--offload", help="Force the offload mode: stream or cpu.")]
 ExpertsOpt = Annotated[Optional[str], typer.Option("--expert-placement", help="Force where an MoE's routed experts "
-                       "live: gpu (with their layers), cpu (all in RAM, computed by the CPU) or N (those of the first N "
-                       "MoE layers in RAM).")]
+                       "live: gpu (with their layers), cpu (all in RAM, computed by the CPU) or N (those of the first "
+                       "N MoE layers in RAM).")]
 VramOpt = Annotated[Optional[str], typer.Option("--vram-budget", help="GPU memory to plan for, e.g. 24GiB.")]
 RamOpt = Annotated[Optional[str], typer.Option("--ram-budget", help="Host RAM to plan for, e.g. 64GiB.")]
 HeadroomOpt = Annotated[Optional[str], typer.Option("--headroom", help="GPU memory kept free (default 512MiB).")]
@@ -389,7 +389,8 @@ def plan_cmd(
                          "--nodes")
     if target is not None:
         if target not in EMIT_ENGINES:
-            raise UsageError(f"--emit {emit[0]!r}: choose one of {', '.join(EMIT_ENGINES)} (see `vramplan plan --help`)")
+            raise UsageError(f"--emit {emit[0]!r}: choose one of {', '.join(EMIT_ENGINES)} "
+                             "(see `vramplan plan --help`)")
         check_emit(target, req.engine)
     _, spec = resolve_model(model, revision)
     req = _fit_default_context(req, context, spec)
@@ -434,7 +435,8 @@ def calibrate_cmd(
                                                      "a .yaml path), to fit them again with later ones "
                                                      "(--add-runs).")] = None,
     add_runs: Annotated[Optional[str], typer.Option("--add-runs", help="Comma list of run files saved by an earlier "
-                                                    "--save-runs on this machine: fitted together with these runs.")] = None,
+                                                    "--save-runs on this machine: fitted together with these "
+                                                    "runs.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a small matrix of real runs here and fit the speed model into the profile's calibration."""
@@ -643,8 +645,8 @@ def _usage(e: Exception) -> str:
 # The library names request fields (request.<field>); the user typed flags.
 _REQUEST_FLAGS = {"allow_context_overflow": "--allow-context-overflow", "vram_budget_bytes": "--vram-budget",
                   "ram_budget_bytes": "--ram-budget", "gpu_layers": "--gpu-layers", "kv_dtype": "--kv-dtype",
-                  "quant": "--quant", "offload": "--offload", "context": "--context", "prompt_tokens": "--prompt-tokens",
-                  "expert_placement": "--expert-placement"}
+                  "quant": "--quant", "offload": "--offload", "context": "--context",
+                  "prompt_tokens": "--prompt-tokens", "expert_placement": "--expert-placement"}
 
 
 def _as_flags(message: str) -> str:

@@ -154,7 +154,8 @@ class Output:
             yield s
 
     @contextmanager
-    def progress(self, description: str, total: int, predicted_s: float | None = None) -> Iterator[Callable[[int], None]]:
+    def progress(self, description: str, total: int,
+                 predicted_s: float | None = None) -> Iterator[Callable[[int], None]]:
         """A progress bar on stderr for `total` steps of long work; yields advance(steps). Its ETA is `predicted_s`
         (the plan's prediction) until the first step ends, then the pace so far. Shown only in progress mode (see
         set_mode), and only for work predicted to take PROGRESS_MIN_S or more, or seen to (checked at each step);
@@ -415,8 +416,10 @@ def plan(d: dict, *, full: bool = False) -> None:
     """The human report of a plan (its dict form): the decision, its reasons and memory, and the best alternatives;
     `full` adds every candidate and the constants used."""
     m, h, r = d["model"], d["hardware"], d["request"]
-    gpus = h.get("gpus") or ([{"name": h["gpu"], "memory_bytes": h["gpu_memory_bytes"], "count": 1}] if h["gpu"] else [])
-    cards = " + ".join(f"{'%dx ' % g['count'] if g['count'] > 1 else ''}{g['name']}, {format_bytes(g['memory_bytes'])}{' each' if g['count'] > 1 else ''}"
+    gpus = h.get("gpus") or ([{"name": h["gpu"], "memory_bytes": h["gpu_memory_bytes"], "count": 1}] if h["gpu"]
+                             else [])
+    cards = " + ".join(f"{'%dx ' % g['count'] if g['count'] > 1 else ''}{g['name']}, "
+                       f"{format_bytes(g['memory_bytes'])}{' each' if g['count'] > 1 else ''}"
                        for g in gpus) or "no GPU"
     out.line(styled((m["id"], "bold"), " on ", (h["name"], "bold"),
                     f" ({cards}, RAM {format_bytes(h['ram_bytes'])}"
@@ -438,7 +441,8 @@ def plan(d: dict, *, full: bool = False) -> None:
         out.line(f"  predicted: decode {pr['decode_tokens_per_s']:.2f} tok/s (at full context "
                  f"{pr['decode_tokens_per_s_full_context']:.2f}), TTFT {pr['ttft_s']:.2f} s for "
                  f"{r['prompt_tokens'] or r['context']} prompt tokens; ceiling (bandwidth roofline) "
-                 f"{d['ceiling']['decode_tokens_per_s']:.2f} tok/s; efficiencies: {d['speed_terms']['efficiency_source']}")
+                 f"{d['ceiling']['decode_tokens_per_s']:.2f} tok/s; efficiencies: "
+                 f"{d['speed_terms']['efficiency_source']}")
         where_ctx = "in RAM (CPU only)" if c["compute_device"] == "cpu" else "entirely on the GPU"
         out.line(f"  largest context {where_ctx} with this scheme: {format_tokens(d['max_context_tokens'])}")
     else:

@@ -1,9 +1,9 @@
 """Accuracy benchmark: plan, then run, and compare predicted with measured.
 
 A matrix of models x quantizations x KV dtypes x contexts (x offloaded splits on a GPU) is
-planned and run, each row in a fresh process (runtime.worker) so that peak RAM is the row's own. Writes bench/results/accuracy-<machine>.json and .md (predicted, measured and
-error per row; median and worst error) and a PNG: predicted vs measured decode tokens/s
-on log axes with y = x, and the same for peak memory.
+planned and run, each row in a fresh process (runtime.worker) so that peak RAM is the row's own. Writes
+bench/results/accuracy-<machine>.json and .md (predicted, measured and error per row; median and worst error) and a
+PNG: predicted vs measured decode tokens/s on log axes with y = x, and the same for peak memory.
 
     python bench/accuracy.py --hardware bench/results/profile-cpu-dev.yaml --machine cpu-dev
     python bench/accuracy.py --hardware h100-measured --machine h100 --models llama-3.1-8b,qwen2.5-14b \
@@ -131,8 +131,8 @@ def plot(rows: list[dict], path: Path, title: str) -> bool:
 def markdown(out: dict) -> str:
     lines = [f"# Accuracy: predicted vs measured on {out['machine']}", "",
              f"{out['date']}; hardware profile `{out['hardware']}`; {out['versions']}", "",
-             "| model | quant | KV | context | prompt | split | decode tok/s pred | meas | err | TTFT s pred | meas | err "
-             "| peak RAM pred | meas | err | peak VRAM err |",
+             "| model | quant | KV | context | prompt | split | decode tok/s pred | meas | err | TTFT s pred | meas "
+             "| err | peak RAM pred | meas | err | peak VRAM err |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(v, kind):
@@ -148,8 +148,9 @@ def markdown(out: dict) -> str:
         p, m, e, c = r["predicted"], r["measured"], r["error_pct"], r["choice"]
         split = "cpu" if c["compute_device"] == "cpu" else f"{c['gpu_layers']}/{c['total_layers']} {c['offload']}"
         lines.append(
-            f"| {r['model']} | {r['quant']} | {r.get('kv_dtype', 'bf16')} | {r['context']} | {r['prompt_tokens']} | {split} | "
-            f"{f(p['decode_tokens_per_s'], 'num')} | {f(m['decode_tokens_per_s'], 'num')} | {f(e['decode_tokens_per_s'], 'pct')} | "
+            f"| {r['model']} | {r['quant']} | {r.get('kv_dtype', 'bf16')} | {r['context']} | {r['prompt_tokens']} | "
+            f"{split} | {f(p['decode_tokens_per_s'], 'num')} | {f(m['decode_tokens_per_s'], 'num')} | "
+            f"{f(e['decode_tokens_per_s'], 'pct')} | "
             f"{f(p['ttft_s'], 'num')} | {f(m['ttft_s'], 'num')} | {f(e['ttft_s'], 'pct')} | "
             f"{f(p['peak_ram_bytes'], 'gib')} | {f(m['peak_ram_bytes'], 'gib')} | {f(e['peak_ram_bytes'], 'pct')} | "
             f"{f(e['peak_vram_bytes'], 'pct')} |")

@@ -112,8 +112,8 @@ def main(argv=None) -> int:
 def _markdown(r: dict) -> str:
     f = r["fit_over_layer_matrices"]
     lines = [f"# bf16 matrix-vector products by shape on {r['args']['machine']}", "",
-             f"{r['date']}; torch {r['torch']}, {r['threads']} threads; best of {r['args']['repeats']}, weights streamed "
-             "from RAM.", "", "| model | matrix | in x out | MiB | us | GB/s |", "|---|---|---|---|---|---|"]
+             f"{r['date']}; torch {r['torch']}, {r['threads']} threads; best of {r['args']['repeats']}, weights "
+             "streamed from RAM.", "", "| model | matrix | in x out | MiB | us | GB/s |", "|---|---|---|---|---|---|"]
     for x in r["rows"]:
         lines.append(f"| {x['model']} | {x['matrix']} | {x['in']} x {x['out']} | {x['bytes'] / 2**20:.1f} | "
                      f"{x['seconds'] * 1e6:.1f} | {x['gb_per_s']:.1f} |")

@@ -119,7 +119,8 @@ def _markdown(result: dict) -> str:
         if "error" in r:
             lines.append(f"| {r['kv_dtype']} | {r['setting']} | {r['repeat'] + 1} | failed: {r['error']} | | |")
         else:
-            lines.append(f"| {r['kv_dtype']} | {r['setting']} | {r['repeat'] + 1} | {r['peak_over_base_bytes'] / 2**20:.0f} MiB | "
+            lines.append(f"| {r['kv_dtype']} | {r['setting']} | {r['repeat'] + 1} | "
+                         f"{r['peak_over_base_bytes'] / 2**20:.0f} MiB | "
                          f"{r['ttft_s']:.2f} | {r['decode_tokens_per_s']:.2f} |")
     return "\n".join(lines) + "\n"
 

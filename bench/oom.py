@@ -99,7 +99,8 @@ def _markdown(r: dict) -> str:
         return "\n".join(lines + [f"Error: {r['error']}.", ""])
     lines += [f"Device {r['device']}, {r['device_total_bytes'] / 2**30:.1f} GiB; another process held "
               f"{r['ballast_bytes'] / 2**30:.1f} GiB.",
-              f"First plan: {r['first_plan']['choice']} ({r['first_plan']['gpu_total_bytes'] / 2**30:.2f} GiB on the GPU).",
+              f"First plan: {r['first_plan']['choice']} ({r['first_plan']['gpu_total_bytes'] / 2**30:.2f} GiB on the "
+              "GPU).",
               f"Final plan: {r['final_plan']}.", "",
               f"Survived: **{r['survived']}** ({r['generated_tokens']} of {r['asked_tokens']} tokens, "
               f"{len(r['replans'])} re-plan(s)).", ""]

@@ -59,7 +59,8 @@ def main() -> None:
     (res / "plan_speed.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = ["# Planner search time (in-process)", "", f"{out['date']}, Python {out['python']}, {out['machine']}; "
              f"median of {REPEATS} runs; target < {TARGET_MS:.0f} ms.", "",
-             "| model | context | hardware | fits | search ms (median) | max | spec build ms |", "|---|---|---|---|---|---|---|"]
+             "| model | context | hardware | fits | search ms (median) | max | spec build ms |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['context']} | {r['hardware']} | {r['fits']} | {r['search_ms_median']} | "
                      f"{r['search_ms_max']} | {r['spec_build_ms']} |")

@@ -27,8 +27,8 @@ apart (attention grows with the prompt squared); where the runs' attention share
 measure, the speed model's default is used and no entry is stored. Runs with a quantized KV
 cache measure its update: what they take beyond the same run with a bf16 cache (measured, else
 the fitted model) is its traffic over bandwidth x eff_update plus a fixed cost per layer (told
-apart by runs of two cache sizes), stored per device x KV dtype (backend "kv-update"). Residuals are percentage errors of the fitted
-model on the runs it was fitted to; a large one is a warning. The accuracy benchmark measures
+apart by runs of two cache sizes), stored per device x KV dtype (backend "kv-update"). Residuals are percentage
+errors of the fitted model on the runs it was fitted to; a large one is a warning. The accuracy benchmark measures
 the model on runs it has not seen.
 """
 
@@ -104,7 +104,8 @@ def fit_experts(samples: list[ExpertSample]) -> tuple[CalibrationEntry, dict, li
                         f"the efficiency at {MAX_EFFICIENCY:g}")
     eff, per_call = _eff(coef[0]), coef[1]
     errs = [100.0 * abs(r[0] * coef[0] + r[1] * per_call - t) / t for r, t in zip(rows, y)]
-    residuals = {f"{tag}: abs_pct_median": round(statistics.median(errs), 3), f"{tag}: abs_pct_max": round(max(errs), 3)}
+    residuals = {f"{tag}: abs_pct_median": round(statistics.median(errs), 3),
+                 f"{tag}: abs_pct_max": round(max(errs), 3)}
     entry = CalibrationEntry(device=s0.device, backend=EXPERTS_BACKEND, quant=s0.quant,
                              bandwidth_efficiency=round(eff, 5), compute_efficiency=None,
                              per_layer_overhead_s=round(per_call, 9))
@@ -241,12 +242,14 @@ def fit_entry(samples: list[Sample]) -> _Fitted:
     inv_eff, per_layer = coef[0], coef[len(impls) + 1]
     per_token = coef[len(impls) + 2] if fit_per_token else 0.0
     eff_bw, eff_kv = _eff(inv_eff), {i: _eff(c) for i, c in zip(impls, coef[1:len(impls) + 1])}
-    entry = CalibrationEntry(device=s0.device, backend=s0.backend, quant=s0.quant, bandwidth_efficiency=round(eff_bw, 5),
+    entry = CalibrationEntry(device=s0.device, backend=s0.backend, quant=s0.quant,
+                             bandwidth_efficiency=round(eff_bw, 5),
                              compute_efficiency=None,  # from prefill: _fit_prefill, over every scheme of the device
                              per_layer_overhead_s=round(per_layer, 9), per_token_overhead_s=round(per_token, 9))
     fitted = _Fitted(entry, eff_kv, {}, ())
     errs = [100.0 * abs(fitted.decode_s(s) - s.decode_s_per_token) / s.decode_s_per_token for s in samples]
-    residuals = {"decode_abs_pct_median": statistics.median(errs), "decode_abs_pct_max": max(errs), "runs": len(samples)}
+    residuals = {"decode_abs_pct_median": statistics.median(errs), "decode_abs_pct_max": max(errs),
+                 "runs": len(samples)}
     if residuals["decode_abs_pct_median"] > RESIDUAL_WARN_PCT:
         warnings.append(f"{tag}: the fit misses its own runs by {residuals['decode_abs_pct_median']:.1f} % (median; "
                         f"more than {RESIDUAL_WARN_PCT:g} %): the speed model does not describe them"
@@ -365,16 +368,19 @@ def fit(samples: list[Sample], *, measured_at: str, versions: dict[str, str]) ->
     compute_eff: dict[tuple[str, str, str], float] = {}
     prefill_attention: list[CalibrationEntry] = []
     for device in sorted({key[0] for key in fitted}):
-        eff_c, eff_a, res, w = _fit_prefill(device, {k: (groups[k], f.entry) for k, f in fitted.items() if k[0] == device})
+        eff_c, eff_a, res, w = _fit_prefill(device,
+                                            {k: (groups[k], f.entry) for k, f in fitted.items() if k[0] == device})
         compute_eff.update(eff_c)
         residuals.update(res)
         warnings.extend(w)
-        prefill_attention.extend(CalibrationEntry(device=device, backend=f"{PREFILL_ATTENTION_BACKEND}-{impl}", quant="bf16",
-                                                  bandwidth_efficiency=None, compute_efficiency=round(e, 5))
+        prefill_attention.extend(CalibrationEntry(device=device, backend=f"{PREFILL_ATTENTION_BACKEND}-{impl}",
+                                                  quant="bf16", bandwidth_efficiency=None,
+                                                  compute_efficiency=round(e, 5))
                                  for impl, e in sorted(eff_a.items()))
     for key, group in sorted(groups.items()):
         f = fitted[key]
-        entries.append(replace(f.entry, compute_efficiency=round(compute_eff[key], 5)) if key in compute_eff else f.entry)
+        entries.append(replace(f.entry, compute_efficiency=round(compute_eff[key], 5)) if key in compute_eff
+                       else f.entry)
         warnings.extend(f.warnings)
         for impl in {s.attention_impl for s in group}:
             kv_effs.setdefault((key[0], impl), []).append(f.eff_kv[impl])

@@ -91,7 +91,8 @@ class Choice:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise PlanError(f"choice.{name} must be a non-negative integer, got {v!r}")
         if self.expert_layers_on_cpu > self.moe_layers:
-            raise PlanError(f"choice: {self.expert_layers_on_cpu} layers' experts in RAM, of {self.moe_layers} MoE layers")
+            raise PlanError(f"choice: {self.expert_layers_on_cpu} layers' experts in RAM, of {self.moe_layers} MoE "
+                            "layers")
         where = tuple(self.expert_layers_in_ram)
         if where and (len(where) != self.expert_layers_on_cpu or any(
                 isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.total_layers for i in where)):

@@ -149,7 +149,8 @@ class LinkSpec:
 
     def __post_init__(self) -> None:
         _check_str(self, "name")
-        for f in ("h2d_pinned_bytes_per_s", "h2d_pageable_bytes_per_s", "d2h_pinned_bytes_per_s", "d2h_pageable_bytes_per_s"):
+        for f in ("h2d_pinned_bytes_per_s", "h2d_pageable_bytes_per_s",
+                  "d2h_pinned_bytes_per_s", "d2h_pageable_bytes_per_s"):
             _check_float(self, f)
 
 
@@ -239,8 +240,10 @@ class Calibration:
         try:
             _dt.datetime.fromisoformat(self.measured_at)
         except ValueError:
-            raise _FieldError("measured_at", f'expected an ISO date like "2025-01-31", got {self.measured_at!r}') from None
-        object.__setattr__(self, "versions", _pairs(self.versions, "versions", lambda v: isinstance(v, str), "name: version string"))
+            raise _FieldError("measured_at",
+                              f'expected an ISO date like "2025-01-31", got {self.measured_at!r}') from None
+        object.__setattr__(self, "versions",
+                           _pairs(self.versions, "versions", lambda v: isinstance(v, str), "name: version string"))
         residuals = _pairs(self.residuals, "residuals", _is_number, "name: number")
         object.__setattr__(self, "residuals", tuple((k, float(v)) for k, v in residuals))
         entries = tuple(self.entries)
@@ -293,7 +296,8 @@ class HardwareProfile:
             )
         _check_str(self, "name")
         if not _NAME_RE.match(self.name):
-            raise _FieldError("name", f"expected letters, digits, '.', '_' or '-' (like \"rtx-4090\"), got {self.name!r}")
+            raise _FieldError("name",
+                              f"expected letters, digits, '.', '_' or '-' (like \"rtx-4090\"), got {self.name!r}")
         _check_str(self, "description", allow_empty=True)
         _check_str(self, "source")
         gpus = tuple(self.gpus)
@@ -328,8 +332,8 @@ class HardwareProfile:
         reserved = self.overheads.cuda_context_bytes + self.overheads.allocator_reserve_bytes
         for i, g in enumerate(gpus):
             if reserved >= g.memory_bytes:
-                raise _FieldError("overheads", f"the CUDA context and allocator reserve ({reserved:,} B) leave nothing of "
-                                  f"gpus[{i}]'s {g.memory_bytes:,} B")
+                raise _FieldError("overheads", f"the CUDA context and allocator reserve ({reserved:,} B) leave "
+                                  f"nothing of gpus[{i}]'s {g.memory_bytes:,} B")
         if gpus and not self.unified_memory and self.link is None:
             raise _FieldError("link", "a machine with a discrete GPU needs its host link (e.g. PCIe 4.0 x16)")
 
@@ -381,7 +385,8 @@ class HardwareProfile:
         """One device's memory less the CUDA context and the allocator reserve (no user headroom)."""
         if not self.gpus:
             return 0
-        return max(0, self.gpu_memory_bytes - self.overheads.cuda_context_bytes - self.overheads.allocator_reserve_bytes)
+        return max(0, self.gpu_memory_bytes - self.overheads.cuda_context_bytes
+                   - self.overheads.allocator_reserve_bytes)
 
     @property
     def cpu_only(self) -> bool:

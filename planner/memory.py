@@ -100,7 +100,8 @@ def _prefix(values: tuple[int, ...]) -> list[int]:
     return out
 
 
-def workspace_bytes(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Request, context: int | None = None) -> dict:
+def workspace_bytes(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Request,
+                    context: int | None = None) -> dict:
     """Activation memory of one prefill chunk, by term. The largest phase: decode needs less."""
     ctx = req.context if context is None else context
     act = dtype_bytes(scheme.compute_dtype)
@@ -112,7 +113,8 @@ def workspace_bytes(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Re
         qkv_width = (a.num_heads + 2 * a.num_kv_heads) * a.head_dim
     # Appending to a layer's cache (torch.cat, or a quantized cache's dequantized copy) holds one
     # full-precision copy of that layer's K and V at the whole context.
-    largest_layer_kv = max(a.cached_tokens(ctx) * a.kv_elements_per_token for a, _ in spec.attention_groups) * req.batch * act
+    largest_layer_kv = (max(a.cached_tokens(ctx) * a.kv_elements_per_token for a, _ in spec.attention_groups)
+                        * req.batch * act)
     terms = {
         "hidden_states": int(tokens * spec.hidden_size * act * ACTIVATION_HIDDEN_COPIES),
         "qkv": int(tokens * qkv_width * act),

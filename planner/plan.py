@@ -91,8 +91,9 @@ class Candidate:
     def from_dict(cls, d: dict) -> "Candidate":
         mem = d.get("memory") or {}
         pred = d.get("predicted") or {}
-        return cls(weight_quant=d["weight_quant"], kv_dtype=d["kv_dtype"], quality_cost_pct=float(d["quality_cost_pct"]),
-                   fits=bool(d["fits"]), reason=str(d.get("reason") or ""),
+        return cls(weight_quant=d["weight_quant"], kv_dtype=d["kv_dtype"],
+                   quality_cost_pct=float(d["quality_cost_pct"]), fits=bool(d["fits"]),
+                   reason=str(d.get("reason") or ""),
                    choice=Choice.from_dict(d) if d.get("compute_device") is not None else None,
                    memory=MemoryBreakdown.from_dict(mem) if mem.get("cpu") else None,
                    speed=(SpeedEstimate.from_dict(pred, d.get("ceiling") or {}, {})
@@ -190,7 +191,8 @@ class Plan:
                                    max_context_tokens=int(d.get("max_context_tokens") or 0))
             return cls(model=dict(d["model"]), hardware=dict(d["hardware"]), request=Request.from_dict(d["request"]),
                        chosen=chosen, reasons=[str(r) for r in d.get("reasons", [])],
-                       candidates=[Candidate.from_dict(x) for x in d.get("candidates", [])], warnings=[str(w) for w in d.get("warnings", [])],
+                       candidates=[Candidate.from_dict(x) for x in d.get("candidates", [])],
+                       warnings=[str(w) for w in d.get("warnings", [])],
                        alternatives=list(d.get("alternatives", [])), constants=dict(d.get("constants", {})))
         except PlanError as e:
             raise PlanError(f"plan file: {e}") from None

@@ -104,7 +104,8 @@ def format_bytes_exact(n: int) -> str:
     """Bytes as the shortest exact string: 24564 MiB, 141 GB, 0 B."""
     if n == 0:
         return "0 B"
-    for mult, unit in ((TiB, "TiB"), (GiB, "GiB"), (10**12, "TB"), (10**9, "GB"), (MiB, "MiB"), (10**6, "MB"), (KiB, "KiB"), (10**3, "kB")):
+    for mult, unit in ((TiB, "TiB"), (GiB, "GiB"), (10**12, "TB"), (10**9, "GB"), (MiB, "MiB"), (10**6, "MB"),
+                       (KiB, "KiB"), (10**3, "kB")):
         if n % mult == 0:
             return f"{n // mult} {unit}"
     return f"{n} B"
@@ -312,7 +313,8 @@ def _parse_profile(d: Any, r: _Reader) -> HardwareProfile:
         raise r.fail("schema_version", f"expected an integer, got {_show(sv)}")
     if sv != SCHEMA_VERSION:
         newer = " (written by a newer vramplan: upgrade)" if sv > SCHEMA_VERSION else ""
-        raise r.fail("schema_version", f"unsupported schema version {sv}: this vramplan reads version {SCHEMA_VERSION}{newer}")
+        raise r.fail("schema_version",
+                     f"unsupported schema version {sv}: this vramplan reads version {SCHEMA_VERSION}{newer}")
 
     top = r.mapping(d, "", _PROFILE_KEYS)
     kwargs = r.scalars(top, "", _PROFILE_KEYS)
@@ -330,7 +332,8 @@ def _parse_profile(d: Any, r: _Reader) -> HardwareProfile:
 
     kwargs["host"] = r.build(HostSpec, r.scalars(top["host"], "host", _HOST_KEYS), "host", _HOST_KEYS)
     link_raw = top.get("link")
-    kwargs["link"] = None if link_raw is None else r.build(LinkSpec, r.scalars(link_raw, "link", _LINK_KEYS), "link", _LINK_KEYS)
+    kwargs["link"] = None if link_raw is None else r.build(LinkSpec, r.scalars(link_raw, "link", _LINK_KEYS), "link",
+                                                           _LINK_KEYS)
     kwargs["overheads"] = r.build(
         Overheads, r.scalars(top["overheads"], "overheads", _OVERHEAD_KEYS), "overheads", _OVERHEAD_KEYS
     )

@@ -331,7 +331,8 @@ def _balanced(runnable: list[Candidate], req: Request) -> tuple[Candidate, list[
     elif dropped:
         quick = max(dropped, key=lambda c: c.speed.decode_tokens_per_s)
         if quick.speed.decode_tokens_per_s > top:
-            reasons.append(f"{floor} outranks speed: it leaves out {len(dropped)} option{'s' if len(dropped) > 1 else ''}"
+            reasons.append(f"{floor} outranks speed: it leaves out {len(dropped)} "
+                           f"option{'s' if len(dropped) > 1 else ''}"
                            f", the fastest {quick.weight_quant} + {quick.kv_dtype} KV at "
                            f"{quick.speed.decode_tokens_per_s:.2f} tok/s (~{quick.quality_cost_pct:.1f} % perplexity)")
     return choice, reasons
@@ -362,17 +363,22 @@ def _constants(hw: HardwareProfile, req: Request) -> dict:
 
     o = hw.overheads
     out = {
-        "gpu_capacity_bytes": {"value": gpu_capacity(hw, req), "from": "request --vram-budget" if req.vram_budget_bytes is not None else f"profile {hw.name}: gpus[0].memory"},
-        "ram_capacity_bytes": {"value": ram_capacity(hw, req), "from": "request --ram-budget" if req.ram_budget_bytes is not None else f"profile {hw.name}: host.ram"},
+        "gpu_capacity_bytes": {"value": gpu_capacity(hw, req), "from": "request --vram-budget"
+                               if req.vram_budget_bytes is not None else f"profile {hw.name}: gpus[0].memory"},
+        "ram_capacity_bytes": {"value": ram_capacity(hw, req), "from": "request --ram-budget"
+                               if req.ram_budget_bytes is not None else f"profile {hw.name}: host.ram"},
         "cuda_context_bytes": {"value": o.cuda_context_bytes, "from": f"profile {hw.name}: overheads.cuda_context"},
-        "allocator_reserve_bytes": {"value": o.allocator_reserve_bytes, "from": f"profile {hw.name}: overheads.allocator_reserve"},
+        "allocator_reserve_bytes": {"value": o.allocator_reserve_bytes, "from": f"profile {hw.name}: "
+                                                                                "overheads.allocator_reserve"},
         "kernel_launch_s": {"value": o.kernel_launch_s, "from": f"profile {hw.name}: overheads.kernel_launch"},
         "headroom_bytes": {"value": req.headroom_bytes, "from": "request --headroom"},
         "prefill_chunk_tokens": {"value": req.prefill_chunk, "from": "request --prefill-chunk"},
         "runtime_base_ram_bytes": {"value": req.runtime_base_ram_bytes, "from": (
             f"profile {hw.name}: calibration.runtime_ram" if hw.calibration is not None
-            and hw.calibration.runtime_ram_bytes == req.runtime_base_ram_bytes else "planner.request.RUNTIME_BASE_RAM_BYTES")},
-        "balanced_speed_fraction": {"value": req.balanced_speed_fraction, "from": "planner.request.BALANCED_SPEED_FRACTION"},
+            and hw.calibration.runtime_ram_bytes == req.runtime_base_ram_bytes
+            else "planner.request.RUNTIME_BASE_RAM_BYTES")},
+        "balanced_speed_fraction": {"value": req.balanced_speed_fraction,
+                                    "from": "planner.request.BALANCED_SPEED_FRACTION"},
         "balanced_max_quality_cost_pct": {"value": req.balanced_max_quality_cost_pct,
                                           "from": "planner.request.BALANCED_MAX_QUALITY_COST_PCT"},
         "activation_hidden_copies": {"value": m.ACTIVATION_HIDDEN_COPIES, "from": "planner.memory"},
@@ -383,7 +389,8 @@ def _constants(hw: HardwareProfile, req: Request) -> dict:
         "sdpa_math_kv_fp32_copies": {"value": m.SDPA_MATH_KV_FP32_COPIES, "from": "planner.memory (CPU, V head dim != "
                                      "Q/K's: MLA)"},
         "link_efficiency": {"value": sp.DEFAULT_LINK_EFFICIENCY, "from": "planner.speed.DEFAULT_LINK_EFFICIENCY"},
-        "ram_bandwidth_bytes_per_s": {"value": hw.host.ram_bandwidth_bytes_per_s, "from": f"profile {hw.name}: host.ram_bandwidth"},
+        "ram_bandwidth_bytes_per_s": {"value": hw.host.ram_bandwidth_bytes_per_s, "from": f"profile {hw.name}: "
+                                                                                          "host.ram_bandwidth"},
         "cpu_bf16_flops": {"value": hw.host.cpu_bf16_flops, "from": f"profile {hw.name}: host.cpu_bf16_compute"},
     }
     entry = 0
@@ -395,17 +402,21 @@ def _constants(hw: HardwareProfile, req: Request) -> dict:
                 out[f"gpu{entry}_memory_bandwidth_bytes_per_s"] = {"value": g.memory_bandwidth_bytes_per_s,
                                                                    "from": f"{where}.memory_bandwidth"}
             entry += 1
-    out["cpu_expert_call_s"] = {"value": sp.DEFAULT_CPU_EXPERT_CALL_S, "from": "planner.speed.DEFAULT_CPU_EXPERT_CALL_S "
+    out["cpu_expert_call_s"] = {"value": sp.DEFAULT_CPU_EXPERT_CALL_S,
+                                "from": "planner.speed.DEFAULT_CPU_EXPERT_CALL_S "
                                 "(MoE, until calibrated: calibration.experts)"}
     if hw.gpu is not None:
         out["expert_call_launches"] = {"value": sp.EXPERT_CALL_LAUNCHES, "from": "planner.speed.EXPERT_CALL_LAUNCHES "
                                        "(MoE, until calibrated: calibration.experts)"}
-        out["crossing_sync_launches"] = {"value": sp.CROSSING_SYNC_LAUNCHES, "from": "planner.speed.CROSSING_SYNC_LAUNCHES"}
+        out["crossing_sync_launches"] = {"value": sp.CROSSING_SYNC_LAUNCHES,
+                                         "from": "planner.speed.CROSSING_SYNC_LAUNCHES"}
     if hw.gpu is not None:
-        out["gpu_memory_bandwidth_bytes_per_s"] = {"value": hw.gpu.memory_bandwidth_bytes_per_s, "from": f"profile {hw.name}: gpus[0].memory_bandwidth"}
+        out["gpu_memory_bandwidth_bytes_per_s"] = {"value": hw.gpu.memory_bandwidth_bytes_per_s,
+                                                   "from": f"profile {hw.name}: gpus[0].memory_bandwidth"}
         out["gpu_bf16_flops"] = {"value": hw.gpu.bf16_flops, "from": f"profile {hw.name}: gpus[0].bf16_compute"}
     if hw.link is not None:
-        out["link_h2d_pinned_bytes_per_s"] = {"value": hw.link.h2d_pinned_bytes_per_s, "from": f"profile {hw.name}: link.h2d_pinned"}
+        out["link_h2d_pinned_bytes_per_s"] = {"value": hw.link.h2d_pinned_bytes_per_s, "from": f"profile {hw.name}: "
+                                                                                               "link.h2d_pinned"}
     return out
 
 
@@ -503,8 +514,8 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
                         "they hold a bigger model, they do not decode faster than one GPU would")
     if KV_SCHEMES[c.kv_dtype].dequantizes_whole_layer and (c.compute_device is ComputeDevice.CPU
                                                            or c.offload is OffloadMode.CPU):
-        warnings.append(f"a {c.kv_dtype} KV cache in RAM: each step dequantizes a layer's cache into fresh tensors, and "
-                        "glibc keeps what they free in its heap, so peak RSS can exceed this plan by more than the "
+        warnings.append(f"a {c.kv_dtype} KV cache in RAM: each step dequantizes a layer's cache into fresh tensors, "
+                        "and glibc keeps what they free in its heap, so peak RSS can exceed this plan by more than the "
                         "cache saves (measured: a quanto-int4 cache peaked at or above bf16's; bench/results/malloc-"
                         "cpu-dev.md); leave headroom, or use bf16 KV where it fits")
     if SCHEMES[c.weight_quant].backend == "bnb" and c.compute_device is ComputeDevice.CPU:

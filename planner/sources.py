@@ -197,7 +197,8 @@ def parse_config_json(text: str, where: str) -> dict:
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); truncated?") from None
+        raise ConfigError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                          "truncated?") from None
     except RecursionError:
         raise ConfigError(f"{where}: nested too deeply to be a model config") from None
     except ValueError as e:  # an integer of thousands of digits
@@ -430,10 +431,12 @@ def apply_headers(spec: ModelSpec, headers: Iterable[HeaderTensor], where: str) 
     notes = list(spec.notes)
     missing = len(spec.tensors) - matched
     if missing:
-        notes.append(f"checkpoint: {missing} of {len(spec.tensors)} tensors the config implies are not in the safetensors files")
+        notes.append(f"checkpoint: {missing} of {len(spec.tensors)} tensors the config implies are not in the "
+                     "safetensors files")
     extra = len(header) - matched
     if extra:
-        notes.append(f"checkpoint: {extra} tensors in the safetensors files are not part of the model transformers builds")
+        notes.append(f"checkpoint: {extra} tensors in the safetensors files are not part of the model transformers "
+                     "builds")
     dtype = max(bytes_by_dtype, key=bytes_by_dtype.get) if bytes_by_dtype else spec.dtype
     return replace(spec, tensors=tuple(tensors), notes=tuple(notes), dtype=dtype,
                    checkpoint_bytes=sum(h.nbytes for h in header.values()))

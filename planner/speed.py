@@ -89,11 +89,12 @@ KV_PASSES_DEFAULT = 3.0
 KV_UPDATE_BACKEND = "kv-update"
 # Attention at prefill (QK^T and AV over the causal pairs, windows capped) is its own kernel with its own efficiency,
 # not the weight matmuls': it is costed as its FLOPs / (compute x eff) beside them. Calibration fits it per device x
-# attention implementation (entries with backend "prefill-attn-sdpa" / "prefill-attn-eager", compute efficiency), jointly
-# with each scheme's matmul efficiency over prompts of several lengths. Uncalibrated defaults: on a CPU 0.17, measured on
-# the 2-core dev VM (Qwen3-0.6B, prompts 128-4096: matmuls 0.62 and attention 0.17 of the profile's bf16 peak fit every
-# TTFT within 11 %, where one shared efficiency missed the 4096-token prompt by half); on a GPU 0.35, FlashAttention-2's
-# forward on an H100 (about 350 of 989 TFLOPS at head_dim 128, FlashAttention-3 paper, Shah et al. 2024, fig. 5).
+# attention implementation (entries with backend "prefill-attn-sdpa" / "prefill-attn-eager", compute efficiency),
+# jointly with each scheme's matmul efficiency over prompts of several lengths. Uncalibrated defaults: on a CPU 0.17,
+# measured on the 2-core dev VM (Qwen3-0.6B, prompts 128-4096: matmuls 0.62 and attention 0.17 of the profile's bf16
+# peak fit every TTFT within 11 %, where one shared efficiency missed the 4096-token prompt by half); on a GPU 0.35,
+# FlashAttention-2's forward on an H100 (about 350 of 989 TFLOPS at head_dim 128, FlashAttention-3 paper, Shah et
+# al. 2024, fig. 5).
 PREFILL_ATTENTION_BACKEND = "prefill-attn"
 DEFAULT_PREFILL_ATTENTION_EFFICIENCY = {"cpu": 0.17, "gpu": 0.35}
 
@@ -392,7 +393,8 @@ def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: Weig
     kind = "gpu" if gpu else "cpu"
     eff = efficiency(hw, kind, scheme)
     g = hw.devices[device] if gpu else None
-    return DeviceRates(bandwidth_bytes_per_s=g.memory_bandwidth_bytes_per_s if gpu else hw.host.ram_bandwidth_bytes_per_s,
+    return DeviceRates(bandwidth_bytes_per_s=(g.memory_bandwidth_bytes_per_s if gpu
+                                              else hw.host.ram_bandwidth_bytes_per_s),
                        flop_per_s=g.bf16_flops if gpu else hw.host.cpu_bf16_flops,
                        weights=eff, kv=kv_efficiency(hw, kind, spec, kv, eff),
                        experts=expert_efficiency(hw, kind, scheme, eff))
@@ -499,7 +501,8 @@ class _Model:
         for i, dev in enumerate(self.device):
             bw = self.rates[dev].bandwidth_bytes_per_s
             if i in self.experts_on_cpu:
-                t_layer = (w.weights_bytes[i] - w.expert_bytes[i] + w.kv_stored_bytes[i]) / bw + w.expert_bytes[i] / cpu_bw
+                t_layer = ((w.weights_bytes[i] - w.expert_bytes[i] + w.kv_stored_bytes[i]) / bw
+                           + w.expert_bytes[i] / cpu_bw)
             else:
                 t_layer = (w.weights_bytes[i] + w.kv_stored_bytes[i]) / bw
             if i in self.streamed:
@@ -563,7 +566,8 @@ class _Model:
 def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme,
              c: Choice, costs: LayerCosts, read: ReadBytes | None = None) -> SpeedEstimate:
     """Decode tokens/s at the start and at the full context, TTFT and the ceiling of one placement."""
-    m = _Model(spec, hw, req, scheme, kv, c, costs, read if read is not None else read_bytes_per_layer(spec, scheme, req.batch))
+    m = _Model(spec, hw, req, scheme, kv, c, costs,
+               read if read is not None else read_bytes_per_layer(spec, scheme, req.batch))
     start = min(req.prompt, req.context)
     t_start, terms = m.decode_s(start)
     t_full, _ = m.decode_s(req.context)

@@ -17,8 +17,8 @@ CPU = torch.device("cpu")
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """``"cpu"``, ``"cuda"`` or ``"cuda:N"`` as a torch.device (``cuda`` is the current GPU); one line otherwise, or when
-    no GPU is there."""
+    """``"cpu"``, ``"cuda"`` or ``"cuda:N"`` as a torch.device (``cuda`` is the current GPU); one line otherwise, or
+    when no GPU is there."""
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as exc:

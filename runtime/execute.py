@@ -206,9 +206,9 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
                    0 if p.request.allow_context_overflow else context_limit(spec)[0])
     report = RunReport(plan=p, prompt_tokens=n_prompt)
     contention = _Contention()
-    attempt = _Attempt(report=report, spec=spec, hw=hw, source=source, tokenizer=tokenizer, use_checkpoint=use_checkpoint,
-                       allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, seed=seed,
-                       temperature=temperature, on_text=on_text, say=say, track=track or no_track)
+    attempt = _Attempt(report=report, spec=spec, hw=hw, source=source, tokenizer=tokenizer,
+                       use_checkpoint=use_checkpoint, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+                       seed=seed, temperature=temperature, on_text=on_text, say=say, track=track or no_track)
     for retry in range(MAX_OOM_RETRIES + 1):
         oom = attempt.run(base_ids, max_new_tokens)
         if oom is None or report.interrupted or retry == MAX_OOM_RETRIES or not report.plan.choice.on_gpu:
@@ -274,7 +274,8 @@ class _Attempt:
         holder: dict = {}
         oom = None
         with PeakMemorySampler(device=device,
-                               cuda_context_bytes=self.hw.overheads.cuda_context_bytes if c.on_gpu else None) as sampler:
+                               cuda_context_bytes=(self.hw.overheads.cuda_context_bytes if c.on_gpu
+                                                   else None)) as sampler:
             try:
                 oom = self._load_and_generate(holder, device, base_ids, max_new_tokens)
             except KeyboardInterrupt:

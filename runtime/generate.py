@@ -168,9 +168,9 @@ def decode_n_tokens(model: nn.Module, first_token: torch.Tensor, position: int, 
 
 
 def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk: int,
-             kv: KVScheme = KV_SCHEMES["bf16"], temperature: float = 0.0, eos_token_id: int | Iterable[int] | None = None,
-             seed: int = 0, on_token: Callable[[int], None] | None = None,
-             stop: Callable[[], bool] | None = None,
+             kv: KVScheme = KV_SCHEMES["bf16"], temperature: float = 0.0,
+             eos_token_id: int | Iterable[int] | None = None, seed: int = 0,
+             on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
              on_prefill_chunk: Callable[[int], None] | None = None) -> GenerationResult:
     """Prefill ``input_ids`` ([1, n] tensor or list of ids) in chunks, then decode.
     ``on_prefill_chunk(tokens)`` follows the prefill chunk by chunk (a progress bar).

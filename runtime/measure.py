@@ -168,7 +168,8 @@ class PeakMemorySampler:
     def __init__(self, *, device: torch.device | str | None = None,
                  interval_s: float = DEFAULT_SAMPLE_INTERVAL_S, cuda_context_bytes: int | None = None):
         device = torch.device(device) if device is not None else None
-        self.cuda_device = device if device is not None and device.type == "cuda" and torch.cuda.is_available() else None
+        self.cuda_device = (device if device is not None and device.type == "cuda" and torch.cuda.is_available()
+                            else None)
         self.interval_s = interval_s
         self.cuda_context_bytes = cuda_context_bytes
         self.result: MemoryPeaks | None = None

@@ -355,7 +355,8 @@ def _all_to(device: torch.device, module: nn.Module, args: tuple, kwargs: dict):
 
 def _routed_experts(layer: nn.Module) -> nn.Module | None:
     """The module holding a decoder layer's routed experts (``mlp.experts``, ``block_sparse_moe.experts``, ...), or
-    None for a dense layer: the submodule named ``experts`` (not ``shared_experts``), fused or a list, quantized or not."""
+    None for a dense layer: the submodule named ``experts`` (not ``shared_experts``), fused or a list, quantized or
+    not."""
     for name, module in layer.named_modules():
         if name.rpartition(".")[2] == "experts":
             return module

@@ -89,7 +89,8 @@ class Quanto(Backend):
 
         module.to(device)
         quantize_experts(module, scheme, device)
-        subclasses = [name for name, m in module.named_modules() if isinstance(m, nn.Linear) and type(m) is not nn.Linear]
+        subclasses = [name for name, m in module.named_modules()
+                      if isinstance(m, nn.Linear) and type(m) is not nn.Linear]
         quantize(module, weights=qtypes[_quanto_weights(scheme, prefix="q")], exclude=subclasses or None)
         freeze(module)
         for sub in module.modules():  # transformers' quanto loader leaves these scalars in fp32

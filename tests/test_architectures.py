@@ -122,7 +122,8 @@ def _tiny_config_json(case: str) -> str:
 
 
 def meta_model(config: dict):
-    cfg = transformers.AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items() if k != "model_type"})
+    cfg = transformers.AutoConfig.for_model(config["model_type"],
+                                            **{k: v for k, v in config.items() if k != "model_type"})
     with torch.device("meta"):
         return transformers.AutoModelForCausalLM.from_config(cfg)
 
@@ -212,7 +213,8 @@ def wrapper_config(case: str, top_tie, text_tie) -> dict:
 
 def wrapper_text_parameters(config: dict) -> dict:
     """The wrapper's language-model parameters under their `<Arch>ForCausalLM` names."""
-    cfg = transformers.AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items() if k != "model_type"})
+    cfg = transformers.AutoConfig.for_model(config["model_type"],
+                                            **{k: v for k, v in config.items() if k != "model_type"})
     with torch.device("meta"):
         model = transformers.AutoModelForImageTextToText.from_config(cfg)
     out = {}
@@ -279,8 +281,8 @@ def test_wrapper_with_an_unknown_text_model_is_unsupported():
 # ------------------------------------------------------------ KV layouts
 WINDOWED = ["llama", "mistral", "mistral-nowindow", "ministral", "ministral3", "phi3", "starcoder2", "phimoe-bias",
             "gemma2", "gemma3_text", "cohere2", "cohere2-untied-bias", "exaone4", "exaone4-tied", "gpt_oss",
-            "gpt_oss-nobias-tied", "qwen2-window", "qwen2_moe-sparse", "qwen3_moe-step", "smollm3-window", "llama4_text",
-            "llama4_text-allmoe"]
+            "gpt_oss-nobias-tied", "qwen2-window", "qwen2_moe-sparse", "qwen3_moe-step", "smollm3-window",
+            "llama4_text", "llama4_text-allmoe"]
 
 
 @pytest.mark.parametrize("case", WINDOWED)
@@ -288,7 +290,8 @@ def test_windows_match_transformers_cache_layers(case):
     """Each layer's window is the one transformers' DynamicCache gives it (chunked layers included)."""
     config = tiny_config(case)
     spec = spec_from_config(config, name=case)
-    cfg = transformers.AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items() if k != "model_type"})
+    cfg = transformers.AutoConfig.for_model(config["model_type"],
+                                            **{k: v for k, v in config.items() if k != "model_type"})
     cache = transformers.DynamicCache(config=cfg)
     theirs = [layer.sliding_window if type(layer).__name__ == "DynamicSlidingWindowLayer" else None
               for layer in cache.layers]
@@ -455,7 +458,8 @@ DELETE = object()
 JSON_VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.integers(-2, 70),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4),
-    st.lists(st.one_of(st.integers(-2, 8), st.sampled_from(["full_attention", "sliding_attention", "chunked_attention"])),
+    st.lists(st.one_of(st.integers(-2, 8),
+                       st.sampled_from(["full_attention", "sliding_attention", "chunked_attention"])),
              max_size=6),
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2), st.just(DELETE),
 )

@@ -146,7 +146,8 @@ def test_moe_decode_prices_each_routed_expert_and_the_calibration_replaces_the_d
     req = Request(context=1024, prompt_tokens=32, quant=("quanto-int4",), kv_dtype=("bf16",))
 
     def step_s(entries) -> tuple[float, dict]:
-        h = dataclasses.replace(hw, calibration=Calibration(measured_at="2026-11-23", entries=entries)) if entries else hw
+        h = (dataclasses.replace(hw, calibration=Calibration(measured_at="2026-11-23", entries=entries)) if entries
+             else hw)
         p = plan(spec, h, req)
         return 1.0 / p.chosen.speed.decode_tokens_per_s, p.chosen.speed.terms
 
@@ -212,8 +213,8 @@ def test_an_unmeasurable_prefill_attention_keeps_the_default_and_stores_nothing(
     assert cal.lookup("cpu", "torch", "bf16").compute_efficiency == pytest.approx(0.6, rel=1e-3)
     # runs stored before the attention FLOPs were recorded still fit (as all matmul)
     old = [dataclasses.replace(s, prefill_attention_flops=0.0) for s in prefill_runs(0.6, 0.6)]
-    assert fit(old, measured_at="2026-11-23", versions={}).calibration.lookup("cpu", "torch", "bf16").compute_efficiency \
-        == pytest.approx(0.6, rel=1e-3)
+    assert fit(old, measured_at="2026-11-23", versions={}).calibration.lookup("cpu", "torch", "bf16") \
+        .compute_efficiency == pytest.approx(0.6, rel=1e-3)
 
 
 def test_prefill_attention_faster_than_peak_is_held_and_said():

@@ -106,7 +106,8 @@ def test_bad_configs_are_one_line(capsys, tmp_path):
     absurd = tmp_path / "absurd"
     absurd.mkdir()
     (absurd / "config.json").write_text((ROOT / "planner/catalog/meta-llama--Llama-3.1-8B.json").read_text()
-                                        .replace('"vocab_size": 128256', '"vocab_size": 1000000000000000000000000000000'))
+                                        .replace('"vocab_size": 128256',
+                                                 '"vocab_size": 1000000000000000000000000000000'))
     for d in (huge, deep, absurd):
         code, _, err = main(capsys, "inspect", "--model", str(d))
         assert_one_line_error(code, err)

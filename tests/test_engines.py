@@ -104,9 +104,12 @@ GOLDEN = {
   --max-model-len 32768 \
   --gpu-memory-utilization 0.91 \
   --kv-cache-dtype fp8""",
-        ['vLLM per GPU (1 TP x 1 PP on 1 node(s)): 0.91 x 23.99 GiB = weights 14.96 GiB + profile-run peak 506.50 MiB + non-torch 163.84 MiB + KV pool 6.22 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB and your headroom 512.00 MiB',
+        ['vLLM per GPU (1 TP x 1 PP on 1 node(s)): 0.91 x 23.99 GiB = weights 14.96 GiB + profile-run peak 506.50 MiB '
+         '+ non-torch 163.84 MiB + KV pool 6.22 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB '
+         'and your headroom 512.00 MiB',
          'the KV pool is cut in 16-token blocks; 2.00 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 3',
-         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above are estimates (see the assumptions)']),
+         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
+         'are estimates (see the assumptions)']),
     ('dense-8b-24gb', 'llama.cpp'): (
         r"""llama-server \
   -m Llama-3.1-8B-BF16.gguf \
@@ -115,22 +118,33 @@ GOLDEN = {
   -fa on \
   -ctk q8_0 \
   -ctv q8_0""",
-        ["vramplan's plan: bf16 + fp8 KV, 32/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache q8_0, placed by llama.cpp's own rules",
-         "GGUF BF16: Llama-3.1-8B-BF16.gguf, 16,068,898,016 B (14.97 GiB; planner/gguf.py: llama-quantize's tensor types)",
-         'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-8B-GGUF (a naming convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> Llama-3.1-8B-BF16.gguf BF16',
-         'all 32 layers and the output layer on the GPU (-ngl 33): GPU 0: 16.25 GiB of 22.50 GiB usable (weights 13.98 GiB + KV 2.12 GiB + compute 149.96 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 1.23 GiB of 64.00 GiB',
-         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan sized the cache with it',
-         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what the plan leaves free",
+        ["vramplan's plan: bf16 + fp8 KV, 32/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
+         "q8_0, placed by llama.cpp's own rules",
+         "GGUF BF16: Llama-3.1-8B-BF16.gguf, 16,068,898,016 B (14.97 GiB; planner/gguf.py: llama-quantize's tensor "
+         "types)",
+         'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-8B-GGUF (a naming '
+         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> '
+         'Llama-3.1-8B-BF16.gguf BF16',
+         'all 32 layers and the output layer on the GPU (-ngl 33): GPU 0: 16.25 GiB of 22.50 GiB usable (weights 13.98 '
+         'GiB + KV 2.12 GiB + compute 149.96 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); '
+         'RAM 1.23 GiB of 64.00 GiB',
+         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan '
+         'sized the cache with it',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
+         "the plan leaves free",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('dense-8b-24gb', 'ollama'): (
         r"""# ollama pull llama3.1:8b-text-fp16
 FROM llama3.1:8b-text-fp16
 PARAMETER num_ctx 32768
 PARAMETER num_gpu 33""",
-        ["vramplan's plan: bf16 + fp8 KV, 32/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache q8_0, placed by llama.cpp's own rules",
+        ["vramplan's plan: bf16 + fp8 KV, 32/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
+         "q8_0, placed by llama.cpp's own rules",
          "Ollama quant fp16; tag by ollama.com/library's naming convention: check it is published",
-         "num_gpu 33 of 33 layers (the output layer counts as one): GGUF BF16 bytes by planner/gguf.py, kept free per GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
-         'server environment (not a Modelfile setting): OLLAMA_FLASH_ATTENTION=1 OLLAMA_KV_CACHE_TYPE=q8_0 ollama serve',
+         "num_gpu 33 of 33 layers (the output layer counts as one): GGUF BF16 bytes by planner/gguf.py, kept free per "
+         "GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
+         'server environment (not a Modelfile setting): OLLAMA_FLASH_ATTENTION=1 OLLAMA_KV_CACHE_TYPE=q8_0 ollama '
+         'serve',
          'ollama pull llama3.1:8b-text-fp16']),
     ('dense-8b-24gb', 'transformers'): (
         r"""import torch
@@ -154,10 +168,14 @@ cache = QuantizedCache(backend="fp8", config=model.config)""",
   --kv-cache-dtype auto \
   --quantization bitsandbytes \
   --cpu-offload-gb 19""",
-        ['vLLM fits 1 node(s) only with 19 GiB of weights per GPU in RAM (--cpu-offload-gb), copied to the GPU on every forward pass; without offload it needs 2 nodes of rtx-4090',
-         'vLLM per GPU (1 TP x 1 PP on 1 node(s)): 0.91 x 23.99 GiB = weights 17.80 GiB + profile-run peak 754.50 MiB + non-torch 163.84 MiB + KV pool 3.13 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB and your headroom 512.00 MiB',
+        ['vLLM fits 1 node(s) only with 19 GiB of weights per GPU in RAM (--cpu-offload-gb), copied to the GPU on '
+         'every forward pass; without offload it needs 2 nodes of rtx-4090',
+         'vLLM per GPU (1 TP x 1 PP on 1 node(s)): 0.91 x 23.99 GiB = weights 17.80 GiB + profile-run peak 754.50 MiB '
+         '+ non-torch 163.84 MiB + KV pool 3.13 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB '
+         'and your headroom 512.00 MiB',
          'the KV pool is cut in 16-token blocks; 2.50 GiB hold 1 sequence(s) of 8192 tokens; the pool holds about 1',
-         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above are estimates (see the assumptions)',
+         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
+         'are estimates (see the assumptions)',
          "vLLM's in-flight bitsandbytes is NF4 with double quantization whatever the plan's variant"]),
     ('70b-offloaded', 'llama.cpp'): (
         r"""llama-server \
@@ -165,12 +183,20 @@ cache = QuantizedCache(backend="fp8", config=model.config)""",
   -c 8192 \
   -ngl 43 \
   -fa on""",
-        ["vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, cache f16, placed by llama.cpp's own rules",
-         "GGUF Q4_K_M: Llama-3.1-70B-Q4_K_M.gguf, 42,520,400,320 B (39.60 GiB; planner/gguf.py: llama-quantize's tensor types)",
-         'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-70B-GGUF (a naming convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> Llama-3.1-70B-Q4_K_M.gguf Q4_K_M',
-         'layers 38-79 and the output layer on the GPU, 0-37 computed by the CPU (-ngl 43): GPU 0: 22.43 GiB of 22.50 GiB usable (weights 20.88 GiB + KV 1.31 GiB + compute 241.96 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 20.39 GiB of 64.00 GiB',
-         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan sized the cache with it',
-         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what the plan leaves free",
+        ["vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, "
+         "cache f16, placed by llama.cpp's own rules",
+         "GGUF Q4_K_M: Llama-3.1-70B-Q4_K_M.gguf, 42,520,400,320 B (39.60 GiB; planner/gguf.py: llama-quantize's "
+         "tensor types)",
+         'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-70B-GGUF (a naming '
+         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> '
+         'Llama-3.1-70B-Q4_K_M.gguf Q4_K_M',
+         'layers 38-79 and the output layer on the GPU, 0-37 computed by the CPU (-ngl 43): GPU 0: 22.43 GiB of 22.50 '
+         'GiB usable (weights 20.88 GiB + KV 1.31 GiB + compute 241.96 MiB) (usable = memory - CUDA context 500.00 MiB '
+         '- --fit margin 1.00 GiB); RAM 20.39 GiB of 64.00 GiB',
+         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan '
+         'sized the cache with it',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
+         "the plan leaves free",
          'llama.cpp computes the 38 layers left in RAM on the CPU (it does not stream them to the GPU)',
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('70b-offloaded', 'ollama'): (
@@ -178,9 +204,11 @@ cache = QuantizedCache(backend="fp8", config=model.config)""",
 FROM llama3.1:70b-text-q4_K_M
 PARAMETER num_ctx 8192
 PARAMETER num_gpu 43""",
-        ["vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, cache f16, placed by llama.cpp's own rules",
+        ["vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, "
+         "cache f16, placed by llama.cpp's own rules",
          "Ollama quant q4_K_M; tag by ollama.com/library's naming convention: check it is published",
-         "num_gpu 43 of 81 layers (the output layer counts as one): GGUF Q4_K_M bytes by planner/gguf.py, kept free per GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
+         "num_gpu 43 of 81 layers (the output layer counts as one): GGUF Q4_K_M bytes by planner/gguf.py, kept free "
+         "per GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
          'ollama pull llama3.1:70b-text-q4_K_M']),
     ('70b-offloaded', 'transformers'): (
         r"""import torch
@@ -202,8 +230,10 @@ model = AutoModelForCausalLM.from_pretrained(
     device_map=device_map,
     dtype=torch.bfloat16,
 )""",
-        ["transformers' bitsandbytes offload keeps the CPU-mapped layers unquantized (bf16) in RAM, unlike vramplan's runtime, which keeps all 80 layers quantized",
-         "the 40 CPU-mapped layers are copied to the GPU on every forward by accelerate (no prefetch); vramplan's runtime has them streamed to the GPU with prefetch"]),
+        ["transformers' bitsandbytes offload keeps the CPU-mapped layers unquantized (bf16) in RAM, unlike vramplan's "
+         "runtime, which keeps all 80 layers quantized",
+         "the 40 CPU-mapped layers are copied to the GPU on every forward by accelerate (no prefetch); vramplan's "
+         "runtime has them streamed to the GPU with prefetch"]),
     ('moe-experts-in-ram', 'vllm'): (
         r"""vllm serve Qwen/Qwen3-30B-A3B \
   --max-model-len 16384 \
@@ -212,10 +242,14 @@ model = AutoModelForCausalLM.from_pretrained(
   --pipeline-parallel-size 3 \
   --distributed-executor-backend ray""",
         ['needs 3 nodes of rtx-4090 (--nodes 1 given): run it on 3',
-         'start a Ray cluster over the 3 nodes first (ray start --head on one, ray start --address=<head>:6379 on the others); TP inside each node, PP across nodes',
-         'vLLM per GPU (1 TP x 3 PP on 3 node(s)): 0.91 x 23.99 GiB = weights 19.15 GiB + profile-run peak 420.75 MiB + non-torch 1.00 GiB + KV pool 1.27 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB and your headroom 512.00 MiB',
+         'start a Ray cluster over the 3 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
+         'others); TP inside each node, PP across nodes',
+         'vLLM per GPU (1 TP x 3 PP on 3 node(s)): 0.91 x 23.99 GiB = weights 19.15 GiB + profile-run peak 420.75 MiB '
+         '+ non-torch 1.00 GiB + KV pool 1.27 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB '
+         'and your headroom 512.00 MiB',
          'the KV pool is cut in 16-token blocks; 512.50 MiB hold 1 sequence(s) of 16384 tokens; the pool holds about 2',
-         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above are estimates (see the assumptions)',
+         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
+         'are estimates (see the assumptions)',
          'vLLM has no expert offload: every GPU holds its TP share of all experts']),
     ('moe-experts-in-ram', 'llama.cpp'): (
         r"""llama-server \
@@ -224,22 +258,34 @@ model = AutoModelForCausalLM.from_pretrained(
   -ngl 49 \
   --n-cpu-moe 32 \
   -fa on""",
-        ["vramplan's plan: bf16 + bf16 KV, 48/48 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache f16, placed by llama.cpp's own rules",
-         "GGUF BF16: Qwen3-30B-A3B-BF16.gguf, 61,095,806,112 B (56.90 GiB; planner/gguf.py: llama-quantize's tensor types)",
-         'where to get it: GGUF repositories are conventionally named like bartowski/Qwen3-30B-A3B-GGUF (a naming convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> Qwen3-30B-A3B-BF16.gguf BF16',
-         'all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 32 of 48 MoE layers (layers 0-31) in RAM (--n-cpu-moe 32): GPU 0: 21.88 GiB of 22.50 GiB usable (weights 20.31 GiB + KV 1.50 GiB + compute 70.32 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 36.90 GiB of 64.00 GiB',
-         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan sized the cache with it',
-         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what the plan leaves free",
+        ["vramplan's plan: bf16 + bf16 KV, 48/48 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
+         "f16, placed by llama.cpp's own rules",
+         "GGUF BF16: Qwen3-30B-A3B-BF16.gguf, 61,095,806,112 B (56.90 GiB; planner/gguf.py: llama-quantize's tensor "
+         "types)",
+         'where to get it: GGUF repositories are conventionally named like bartowski/Qwen3-30B-A3B-GGUF (a naming '
+         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> '
+         'Qwen3-30B-A3B-BF16.gguf BF16',
+         'all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 32 of 48 MoE layers (layers '
+         '0-31) in RAM (--n-cpu-moe 32): GPU 0: 21.88 GiB of 22.50 GiB usable (weights 20.31 GiB + KV 1.50 GiB + '
+         'compute 70.32 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 36.90 GiB of '
+         '64.00 GiB',
+         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan '
+         'sized the cache with it',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
+         "the plan leaves free",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('moe-experts-in-ram', 'ollama'): (
         r"""# ollama pull qwen3:30b-a3b-fp16
 FROM qwen3:30b-a3b-fp16
 PARAMETER num_ctx 16384
 PARAMETER num_gpu 19""",
-        ["vramplan's plan: bf16 + bf16 KV, 48/48 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache f16, placed by llama.cpp's own rules",
+        ["vramplan's plan: bf16 + bf16 KV, 48/48 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
+         "f16, placed by llama.cpp's own rules",
          "Ollama quant fp16; tag by ollama.com/library's naming convention: check it is published",
-         "num_gpu 19 of 49 layers (the output layer counts as one): GGUF BF16 bytes by planner/gguf.py, kept free per GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
-         'llama.cpp would keep the experts of 32 layers in RAM (--n-cpu-moe); a Modelfile has no such setting: Ollama offloads whole layers instead',
+         "num_gpu 19 of 49 layers (the output layer counts as one): GGUF BF16 bytes by planner/gguf.py, kept free per "
+         "GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
+         'llama.cpp would keep the experts of 32 layers in RAM (--n-cpu-moe); a Modelfile has no such setting: Ollama '
+         'offloads whole layers instead',
          'ollama pull qwen3:30b-a3b-fp16']),
     ('moe-experts-in-ram', 'transformers'): (
         r"""import torch
@@ -252,7 +298,8 @@ model = AutoModelForCausalLM.from_pretrained(
     device_map=device_map,
     dtype=torch.bfloat16,
 )""",
-        ["the experts of 48 layers are mapped to the CPU: accelerate copies them to the GPU on every forward, where vramplan's runtime computes them on the CPU"]),
+        ["the experts of 48 layers are mapped to the CPU: accelerate copies them to the GPU on every forward, where "
+         "vramplan's runtime computes them on the CPU"]),
     ('two-gpus', 'vllm'): (
         r"""vllm serve meta-llama/Llama-3.1-70B \
   --max-model-len 8192 \
@@ -260,9 +307,12 @@ model = AutoModelForCausalLM.from_pretrained(
   --kv-cache-dtype auto \
   --quantization bitsandbytes \
   --tensor-parallel-size 2""",
-        ['vLLM per GPU (2 TP x 1 PP on 1 node(s)): 0.91 x 23.99 GiB = weights 18.40 GiB + profile-run peak 566.50 MiB + non-torch 1.00 GiB + KV pool 1.87 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB and your headroom 512.00 MiB',
+        ['vLLM per GPU (2 TP x 1 PP on 1 node(s)): 0.91 x 23.99 GiB = weights 18.40 GiB + profile-run peak 566.50 MiB '
+         '+ non-torch 1.00 GiB + KV pool 1.87 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB '
+         'and your headroom 512.00 MiB',
          'the KV pool is cut in 16-token blocks; 1.25 GiB hold 1 sequence(s) of 8192 tokens; the pool holds about 1',
-         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above are estimates (see the assumptions)']),
+         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
+         'are estimates (see the assumptions)']),
     ('two-gpus', 'llama.cpp'): (
         r"""llama-server \
   -m Llama-3.1-70B-Q4_K_M.gguf \
@@ -270,21 +320,32 @@ model = AutoModelForCausalLM.from_pretrained(
   -ngl 81 \
   -ts 43,38 \
   -fa on""",
-        ["vramplan's plan: bnb-nf4-dq + bf16 KV, 80/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, cache f16, placed by llama.cpp's own rules",
-         "GGUF Q4_K_M: Llama-3.1-70B-Q4_K_M.gguf, 42,520,400,320 B (39.60 GiB; planner/gguf.py: llama-quantize's tensor types)",
-         'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-70B-GGUF (a naming convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> Llama-3.1-70B-Q4_K_M.gguf Q4_K_M',
-         'all 80 layers and the output layer on the GPU (-ngl 81): GPU 0: 22.10 GiB of 22.50 GiB usable (weights 20.53 GiB + KV 1.34 GiB + compute 240.00 MiB); GPU 1: 19.91 GiB of 22.50 GiB usable (weights 18.52 GiB + KV 1.16 GiB + compute 241.96 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 821.58 MiB of 64.00 GiB',
-         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan sized the cache with it',
-         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what the plan leaves free",
+        ["vramplan's plan: bnb-nf4-dq + bf16 KV, 80/80 layers on the GPU; llama.cpp runs GGUF: closest file type "
+         "Q4_K_M, cache f16, placed by llama.cpp's own rules",
+         "GGUF Q4_K_M: Llama-3.1-70B-Q4_K_M.gguf, 42,520,400,320 B (39.60 GiB; planner/gguf.py: llama-quantize's "
+         "tensor types)",
+         'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-70B-GGUF (a naming '
+         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> '
+         'Llama-3.1-70B-Q4_K_M.gguf Q4_K_M',
+         'all 80 layers and the output layer on the GPU (-ngl 81): GPU 0: 22.10 GiB of 22.50 GiB usable (weights 20.53 '
+         'GiB + KV 1.34 GiB + compute 240.00 MiB); GPU 1: 19.91 GiB of 22.50 GiB usable (weights 18.52 GiB + KV 1.16 '
+         'GiB + compute 241.96 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 821.58 '
+         'MiB of 64.00 GiB',
+         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan '
+         'sized the cache with it',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
+         "the plan leaves free",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('two-gpus', 'ollama'): (
         r"""# ollama pull llama3.1:70b-text-q4_K_M
 FROM llama3.1:70b-text-q4_K_M
 PARAMETER num_ctx 8192
 PARAMETER num_gpu 81""",
-        ["vramplan's plan: bnb-nf4-dq + bf16 KV, 80/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, cache f16, placed by llama.cpp's own rules",
+        ["vramplan's plan: bnb-nf4-dq + bf16 KV, 80/80 layers on the GPU; llama.cpp runs GGUF: closest file type "
+         "Q4_K_M, cache f16, placed by llama.cpp's own rules",
          "Ollama quant q4_K_M; tag by ollama.com/library's naming convention: check it is published",
-         "num_gpu 81 of 81 layers (the output layer counts as one): GGUF Q4_K_M bytes by planner/gguf.py, kept free per GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
+         "num_gpu 81 of 81 layers (the output layer counts as one): GGUF Q4_K_M bytes by planner/gguf.py, kept free "
+         "per GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
          'ollama pull llama3.1:70b-text-q4_K_M']),
     ('two-gpus', 'transformers'): (
         r"""import torch
@@ -307,7 +368,8 @@ model = AutoModelForCausalLM.from_pretrained(
         []),
     ('cpu-only', 'vllm'): (
         "",
-        ["vLLM: hardware 'cpu-epyc-server' has no GPU; vramplan plans vLLM on CUDA GPUs only (vLLM's CPU and Apple backends are not planned)",
+        ["vLLM: hardware 'cpu-epyc-server' has no GPU; vramplan plans vLLM on CUDA GPUs only (vLLM's CPU and Apple "
+         "backends are not planned)",
          'no vllm serve command']),
     ('cpu-only', 'llama.cpp'): (
         r"""llama-server \
@@ -315,21 +377,29 @@ model = AutoModelForCausalLM.from_pretrained(
   -c 8192 \
   -ngl 0 \
   -fa on""",
-        ["vramplan's plan: bf16 + bf16 KV, 0/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache f16, placed by llama.cpp's own rules",
-         "GGUF BF16: Llama-3.1-8B-BF16.gguf, 16,068,898,016 B (14.97 GiB; planner/gguf.py: llama-quantize's tensor types)",
-         'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-8B-GGUF (a naming convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> Llama-3.1-8B-BF16.gguf BF16',
+        ["vramplan's plan: bf16 + bf16 KV, 0/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
+         "f16, placed by llama.cpp's own rules",
+         "GGUF BF16: Llama-3.1-8B-BF16.gguf, 16,068,898,016 B (14.97 GiB; planner/gguf.py: llama-quantize's tensor "
+         "types)",
+         'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-8B-GGUF (a naming '
+         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> '
+         'Llama-3.1-8B-BF16.gguf BF16',
          'all 32 layers computed by the CPU (no GPU): RAM 16.15 GiB of 768.00 GiB',
-         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan sized the cache with it',
-         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what the plan leaves free",
+         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan '
+         'sized the cache with it',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
+         "the plan leaves free",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('cpu-only', 'ollama'): (
         r"""# ollama pull llama3.1:8b-text-fp16
 FROM llama3.1:8b-text-fp16
 PARAMETER num_ctx 8192
 PARAMETER num_gpu 0""",
-        ["vramplan's plan: bf16 + bf16 KV, 0/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache f16, placed by llama.cpp's own rules",
+        ["vramplan's plan: bf16 + bf16 KV, 0/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
+         "f16, placed by llama.cpp's own rules",
          "Ollama quant fp16; tag by ollama.com/library's naming convention: check it is published",
-         "num_gpu 0 of 33 layers (the output layer counts as one): GGUF BF16 bytes by planner/gguf.py, kept free per GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
+         "num_gpu 0 of 33 layers (the output layer counts as one): GGUF BF16 bytes by planner/gguf.py, kept free per "
+         "GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
          'ollama pull llama3.1:8b-text-fp16']),
     ('cpu-only', 'transformers'): (
         r"""import torch
@@ -350,10 +420,15 @@ model = AutoModelForCausalLM.from_pretrained(
   --tensor-parallel-size 8 \
   --pipeline-parallel-size 2 \
   --distributed-executor-backend ray""",
-        ['start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on the others); TP inside each node, PP across nodes',
-         'vLLM per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.65 GiB = weights 47.25 GiB + profile-run peak 2.32 GiB + non-torch 1.00 GiB + KV pool 26.69 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB and your headroom 512.00 MiB',
-         'the KV pool is cut in 16-token blocks; 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds about 27',
-         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above are estimates (see the assumptions)']),
+        ['start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
+         'others); TP inside each node, PP across nodes',
+         'vLLM per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.65 GiB = weights 47.25 GiB + profile-run peak 2.32 GiB + '
+         'non-torch 1.00 GiB + KV pool 26.69 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB and '
+         'your headroom 512.00 MiB',
+         'the KV pool is cut in 16-token blocks; 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds about '
+         '27',
+         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
+         'are estimates (see the assumptions)']),
     ('405b-one-node', 'vllm'): (
         r"""vllm serve meta-llama/Llama-3.1-405B \
   --max-model-len 32768 \
@@ -363,10 +438,15 @@ model = AutoModelForCausalLM.from_pretrained(
   --pipeline-parallel-size 2 \
   --distributed-executor-backend ray""",
         ['needs 2 nodes of h100-sxm-x8 (--nodes 1 given): run it on 2',
-         'start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on the others); TP inside each node, PP across nodes',
-         'vLLM per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.65 GiB = weights 47.25 GiB + profile-run peak 2.32 GiB + non-torch 1.00 GiB + KV pool 26.69 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB and your headroom 512.00 MiB',
-         'the KV pool is cut in 16-token blocks; 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds about 27',
-         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above are estimates (see the assumptions)']),
+         'start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
+         'others); TP inside each node, PP across nodes',
+         'vLLM per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.65 GiB = weights 47.25 GiB + profile-run peak 2.32 GiB + '
+         'non-torch 1.00 GiB + KV pool 26.69 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB and '
+         'your headroom 512.00 MiB',
+         'the KV pool is cut in 16-token blocks; 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds about '
+         '27',
+         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
+         'are estimates (see the assumptions)']),
 }
 
 
@@ -458,7 +538,8 @@ def test_llamacpp_tied_output_stays_the_token_embd_in_ram():
     data = sum(t.nbytes for t in gguf_tensors(spec, "Q4_K_M"))
     assert model.tied_copy_bytes == model.token_embd_bytes > 0
     assert model.total_bytes == data + model.token_embd_bytes
-    p = plan_for_engine(spec, CPU_SERVER, Request(context=4096, engine="llama.cpp", quant=("Q4_K_M",), kv_dtype=("f16",)))
+    p = plan_for_engine(spec, CPU_SERVER,
+                        Request(context=4096, engine="llama.cpp", quant=("Q4_K_M",), kv_dtype=("f16",)))
     assert p.memory.cpu.weights_bytes == data
 
 

@@ -343,7 +343,8 @@ def test_golden_data_covers_every_file_type_and_the_rules():
     assert GOLDEN["llama_cpp_commit"] == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
     for data in GOLDEN["cases"].values():
         assert set(data["file_types"]) == set(GGUF_FILE_TYPES)
-    all_types = {t for data in GOLDEN["cases"].values() for o in data["file_types"].values() for t in o["types"].split()}
+    all_types = {t for data in GOLDEN["cases"].values() for o in data["file_types"].values()
+                 for t in o["types"].split()}
     assert {"Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "F16", "Q3_K", "Q6_K"} <= all_types  # fallbacks and bumps seen
 
 

@@ -13,8 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.errors import ProfileError
-from planner.hardware import SCHEMA_VERSION, Calibration, CalibrationEntry, GPUSpec, HardwareProfile, HostSpec, LinkSpec, Overheads
-from planner.profile_yaml import dumps_profile, format_bandwidth_exact, format_bytes_exact, format_flops_exact, format_seconds_exact, load_profile, loads_profile, profile_from_dict, profile_to_dict
+from planner.hardware import (SCHEMA_VERSION, Calibration, CalibrationEntry, GPUSpec, HardwareProfile, HostSpec,
+                              LinkSpec, Overheads)
+from planner.profile_yaml import (dumps_profile, format_bandwidth_exact, format_bytes_exact, format_flops_exact,
+                                  format_seconds_exact, load_profile, loads_profile, profile_from_dict, profile_to_dict)
 from planner.profiles import list_profiles, resolve_profile, shipped_profiles_dir
 from planner.units import MiB, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
 from runtime.files import save_profile
@@ -49,9 +51,10 @@ def _calibration() -> Calibration:
         measured_at="2025-03-01",
         versions={"torch": "2.5.1", "bitsandbytes": "0.45.0"},
         entries=(
-            CalibrationEntry(device="gpu", backend="torch", quant="bf16", bandwidth_efficiency=0.71, compute_efficiency=0.55,
-                             per_layer_overhead_s=12e-6, per_token_overhead_s=1.5e-3),
-            CalibrationEntry(device="gpu", backend="bnb", quant="bnb-nf4", bandwidth_efficiency=0.33, compute_efficiency=0.2),
+            CalibrationEntry(device="gpu", backend="torch", quant="bf16", bandwidth_efficiency=0.71,
+                             compute_efficiency=0.55, per_layer_overhead_s=12e-6, per_token_overhead_s=1.5e-3),
+            CalibrationEntry(device="gpu", backend="bnb", quant="bnb-nf4", bandwidth_efficiency=0.33,
+                             compute_efficiency=0.2),
         ),
         residuals={"decode_tokens_per_s_median_abs_pct": 4.2},
     )
@@ -183,7 +186,8 @@ _DELETE = object()
 @pytest.mark.parametrize(
     "path, value, expected",
     [
-        ("gpus.0.memory_bandwidth", "fast", 'gpus[0].memory_bandwidth: expected a bandwidth like "1008 GB/s", got "fast"'),
+        ("gpus.0.memory_bandwidth", "fast",
+         'gpus[0].memory_bandwidth: expected a bandwidth like "1008 GB/s", got "fast"'),
         ("gpus.0.memory", 24, 'gpus[0].memory: expected a size like "24 GiB"'),
         ("gpus.0.memory", "24", 'gpus[0].memory: expected a size'),
         ("gpus.0.memory", "24 Gb", 'gpus[0].memory: expected a size'),  # bits are refused
@@ -222,9 +226,11 @@ def test_calibration_errors_have_key_paths():
     d = _rtx4090_dict()
     d["calibration"] = {
         "measured_at": "2025-03-01",
-        "entries": [{"device": "gpu", "backend": "torch", "quant": "bf16", "bandwidth_efficiency": 70, "compute_efficiency": 0.5}],
+        "entries": [{"device": "gpu", "backend": "torch", "quant": "bf16", "bandwidth_efficiency": 70,
+                     "compute_efficiency": 0.5}],
     }
-    with pytest.raises(ProfileError, match=r"calibration\.entries\[0\]\.bandwidth_efficiency: must be at most 1, got 70"):
+    with pytest.raises(ProfileError,
+                       match=r"calibration\.entries\[0\]\.bandwidth_efficiency: must be at most 1, got 70"):
         profile_from_dict(d, origin="f.yaml")
     d["calibration"]["entries"][0]["bandwidth_efficiency"] = 0.7
     d["calibration"]["entries"][0]["device"] = "tpu"
@@ -245,7 +251,8 @@ def test_calibration_errors_have_key_paths():
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("schema_version: 2\nname: x\n", "f.yaml: schema_version: unsupported schema version 2: this vramplan reads version 1"),
+        ("schema_version: 2\nname: x\n",
+         "f.yaml: schema_version: unsupported schema version 2: this vramplan reads version 1"),
         ("schema_version: '1'\n", "f.yaml: schema_version: expected an integer"),
         ("name: x\n", 'f.yaml: missing required key "schema_version"'),
         ("- a\n- b\n", "f.yaml: expected a mapping at the top level, got a list"),
@@ -272,7 +279,8 @@ def test_dataclass_validation_raises_value_errors():
     with pytest.raises(ValueError, match="schema"):
         _gpu_profile(schema_version=2)
     with pytest.raises(ValueError, match="two entries"):
-        e = CalibrationEntry(device="cpu", backend="quanto", quant="quanto-int8", bandwidth_efficiency=0.5, compute_efficiency=0.5)
+        e = CalibrationEntry(device="cpu", backend="quanto", quant="quanto-int8", bandwidth_efficiency=0.5,
+                             compute_efficiency=0.5)
         Calibration(measured_at="2025-01-01", entries=(e, e))
     with pytest.raises(ValueError, match="compute_efficiency"):
         CalibrationEntry(device="cpu", backend="torch", quant="bf16", bandwidth_efficiency=0.5, compute_efficiency=0)
@@ -280,7 +288,8 @@ def test_dataclass_validation_raises_value_errors():
 
 def test_derived_properties():
     p = _gpu_profile(gpus=(
-        GPUSpec(name="A", memory_bytes=80 * 1024**3, memory_bandwidth_bytes_per_s=3.35e12, bf16_flops=989.5e12, count=2),
+        GPUSpec(name="A", memory_bytes=80 * 1024**3, memory_bandwidth_bytes_per_s=3.35e12, bf16_flops=989.5e12,
+                count=2),
     ))
     assert p.has_gpu and p.gpu.name == "A" and p.gpu_count == 2
     assert p.gpu_memory_bytes == 80 * 1024**3
@@ -357,7 +366,8 @@ def _cli(*args, tmp_path, env_extra=None):
 
     env = dict(os.environ, VRAMPLAN_CONFIG_DIR=str(tmp_path / "config"), VRAMPLAN_PROFILES="", COLUMNS="200")
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "cli.py", *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([sys.executable, "cli.py", *args], cwd=REPO, capture_output=True, text=True, env=env,
+                          timeout=120)
 
 
 def test_cli_profiles_list_and_show(tmp_path):

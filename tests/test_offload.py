@@ -392,7 +392,8 @@ def test_bnb4_cpu_packed_layer_bound_for_cuda_gets_the_cuda_layout_back(double_q
     bnb4_device_form(layer, torch.device("cuda"))
     qs = layer[0].weight.quant_state
     assert not getattr(qs, "packing_format_for_cpu", False)
-    assert torch.equal(layer[0].weight.data, data) and qs.absmax.shape == absmax.shape and qs.absmax.dtype == absmax.dtype
+    assert (torch.equal(layer[0].weight.data, data) and qs.absmax.shape == absmax.shape
+            and qs.absmax.dtype == absmax.dtype)
     got = F.dequantize_4bit(layer[0].weight.data, qs)
     if double_quant:  # bitsandbytes' own inverse re-quantizes the 8-bit statistics: within a bf16 step
         assert torch.allclose(got.float(), expected.float(), rtol=0, atol=expected.abs().max().item() / 64)

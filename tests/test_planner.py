@@ -58,7 +58,8 @@ def toy_hw(gpu_bytes: int, *, ram_bytes: int = 1 << 30, ram_bw="1 GB/s", link_bw
 
 
 def toy_req(**kw):
-    base = dict(context=64, prefill_chunk=1, headroom_bytes=0, runtime_base_ram_bytes=0, quant=("bf16",), kv_dtype=("bf16",))
+    base = dict(context=64, prefill_chunk=1, headroom_bytes=0, runtime_base_ram_bytes=0, quant=("bf16",),
+                kv_dtype=("bf16",))
     base.update(kw)
     return Request(**base)
 
@@ -134,7 +135,8 @@ def test_llama_70b_on_a_4090_offloads_and_the_numbers_add_up():
     assert 0 < c["gpu_layers"] < c["total_layers"] == 80 and c["offload"] in ("stream", "cpu")
     for dev in ("gpu", "cpu"):
         m = d["memory"][dev]
-        terms = sum(v for k, v in m.items() if k.endswith("_bytes") and k not in ("total_bytes", "capacity_bytes", "free_bytes"))
+        terms = sum(v for k, v in m.items()
+                    if k.endswith("_bytes") and k not in ("total_bytes", "capacity_bytes", "free_bytes"))
         assert terms == m["total_bytes"] <= m["capacity_bytes"]
         assert m["free_bytes"] == m["capacity_bytes"] - m["total_bytes"]
     # every weight byte is somewhere: GPU + RAM weights = the whole scheme's weights
@@ -226,7 +228,8 @@ def test_cli_bad_input_is_one_line_exit_2(args):
 def test_plan_json_fields_and_no_torch_import(tmp_path):
     code = ("import sys, runpy; sys.argv = ['vramplan', 'plan', '-m', 'llama-3.1-8b', '-c', '32k', '-H', 'rtx-4090', "
             "'--json', '--save', %r]; import cli\ntry:\n    cli.main()\nexcept SystemExit as e:\n    rc = e.code\n"
-            "sys.stderr.write('TORCH' if 'torch' in sys.modules else 'NOTORCH')\nsys.exit(rc)") % str(tmp_path / "p.yaml")
+            "sys.stderr.write('TORCH' if 'torch' in sys.modules else "
+            "'NOTORCH')\nsys.exit(rc)") % str(tmp_path / "p.yaml")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stderr.endswith("NOTORCH")

@@ -51,7 +51,8 @@ def _raw_4090(name=b"NVIDIA GeForce RTX 4090", **changes):
         "uuid": b"GPU-6f2a1c3e-0000-1111-2222-333344445555",
         "pci": SimpleNamespace(busId=b"00000000:01:00.0"),
         "memory": _mem(24564 * MiB, 23000 * MiB, 1564 * MiB),
-        "compute_processes": [SimpleNamespace(pid=4242, usedGpuMemory=1024 * MiB), SimpleNamespace(pid=99, usedGpuMemory=300 * MiB)],
+        "compute_processes": [SimpleNamespace(pid=4242, usedGpuMemory=1024 * MiB),
+                              SimpleNamespace(pid=99, usedGpuMemory=300 * MiB)],
         "graphics_processes": [SimpleNamespace(pid=4242, usedGpuMemory=1024 * MiB)],
         "pcie_gen_current": 1,
         "pcie_gen_max": 4,
@@ -75,7 +76,8 @@ def test_parse_nvml_bytes_and_str_names_agree():
     system = {"driver_version": b"550.54.15", "cuda_driver_version": 12040}
     a = parse_nvml_gpu(0, _raw_4090(), system, own_pid=99)
     b = parse_nvml_gpu(0, _raw_4090(name="NVIDIA GeForce RTX 4090", uuid="GPU-6f2a1c3e-0000-1111-2222-333344445555",
-                                     pci=SimpleNamespace(busId="00000000:01:00.0")), {"driver_version": "550.54.15", "cuda_driver_version": 12040}, own_pid=99)
+                                     pci=SimpleNamespace(busId="00000000:01:00.0")),
+                       {"driver_version": "550.54.15", "cuda_driver_version": 12040}, own_pid=99)
     assert a == b
     assert a.name == "NVIDIA GeForce RTX 4090" and a.uuid.startswith("GPU-6f2a")
     assert a.pci_bus_id == "00000000:01:00.0"
@@ -241,13 +243,15 @@ def test_filter_visible_mig_uses_instance_memory():
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("max\n", None), ("9223372036854771712\n", None), ("8589934592\n", 8 * GiB), ("", None), ("-1", None), ("junk", None)],
+    [("max\n", None), ("9223372036854771712\n", None), ("8589934592\n", 8 * GiB), ("", None), ("-1", None),
+     ("junk", None)],
 )
 def test_parse_cgroup_memory_value(text, expected):
     assert parse_cgroup_memory_value(text) == expected
 
 
-@pytest.mark.parametrize("text, expected", [("max 100000", None), ("200000 100000", 2.0), ("150000 100000\n", 1.5), ("-1 100000", None)])
+@pytest.mark.parametrize("text, expected", [("max 100000", None), ("200000 100000", 2.0), ("150000 100000\n", 1.5),
+                                            ("-1 100000", None)])
 def test_parse_cgroup_cpu_max(text, expected):
     assert parse_cgroup_cpu_max(text) == expected
 
@@ -304,15 +308,17 @@ def test_read_host_applies_cgroup_limit(tmp_path):
 
 
 def test_parse_cpuinfo():
-    text = "processor\t: 0\nmodel name\t: AMD EPYC 9654\ncpu MHz\t\t: 2400.000\nflags\t\t: fpu avx2 fma avx512f avx512_bf16 sse\n"
+    text = ("processor\t: 0\nmodel name\t: AMD EPYC 9654\ncpu MHz\t\t: 2400.000\n"
+            "flags\t\t: fpu avx2 fma avx512f avx512_bf16 sse\n")
     assert parse_cpuinfo(text) == ("AMD EPYC 9654", ("avx2", "avx512_bf16", "avx512f", "fma"), 2400.0)
     arm = "processor\t: 0\nFeatures\t: fp asimd bf16 sve\nCPU part\t: 0xd40\n"
     assert parse_cpuinfo(arm)[1] == ("asimd", "bf16", "sve")
 
 
 def _host(**changes):
-    base = dict(hostname="h", system="Linux", machine="x86_64", cpu_model="x", cpu_flags=("avx2", "avx512_bf16", "avx512f"),
-                logical_cores=4, physical_cores=2, affinity_cores=4, cgroup_cpu_limit=None, cpu_max_mhz=2600.0,
+    base = dict(hostname="h", system="Linux", machine="x86_64", cpu_model="x",
+                cpu_flags=("avx2", "avx512_bf16", "avx512f"), logical_cores=4, physical_cores=2, affinity_cores=4,
+                cgroup_cpu_limit=None, cpu_max_mhz=2600.0,
                 cpu_mhz_source="test", ram_total_bytes=32 * GiB, ram_available_bytes=30 * GiB,
                 cgroup_memory_limit_bytes=None, cgroup_memory_usage_bytes=None, cgroup_memory_source=None)
     base.update(changes)
@@ -346,16 +352,18 @@ def test_match_datasheet_by_name_and_memory():
 
 
 def _fake_nvml_gpu(name="NVIDIA GeForce RTX 4090", memory=24564 * MiB, **changes):
-    base = dict(index=0, name=name, uuid="GPU-1", memory_total_bytes=memory, memory_free_bytes=memory, memory_used_bytes=0,
-                other_processes=0, other_processes_memory_bytes=0, pcie_gen_current=1, pcie_gen_max=4, pcie_width_current=16,
-                pcie_width_max=16, memory_clock_max_mhz=10501, memory_bus_width_bits=384, sm_clock_max_mhz=2520,
-                cuda_cores=16384, compute_capability="8.9", mig_enabled=None, driver_version="550.54.15", cuda_driver_version="12.4")
+    base = dict(index=0, name=name, uuid="GPU-1", memory_total_bytes=memory, memory_free_bytes=memory,
+                memory_used_bytes=0, other_processes=0, other_processes_memory_bytes=0, pcie_gen_current=1,
+                pcie_gen_max=4, pcie_width_current=16, pcie_width_max=16, memory_clock_max_mhz=10501,
+                memory_bus_width_bits=384, sm_clock_max_mhz=2520, cuda_cores=16384, compute_capability="8.9",
+                mig_enabled=None, driver_version="550.54.15", cuda_driver_version="12.4")
     base.update(changes)
     return NvmlGpu(**base)
 
 
 def test_quick_probe_with_a_known_gpu(monkeypatch):
-    monkeypatch.setattr(probe_core, "read_nvml", lambda: [_fake_nvml_gpu(index=0), _fake_nvml_gpu(index=1, uuid="GPU-2")])
+    monkeypatch.setattr(probe_core, "read_nvml",
+                        lambda: [_fake_nvml_gpu(index=0), _fake_nvml_gpu(index=1, uuid="GPU-2")])
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     r = probe(quick=True)
     p = r.profile
@@ -427,7 +435,8 @@ def test_quick_probe_imports_no_torch_and_is_fast(tmp_path):
         "print('torch' in sys.modules, time.perf_counter() - t)\n"
     )
     env = dict(os.environ, VRAMPLAN_CACHE_DIR=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env, check=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env, check=True,
+                         timeout=60)
     imported, seconds = out.stdout.split()
     assert imported == "False"
     assert float(seconds) < 10  # loose: < 2 s on an idle machine
@@ -484,12 +493,14 @@ def test_full_probe_measures_the_gpu():
 
 def test_cli_probe_quick_json_and_save(tmp_path):
     env = dict(os.environ, VRAMPLAN_CONFIG_DIR=str(tmp_path / "config"), VRAMPLAN_PROFILES="")
-    r = subprocess.run([sys.executable, "cli.py", "probe", "--quick", "--json", "--save", str(tmp_path / "team/a-node.yaml")],
+    r = subprocess.run([sys.executable, "cli.py", "probe", "--quick", "--json", "--save",
+                        str(tmp_path / "team/a-node.yaml")],
                        cwd=REPO, capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["profile"]["name"] == "a-node" and "host" in data["readings"]
     saved = load_profile(tmp_path / "team/a-node.yaml")
     assert saved.name == "a-node" and saved.host.ram_bytes == _expected_ram()
-    r = subprocess.run([sys.executable, "cli.py", "probe", "--quick"], cwd=REPO, capture_output=True, text=True, env=env, timeout=60)
+    r = subprocess.run([sys.executable, "cli.py", "probe", "--quick"], cwd=REPO, capture_output=True, text=True,
+                       env=env, timeout=60)
     assert r.returncode == 0 and "host RAM" in r.stdout

@@ -17,7 +17,8 @@ from planner.quant import SCHEMES
 pytest.importorskip("torch")
 
 
-@pytest.mark.parametrize("quant", ["bf16", "bnb-int8", "bnb-nf4", "bnb-nf4-dq", "bnb-fp4", "quanto-int8", "quanto-int4"])
+@pytest.mark.parametrize("quant", ["bf16", "bnb-int8", "bnb-nf4", "bnb-nf4-dq", "bnb-fp4", "quanto-int8",
+                                   "quanto-int4"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mixtral"])
 def test_planned_bytes_equal_loaded_bytes(load_tiny, tiny_checkpoints, arch, quant):
     config = json.loads((tiny_checkpoints[arch] / "config.json").read_text())

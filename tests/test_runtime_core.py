@@ -229,7 +229,8 @@ def test_quantized_kv_cache_close_to_bf16_cache(load_tiny, arch):
 def test_quanto_kv_cache_generates_past_the_residual_window(load_tiny):
     """150 prompt tokens + 40 new ones cross quanto's 128-token residual: requantization runs."""
     model = load_tiny("llama", "bf16").model
-    result = generate(model, synthetic_prompt(150, 512, 3), max_new_tokens=40, prefill_chunk=64, kv=KV_SCHEMES["quanto-int4"])
+    result = generate(model, synthetic_prompt(150, 512, 3), max_new_tokens=40, prefill_chunk=64,
+                      kv=KV_SCHEMES["quanto-int4"])
     assert len(result.tokens) == 40 and result.stopped_reason == "max_new_tokens"
 
 
@@ -403,7 +404,8 @@ def test_a_bnb_failure_on_this_device_is_a_one_line_vramplan_error(monkeypatch):
         raise RuntimeError("no kernel for int8 matmul on this CPU\ndetails...")
 
     monkeypatch.setattr(quantize, "_replace_linears_with_bnb", no_kernel)
-    with pytest.raises(VramplanError, match=r"^bnb-int8 is not supported on cpu with bitsandbytes [0-9.]+: no kernel") as excinfo:
+    with pytest.raises(VramplanError, match=r"^bnb-int8 is not supported on cpu with bitsandbytes [0-9.]+: no "
+                                            r"kernel") as excinfo:
         load_model(tiny_config_dict("llama"), scheme=SCHEMES["bnb-int8"], dummy_weights=True)
     assert "\n" not in str(excinfo.value)
 

@@ -88,7 +88,8 @@ def test_sharded_checkpoint_with_index(tmp_path):
     (d / "config.json").write_text(json.dumps(TINY_LLAMA))
     spec = spec_from_config(TINY_LLAMA, name="t")
     half = len(spec.tensors) // 2
-    shards = {"model-00001-of-00002.safetensors": spec.tensors[:half], "model-00002-of-00002.safetensors": spec.tensors[half:]}
+    shards = {"model-00001-of-00002.safetensors": spec.tensors[:half],
+              "model-00002-of-00002.safetensors": spec.tensors[half:]}
     for f, ts in shards.items():
         write_safetensors(d / f, {t.name: ("BF16", t.shape) for t in ts})
     (d / "model.safetensors.index.json").write_text(json.dumps(

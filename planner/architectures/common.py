@@ -74,7 +74,8 @@ def head_dim(c: Cfg, default: int | None = None) -> int:
     heads = c.int("num_attention_heads")
     hidden = c.int("hidden_size")
     if hidden % heads:
-        raise ConfigError(f"{c.where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; set head_dim")
+        raise ConfigError(f"{c.where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; set "
+                          "head_dim")
     return hidden // heads
 
 
@@ -146,7 +147,8 @@ def mha(c: Cfg, *, head_dim_default: int | None = None, bias: bool = False,
 # "sliding_attention" and "chunked_attention" layers the same DynamicSlidingWindowLayer, with
 # sliding_window = attention_chunk_size for chunked ones (cache_utils.get_layer_types_and_kwargs), so a
 # chunked layer never holds more than attention_chunk_size tokens: a window for the planner.
-WINDOW_FIELD = {"full_attention": None, "sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
+WINDOW_FIELD = {"full_attention": None, "sliding_attention": "sliding_window",
+                "chunked_attention": "attention_chunk_size"}
 SLIDING, FULL, CHUNKED = "sliding_attention", "full_attention", "chunked_attention"
 
 LayerTypeRule = Callable[[int], str]
@@ -204,7 +206,8 @@ def window_per_layer(c: Cfg, n_layers: int, rule: LayerTypeRule | None) -> list[
 FFN = Callable[[Inventory, int, str], bool]  # adds one layer's MLP/MoE tensors; True for a routed-expert layer
 
 
-def dense_ffn(c: Cfg, *, inter: int | None = None, style: str = "gated", bias: bool = False, prefix: str = "mlp") -> FFN:
+def dense_ffn(c: Cfg, *, inter: int | None = None, style: str = "gated", bias: bool = False,
+              prefix: str = "mlp") -> FFN:
     """A dense MLP (width `inter`, default intermediate_size): gate/up/down ("gated"), one fused
     gate_up ("fused": glm4, phi3) or c_fc/c_proj ("fc": starcoder2)."""
     hidden = c.int("hidden_size")

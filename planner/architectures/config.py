@@ -103,7 +103,8 @@ class Cfg:
             raise ConfigError(f"{self.where}: field {key!r} must be >= {minimum}, got {v}")
         maximum = FIELD_MAXIMUM.get(key)
         if maximum is not None and v > maximum:
-            raise ConfigError(f"{self.where}: field {key!r}={v} is beyond any real model (max {maximum}); corrupt config?")
+            raise ConfigError(f"{self.where}: field {key!r}={v} is beyond any real model (max {maximum}); corrupt "
+                              "config?")
         return v
 
     def bool(self, key: str, default: bool) -> bool:

@@ -11,7 +11,8 @@ from .common import (FULL, SLIDING, all_sliding, build_decoder, dense_ffn, mha, 
                      sliding_unless_every)
 from .config import Cfg
 
-SANDWICH_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+SANDWICH_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm")
 POST_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm")  # olmo2, exaone4: no input_layernorm
 
 
@@ -63,7 +64,8 @@ def build_qwen3(c: Cfg, name: str) -> ModelSpec:
 def build_seed_oss(c: Cfg, name: str) -> ModelSpec:
     # SeedOssConfig: head_dim defaults to 128, q/k/v biases on by default, o_proj's bias is its own flag
     attn = mha(c, head_dim_default=128, bias=c.bool("attention_bias", True), o_bias=c.bool("attention_out_bias", False))
-    return build_decoder(c, name, arch="SeedOssForCausalLM", attn=attn, ffn=dense_ffn(c, bias=c.bool("mlp_bias", False)))
+    return build_decoder(c, name, arch="SeedOssForCausalLM", attn=attn,
+                         ffn=dense_ffn(c, bias=c.bool("mlp_bias", False)))
 
 
 def build_smollm3(c: Cfg, name: str) -> ModelSpec:
@@ -127,7 +129,8 @@ def build_starcoder2(c: Cfg, name: str) -> ModelSpec:
     # every Linear has a bias under use_bias (default on); LayerNorms with bias; a c_fc/c_proj MLP; tied by default
     bias = c.bool("use_bias", True)
     return build_decoder(c, name, arch="Starcoder2ForCausalLM", attn=mha(c, bias=bias),
-                         ffn=dense_ffn(c, style="fc", bias=bias), norm_bias=True, tie_default=True, window_rule=all_sliding)
+                         ffn=dense_ffn(c, style="fc", bias=bias), norm_bias=True, tie_default=True,
+                         window_rule=all_sliding)
 
 
 def build_phi3(c: Cfg, name: str) -> ModelSpec:

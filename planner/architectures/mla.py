@@ -46,8 +46,9 @@ class MLA:
         inv.linear(f"{p}.o_proj", self.hidden, self.heads * self.v_dim, Role.ATTENTION, layer, self.bias)
 
     def layout(self, window: int | None) -> AttentionLayout:
-        return AttentionLayout(kind="mla", num_heads=self.heads, num_kv_heads=self.heads, head_dim=self.nope + self.rope,
-                               mla_cache_dim=self.kv_lora + self.rope, mla_rope_dim=self.rope, v_head_dim=self.v_dim)
+        return AttentionLayout(kind="mla", num_heads=self.heads, num_kv_heads=self.heads,
+                               head_dim=self.nope + self.rope, mla_cache_dim=self.kv_lora + self.rope,
+                               mla_rope_dim=self.rope, v_head_dim=self.v_dim)
 
 
 def mla(c: Cfg) -> MLA:

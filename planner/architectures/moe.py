@@ -22,7 +22,8 @@ def moe_info(c: Cfg, experts_key: str, k_key: str, inter: int, shared: int = 0) 
 
 
 def routed_ffn(c: Cfg, moe: MoEInfo, *, sparse_and_dense: tuple[Callable[[int], bool], FFN] | None = None,
-               prefix: str = "mlp", router: str = "gate", extra: Callable[[Inventory, int, str], None] | None = None) -> FFN:
+               prefix: str = "mlp", router: str = "gate",
+               extra: Callable[[Inventory, int, str], None] | None = None) -> FFN:
     """Router + fused experts in every layer, or in the layers sparse_and_dense[0] picks with the dense MLP
     sparse_and_dense[1] in the others; `extra` adds what else a sparse layer holds (shared experts, ...)."""
     hidden = c.int("hidden_size")
@@ -41,8 +42,8 @@ def routed_ffn(c: Cfg, moe: MoEInfo, *, sparse_and_dense: tuple[Callable[[int], 
 
 def build_mixtral(c: Cfg, name: str) -> ModelSpec:
     moe = moe_info(c, "num_local_experts", "num_experts_per_tok", c.int("intermediate_size"))
-    return build_decoder(c, name, arch="MixtralForCausalLM", attn=mha(c), ffn=routed_ffn(c, moe), window_rule=all_sliding,
-                         moe=moe)
+    return build_decoder(c, name, arch="MixtralForCausalLM", attn=mha(c), ffn=routed_ffn(c, moe),
+                         window_rule=all_sliding, moe=moe)
 
 
 def build_phimoe(c: Cfg, name: str) -> ModelSpec:

@@ -76,7 +76,8 @@ class LlamaCppChoice(Choice):
 
 def kv_scheme(kv_type: str) -> KVScheme:
     t = rules.KV_GGML_TYPES[kv_type]
-    return KVScheme(name=kv_type, description=f"llama.cpp {kv_type} KV cache ({t.block_bytes} B per {t.block_elements})",
+    return KVScheme(name=kv_type, description=f"llama.cpp {kv_type} KV cache ({t.block_bytes} B per "
+                                              f"{t.block_elements})",
                     bytes_per_element=t.block_bytes / t.block_elements,
                     quality=QualityCost(ppl_increase_pct=rules.KV_QUALITY_PCT_ASSUMED[kv_type],
                                         source="assumption (no published table)"))
@@ -105,7 +106,8 @@ def _choice(spec: ModelSpec, hw: HardwareProfile, fp: rules.LlamaCppFootprint, p
         per_device[last] -= 1
     on_gpu = hw.has_gpu
     in_ram = [i for i in sorted(spec.moe.moe_layers) if i < p.cpu_moe] if spec.moe is not None and on_gpu else []
-    return LlamaCppChoice(weight_quant=fp.model.file_type, kv_dtype=fp.kv_type, gpu_layers=p.gpu_layers if on_gpu else 0,
+    return LlamaCppChoice(weight_quant=fp.model.file_type, kv_dtype=fp.kv_type,
+                          gpu_layers=p.gpu_layers if on_gpu else 0,
                           total_layers=L, offload=OffloadMode.CPU if on_gpu and p.gpu_layers < L else OffloadMode.NONE,
                           compute_device=ComputeDevice(hw.accelerator) if on_gpu else ComputeDevice.CPU,
                           embeddings_on_gpu=False, gpu_layers_per_device=tuple(per_device) if on_gpu else (),
@@ -341,8 +343,8 @@ def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str) -> Candidate
     if placement is None:
         return Candidate(**base, fits=False, reason=_overflow_reason(fp, p, req.gpu_layers))
     fast_hw, _ = speed_hardware(hw, spec, model.file_type, kv_type)
-    speed = estimate(rules.as_run(spec), fast_hw, replace(req, prefill_chunk=rules.N_UBATCH), SPEED_SCHEME, kv_scheme(kv_type),
-                     choice, _costs(fp), _read_bytes(spec, model, req.batch))
+    speed = estimate(rules.as_run(spec), fast_hw, replace(req, prefill_chunk=rules.N_UBATCH), SPEED_SCHEME,
+                     kv_scheme(kv_type), choice, _costs(fp), _read_bytes(spec, model, req.batch))
     return Candidate(**base, fits=True, speed=speed, reason=_placement_reason(fp, p))
 
 
@@ -360,10 +362,12 @@ def _overflow_reason(fp: rules.LlamaCppFootprint, p: rules.Placement, forced: in
 def _placement_reason(fp: rules.LlamaCppFootprint, p: rules.Placement) -> str:
     L = fp.L
     if not fp.usable:
-        return f"all {L} layers computed by the CPU (no GPU): RAM {format_bytes(fp.host_total(p))} of {format_bytes(fp.ram_capacity)}"
+        return (f"all {L} layers computed by the CPU (no GPU): RAM {format_bytes(fp.host_total(p))} of "
+                f"{format_bytes(fp.ram_capacity)}")
     devices = fp.device_bytes(p) if p.per_device else []
     per_dev = "; ".join(f"GPU {i}: {format_bytes(d.weights + d.kv + d.compute)} of {format_bytes(u)} usable "
-                        f"(weights {format_bytes(d.weights)} + KV {format_bytes(d.kv)} + compute {format_bytes(d.compute)})"
+                        f"(weights {format_bytes(d.weights)} + KV {format_bytes(d.kv)} + compute "
+                        f"{format_bytes(d.compute)})"
                         for i, (d, u) in enumerate(zip(devices, fp.usable)) if p.per_device[i])
     where = (f"all {L} layers and the output layer on the GPU (-ngl {p.ngl})" if p.gpu_layers == L else
              f"layers {L - p.gpu_layers}-{L - 1} and the output layer on the GPU, 0-{L - p.gpu_layers - 1} computed "
@@ -373,7 +377,8 @@ def _placement_reason(fp: rules.LlamaCppFootprint, p: rules.Placement) -> str:
            f"(--n-cpu-moe {p.cpu_moe})" if in_ram else "")
     usable = (f"usable = memory - CUDA context {format_bytes(fp.cuda_context_bytes)} - --fit margin "
               f"{format_bytes(fp.margin_bytes)}")
-    return f"{where}{moe}: {per_dev or 'nothing on the GPU'} ({usable}); RAM {format_bytes(fp.host_total(p))} of {format_bytes(fp.ram_capacity)}"
+    return (f"{where}{moe}: {per_dev or 'nothing on the GPU'} ({usable}); RAM {format_bytes(fp.host_total(p))} of "
+            f"{format_bytes(fp.ram_capacity)}")
 
 
 def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
@@ -397,11 +402,14 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
                              for k, c in consts.items()})
     if not any(c.fits for c in cands):
         first = cands[0]
-        warnings = [*context_warnings, speed_hardware(hw, spec, first.weight_quant, first.kv_dtype)[1], *assumption_notes(consts)]
+        warnings = [*context_warnings, speed_hardware(hw, spec, first.weight_quant, first.kv_dtype)[1],
+                    *assumption_notes(consts)]
         return Plan(**common, chosen=None, warnings=warnings,
-                    reasons=[f"nothing fits llama.cpp's rules: {first.weight_quant} + {first.kv_dtype} KV: {first.reason}"])
+                    reasons=[f"nothing fits llama.cpp's rules: {first.weight_quant} + {first.kv_dtype} KV: "
+                             f"{first.reason}"])
     chosen, reasons = choose_by_preference(cands, req)
-    warnings = [*context_warnings, speed_hardware(hw, spec, chosen.weight_quant, chosen.kv_dtype)[1], *assumption_notes(consts)]
+    warnings = [*context_warnings, speed_hardware(hw, spec, chosen.weight_quant, chosen.kv_dtype)[1],
+                *assumption_notes(consts)]
     file_bytes = gguf_file_bytes(spec, chosen.weight_quant)
     reasons.append(f"GGUF {chosen.weight_quant}: {file_bytes:,} B file ({format_bytes(file_bytes)}; planner/gguf.py, "
                    "llama-quantize's tensor types)")

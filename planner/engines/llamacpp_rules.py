@@ -140,7 +140,8 @@ class GGUFModel:
     layers: tuple[int, ...]  # data bytes of each decoder layer's tensors
     experts: tuple[int, ...]  # of which routed experts (*_exps)
     token_embd_bytes: int  # always in host memory (dev_input)
-    output_bytes: int  # the output layer slot: output.weight (a GPU copy of token_embd when tied) + output_norm + generated
+    # the output layer slot: output.weight (a GPU copy of token_embd when tied) + output_norm + generated
+    output_bytes: int
     tied_copy_bytes: int = 0  # of which the copy of a tied token_embd: none while the output layer stays in RAM
 
     @property

@@ -156,7 +156,8 @@ def ollama_tag(spec: ModelSpec, file_type: str) -> tuple[str | None, str]:
     wanted = QUANT_TAG[file_type]
     rank = QUANT_ORDER.index(wanted)
     quant = next((q for q in QUANT_ORDER[rank:] if q in published), published[-1])
-    said = f"Ollama quant {quant}" + ("" if quant == wanted else f" (closest published to {file_type}: {wanted} is not)")
+    said = f"Ollama quant {quant}" + ("" if quant == wanted
+                                      else f" (closest published to {file_type}: {wanted} is not)")
     return f"{name}:{stem}-{quant}", said + "; tag by ollama.com/library's naming convention: check it is published"
 
 

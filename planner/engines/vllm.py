@@ -40,7 +40,8 @@ DIST_UTILS = f"{VLLM} vllm/distributed/utils.py @ 5a6541db9bfa77756459722f69e8c8
 KV_INTERFACE = f"{VLLM} vllm/v1/kv_cache_interface.py @ bc8282e61df21719b12b391c3a976b1c900dfbb4"
 KV_UTILS = f"{VLLM} vllm/v1/core/kv_cache_utils.py @ bbf906a88ba1a39104884c88c9811a4f968e4659"
 ENVS_PY = f"{VLLM} vllm/envs.py @ f218f9c24d224800e0ea4488aa71bd8215c8bdcd"
-BNB_LOADER = f"{VLLM} vllm/model_executor/model_loader/bitsandbytes_loader.py @ c9e9c484932eb025a29752972a29047802bc1bbb"
+BNB_LOADER = (f"{VLLM} vllm/model_executor/model_loader/bitsandbytes_loader.py @ "
+              "c9e9c484932eb025a29752972a29047802bc1bbb")
 
 # Fraction of each GPU's memory vLLM may use unless told (CacheConfig.gpu_memory_utilization default).
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -240,7 +241,8 @@ class VLLMModel:
         act = dtype_bytes(spec.dtype if spec.dtype in ("bfloat16", "float16") else "bfloat16")
         a = spec.attention[0]
         qkv = (a.num_heads + 2 * max(1, a.num_kv_heads // tp) * tp) * a.head_dim // tp
-        rows = PROFILE_HIDDEN_COPIES_ASSUMED * spec.hidden_size + qkv + PROFILE_MLP_COPIES_ASSUMED * spec.mlp_width // tp
+        rows = (PROFILE_HIDDEN_COPIES_ASSUMED * spec.hidden_size + qkv
+                + PROFILE_MLP_COPIES_ASSUMED * spec.mlp_width // tp)
         logits = min(_max_num_seqs(self.hw), T) * spec.vocab_size * 4 * PROFILE_LOGITS_COPIES_ASSUMED if last else 0
         return int(T * rows * act + logits)
 
@@ -285,7 +287,8 @@ class VLLMModel:
 
 
 def tp_sizes(spec: ModelSpec, gpus: int) -> list[int]:
-    """TP sizes vLLM accepts on `gpus` GPUs: they must divide the attention heads (ModelConfig.verify_with_parallel_config)."""
+    """TP sizes vLLM accepts on `gpus` GPUs: they must divide the attention heads
+    (ModelConfig.verify_with_parallel_config)."""
     heads = spec.attention[0].num_heads
     return [t for t in range(1, gpus + 1) if heads % t == 0]
 
@@ -295,7 +298,8 @@ def search(m: VLLMModel, gpus_per_node: int, max_nodes: int = MAX_NODES_SEARCHED
     each node's GPUs and PP over nodes."""
     spec = m.spec
     tps = tp_sizes(spec, gpus_per_node)
-    single = sorted(((tp, pp) for tp in tps for pp in range(1, gpus_per_node // tp + 1)), key=lambda x: (x[0] * x[1], x[1]))
+    single = sorted(((tp, pp) for tp in tps for pp in range(1, gpus_per_node // tp + 1)),
+                    key=lambda x: (x[0] * x[1], x[1]))
     for tp, pp in single:
         if pp <= spec.num_layers and (lay := m.layout(tp, pp, 1)).fits:
             return lay
@@ -379,7 +383,8 @@ def export_vllm(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
     return Export(engine=ENGINE, fits=lay.fits and lay.nodes <= req.nodes,
                   text=commented(notes, shell_command(argv)), notes=tuple(notes), constants=consts,
                   details={"argv": argv, "tensor_parallel_size": lay.tp, "pipeline_parallel_size": lay.pp,
-                           "nodes": lay.nodes, "nodes_needed": needed, "gpu_memory_utilization": lay.gpu_memory_utilization,
+                           "nodes": lay.nodes, "nodes_needed": needed,
+                           "gpu_memory_utilization": lay.gpu_memory_utilization,
                            "per_gpu": {"weights_bytes": lay.weights_bytes, "activation_bytes": lay.activation_bytes,
                                        "non_torch_bytes": lay.non_torch_bytes, "kv_pool_bytes": lay.kv_pool_bytes,
                                        "kv_needed_bytes": lay.kv_needed_bytes,

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from planner.hardware import SCHEMA_VERSION, GPUSpec, HardwareProfile, HostSpec, LinkSpec, Overheads
-from planner.units import GiB, MiB, format_bandwidth, format_bytes, format_flops, parse_bandwidth, parse_flops, parse_seconds
-from .datasheets import (APPLE_CHIPS, DEFAULT_ALLOCATOR_RESERVE_BYTES, DEFAULT_CUDA_CONTEXT_BYTES, DEFAULT_KERNEL_LAUNCH_S,
-                         GPU_FLOPS_PER_BYTE_GUESS, UNIFIED_NVIDIA_GPUS, _apple_chip, _norm_gpu_name, apple_gpu_share,
-                         estimate_gpu_bf16_flops, match_datasheet, typical_link)
+from planner.units import (GiB, MiB, format_bandwidth, format_bytes, format_flops, parse_bandwidth, parse_flops,
+                           parse_seconds)
+from .datasheets import (APPLE_CHIPS, DEFAULT_ALLOCATOR_RESERVE_BYTES, DEFAULT_CUDA_CONTEXT_BYTES,
+                         DEFAULT_KERNEL_LAUNCH_S, GPU_FLOPS_PER_BYTE_GUESS, UNIFIED_NVIDIA_GPUS, _apple_chip,
+                         _norm_gpu_name, apple_gpu_share, estimate_gpu_bf16_flops, match_datasheet, typical_link)
 from .host import busy_note, estimate_cpu_bf16_flops, load_average, read_host
 from .measure import (Measurement, measure_cpu_matmul_bf16, measure_gpu_matmul_bf16, measure_gpu_memory_bandwidth,
                       measure_host_link, measure_kernel_launch, measure_ram_bandwidth)
@@ -111,8 +112,10 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
     notes.extend(cvd_notes)
     readings["cuda_visible_devices"] = cvd
     readings["visible_gpu_indices"] = [g.index for g in visible]
-    if cvd and len(visible) > 1 and len({g.name for g in visible}) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
-        notes.append("mixed GPUs and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers devices fastest-first, NVML by PCI bus")
+    if (cvd and len(visible) > 1 and len({g.name for g in visible}) > 1
+            and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID"):
+        notes.append("mixed GPUs and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers devices fastest-first, NVML by "
+                     "PCI bus")
 
     say("reading host (psutil, cgroups)")
     load_before = load_average()  # before our own measurements add to it
@@ -143,7 +146,8 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
                 "process(es) right now (not subtracted from the profile)"
             )
         elif g.other_processes_memory_bytes is None and g.memory_used_bytes and g.memory_used_bytes > 1 * GiB:
-            notes.append(f"GPU {g.index}: {format_bytes(g.memory_used_bytes)} in use right now (by whom: hidden from NVML)")
+            notes.append(f"GPU {g.index}: {format_bytes(g.memory_used_bytes)} in use right now (by whom: hidden from "
+                         "NVML)")
 
     # -- torch (full mode only) ------------------------------------------------
     torch = None
@@ -151,7 +155,8 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
         say("importing torch")
         try:
             torch = timed("import_torch", lambda: __import__("torch"))
-            readings["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads()}
+            readings["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
+                                 "threads": torch.get_num_threads()}
         except ImportError:
             notes.append("torch is not installed: measurements that need it were replaced by estimates")
             readings["torch"] = {"error": "not installed"}
@@ -184,7 +189,8 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
         try:
             measurements["cpu_bf16_matmul"] = timed("cpu_bf16_matmul", lambda: measure_cpu_matmul_bf16(torch))
             cpu_flops = measurements["cpu_bf16_matmul"].value
-            notes.append(f"CPU bf16 compute {format_flops(cpu_flops)} measured: {measurements['cpu_bf16_matmul'].method}")
+            notes.append(f"CPU bf16 compute {format_flops(cpu_flops)} measured: "
+                         f"{measurements['cpu_bf16_matmul'].method}")
         except Exception as e:
             notes.append(f"CPU bf16 matmul not measured ({type(e).__name__}: {e})")
     if cpu_flops is None:
@@ -213,8 +219,8 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
         mem = _round_bytes(host.effective_ram_bytes * share)
         bw, fl = APPLE_CHIPS.get(chip or "", (host_spec.ram_bandwidth_bytes_per_s, 2e12))
         notes.append(
-            f"Apple silicon ({chip or host.cpu_model or 'unknown chip'}): unified memory; GPU memory = {share:.0%} of RAM "
-            f"(macOS default GPU working-set limit); bandwidth and GPU compute are "
+            f"Apple silicon ({chip or host.cpu_model or 'unknown chip'}): unified memory; GPU memory = {share:.0%} of "
+            f"RAM (macOS default GPU working-set limit); bandwidth and GPU compute are "
             + ("approximate chip figures" if chip else "guesses (chip not recognised)")
         )
         if torch is not None and getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
@@ -229,9 +235,11 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
             except Exception as e:
                 notes.append(f"MPS measurement failed ({type(e).__name__}: {e}); chip figures used")
         gpus.append(
-            GPUSpec(name=f"Apple {chip} GPU" if chip else "Apple GPU", memory_bytes=mem, memory_bandwidth_bytes_per_s=_bw(bw), bf16_flops=_fl(fl))
+            GPUSpec(name=f"Apple {chip} GPU" if chip else "Apple GPU", memory_bytes=mem,
+                    memory_bandwidth_bytes_per_s=_bw(bw), bf16_flops=_fl(fl))
         )
-        overheads = Overheads(cuda_context_bytes=0, allocator_reserve_bytes=DEFAULT_ALLOCATOR_RESERVE_BYTES, kernel_launch_s=DEFAULT_KERNEL_LAUNCH_S)
+        overheads = Overheads(cuda_context_bytes=0, allocator_reserve_bytes=DEFAULT_ALLOCATOR_RESERVE_BYTES,
+                              kernel_launch_s=DEFAULT_KERNEL_LAUNCH_S)
 
     elif visible:
         groups: dict[tuple[str, int | None], _GpuGroup] = {}
@@ -246,7 +254,8 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
                        if torch is not None and not torch.cuda.is_initialized() else {})
         cuda_ok = torch is not None and torch.cuda.is_available()
         if torch is not None and not cuda_ok:
-            notes.append(f"torch {torch.__version__} has no usable CUDA: GPU figures are datasheet/NVML values, not measured")
+            notes.append(f"torch {torch.__version__} has no usable CUDA: GPU figures are datasheet/NVML values, not "
+                         "measured")
         ctx_measured: list[int] = []
         launch_measured: list[float] = []
         link_measured: dict[str, float] = {}
@@ -257,7 +266,8 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
                 unified = True
                 if grp.memory is None:
                     grp.memory = host.effective_ram_bytes
-                    notes.append(f"{name}: unified memory; GPU memory = all of RAM ({format_bytes(grp.memory)}), shared with the CPU")
+                    notes.append(f"{name}: unified memory; GPU memory = all of RAM ({format_bytes(grp.memory)}), "
+                                 "shared with the CPU")
             if cuda_ok:
                 torch_index = _torch_index_for(torch, first, visible.index(first))
                 dev = f"cuda:{torch_index}"
@@ -305,7 +315,8 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
             notes.append(f"CUDA context {format_bytes(ctx)} is a typical figure, not measured")
         if not launch_measured:
             notes.append(f"kernel launch latency {launch * 1e6:g} us is a typical figure, not measured")
-        notes.append(f"allocator reserve {format_bytes(DEFAULT_ALLOCATOR_RESERVE_BYTES)} is vramplan's default, not measured")
+        notes.append(f"allocator reserve {format_bytes(DEFAULT_ALLOCATOR_RESERVE_BYTES)} is vramplan's default, not "
+                     "measured")
         overheads = Overheads(
             cuda_context_bytes=_round_bytes(ctx),
             allocator_reserve_bytes=DEFAULT_ALLOCATOR_RESERVE_BYTES,
@@ -370,12 +381,13 @@ def _fill_from_datasheet_or_nvml(grp: _GpuGroup, name: str, notes: list[str]) ->
         if bw is not None:
             grp.bandwidth = bw
             notes.append(
-                f"{name}: memory bandwidth {format_bandwidth(bw)} derived from NVML: {first.memory_clock_max_mhz} MHz x 2 x "
-                f"{first.memory_bus_width_bits} bit (theoretical peak, no datasheet match)"
+                f"{name}: memory bandwidth {format_bandwidth(bw)} derived from NVML: {first.memory_clock_max_mhz} MHz "
+                f"x 2 x {first.memory_bus_width_bits} bit (theoretical peak, no datasheet match)"
             )
         else:
             grp.bandwidth = 300e9
-            notes.append(f"{name}: memory bandwidth unknown (no datasheet match, NVML clock/bus width unreadable): assumed 300 GB/s")
+            notes.append(f"{name}: memory bandwidth unknown (no datasheet match, NVML clock/bus width unreadable): "
+                         "assumed 300 GB/s")
     if grp.flops is None:
         est = estimate_gpu_bf16_flops(first)
         if est is not None:
@@ -384,8 +396,8 @@ def _fill_from_datasheet_or_nvml(grp: _GpuGroup, name: str, notes: list[str]) ->
         else:
             grp.flops = grp.bandwidth * GPU_FLOPS_PER_BYTE_GUESS
             notes.append(
-                f"{name}: bf16 compute unknown: guessed {format_flops(grp.flops)} = {GPU_FLOPS_PER_BYTE_GUESS:g} FLOP per byte "
-                "of memory bandwidth; run `vramplan probe` (full) to measure"
+                f"{name}: bf16 compute unknown: guessed {format_flops(grp.flops)} = {GPU_FLOPS_PER_BYTE_GUESS:g} FLOP "
+                "per byte of memory bandwidth; run `vramplan probe` (full) to measure"
             )
 
 
@@ -409,7 +421,8 @@ def _build_link(first: NvmlGpu, measured: dict[str, float], notes: list[str]) ->
         return link
     fallback = typical_link(4, 16)
     assert fallback is not None
-    notes.append(f"PCIe generation/width unreadable: assumed PCIe 4.0 x16 typical figures ({format_bandwidth(fallback[0].h2d_pinned_bytes_per_s)} pinned)")
+    notes.append("PCIe generation/width unreadable: assumed PCIe 4.0 x16 typical figures "
+                 f"({format_bandwidth(fallback[0].h2d_pinned_bytes_per_s)} pinned)")
     return dataclasses.replace(fallback[0], name=name)
 
 
@@ -423,7 +436,8 @@ def _gpus_from_torch(torch: Any) -> list[NvmlGpu]:
             NvmlGpu(
                 index=i,
                 name=props.name,
-                uuid=f"GPU-{uuid}" if uuid is not None and not str(uuid).startswith(("GPU-", "MIG-")) else (str(uuid) if uuid else None),
+                uuid=(f"GPU-{uuid}" if uuid is not None and not str(uuid).startswith(("GPU-", "MIG-"))
+                      else (str(uuid) if uuid else None)),
                 memory_total_bytes=int(props.total_memory),
                 compute_capability=f"{props.major}.{props.minor}",
             )
@@ -469,13 +483,15 @@ def _measure_cuda_device(torch: Any, dev: str, nvml_gpu: NvmlGpu, say: Progress,
     if own is not None:
         context = own - reserved
         notes.append(
-            f"{dev}: CUDA context + libraries {format_bytes(context)} measured (NVML memory of this process minus torch's reserved pool)"
+            f"{dev}: CUDA context + libraries {format_bytes(context)} measured (NVML memory of this process minus "
+            "torch's reserved pool)"
         )
     elif used_before is not None:
         used_after = nvml_used_memory(nvml_gpu.uuid)
         if used_after is not None:
             context = used_after - used_before - reserved
-            notes.append(f"{dev}: CUDA context {format_bytes(context)} measured as the device's used memory before/after")
+            notes.append(f"{dev}: CUDA context {format_bytes(context)} measured as the device's used memory "
+                         "before/after")
     if context is None or context <= 0:
         context = None
         notes.append(f"{dev}: CUDA context cost could not be measured (process memory hidden from NVML)")

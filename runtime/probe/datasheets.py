@@ -105,7 +105,8 @@ def typical_link(gen: int | None, width: int | None) -> tuple[LinkSpec, str] | N
     )
     note = (
         f"link bandwidths are typical figures for {name} ({format_bandwidth(link.h2d_pinned_bytes_per_s)} pinned, "
-        f"{format_bandwidth(link.h2d_pageable_bytes_per_s)} pageable), not measured; run `vramplan probe` (full) to measure"
+        f"{format_bandwidth(link.h2d_pageable_bytes_per_s)} pageable), not measured; run `vramplan probe` (full) to "
+        "measure"
     )
     return link, note
 
@@ -126,7 +127,8 @@ def estimate_gpu_bf16_flops(g: NvmlGpu) -> tuple[float, str] | None:
     flops = g.cuda_cores * g.sm_clock_max_mhz * 1e6 * per
     how = (
         f"{g.name}: bf16 compute {format_flops(flops)} estimated from NVML: {g.cuda_cores} CUDA cores x "
-        f"{g.sm_clock_max_mhz} MHz x {per:g} FLOP/core/clock (compute capability {g.compute_capability}); no datasheet match"
+        f"{g.sm_clock_max_mhz} MHz x {per:g} FLOP/core/clock (compute capability {g.compute_capability}); no datasheet "
+        "match"
     )
     return flops, how
 

@@ -135,7 +135,8 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def read_cgroup_memory(root: Path = Path("/sys/fs/cgroup"), proc_self_cgroup: Path = Path("/proc/self/cgroup")) -> tuple[int | None, int | None, str | None]:
+def read_cgroup_memory(root: Path = Path("/sys/fs/cgroup"),
+                       proc_self_cgroup: Path = Path("/proc/self/cgroup")) -> tuple[int | None, int | None, str | None]:
     """(limit bytes, usage bytes, file) of the tightest cgroup memory limit, v2 or v1; Nones if none."""
     v2, v1 = parse_proc_self_cgroup(_read(proc_self_cgroup) or "")
     candidates: list[tuple[Path, str]] = []  # (limit file, usage file name)
@@ -164,7 +165,8 @@ def read_cgroup_memory(root: Path = Path("/sys/fs/cgroup"), proc_self_cgroup: Pa
     return limit, usage, str(f)
 
 
-def read_cgroup_cpu(root: Path = Path("/sys/fs/cgroup"), proc_self_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
+def read_cgroup_cpu(root: Path = Path("/sys/fs/cgroup"),
+                    proc_self_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
     """The tightest CPU quota, in CPUs (v2 cpu.max or v1 cfs quota/period), None if none."""
     v2, v1 = parse_proc_self_cgroup(_read(proc_self_cgroup) or "")
     limits: list[float] = []
@@ -180,7 +182,8 @@ def read_cgroup_cpu(root: Path = Path("/sys/fs/cgroup"), proc_self_cgroup: Path 
     return min(limits) if limits else None
 
 
-_RELEVANT_FLAGS = {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "asimd", "sve", "sve2", "bf16", "i8mm"}
+_RELEVANT_FLAGS = {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "asimd", "sve",
+                   "sve2", "bf16", "i8mm"}
 
 
 def parse_cpuinfo(text: str) -> tuple[str | None, tuple[str, ...], float | None]:

@@ -70,7 +70,8 @@ def measure_ram_bandwidth(nbytes: int = QUICK_RAM_COPY_BYTES, repeats: int = QUI
     if not samples:
         raise RuntimeError("ram_bandwidth: timer resolution too coarse")
     return Measurement("ram_bandwidth", max(samples), "B/s", samples,
-                       f"memcpy of {format_bytes(nbytes)} in {n_threads} threads, read+write counted, best of {repeats}")
+                       f"memcpy of {format_bytes(nbytes)} in {n_threads} threads, read+write counted, "
+                       f"best of {repeats}")
 
 
 def _matmul_size(rate_guess: float, target_s: float, lo: int = 512, hi: int = 8192) -> int:
@@ -95,7 +96,8 @@ def measure_cpu_matmul_bf16(torch: Any, repeats: int = 5) -> Measurement:
         t0 = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - t0)
-    return _median_measurement("cpu_bf16_matmul", "FLOP/s", 2 * n**3, times, f"torch bf16 {n}x{n} @ {n}x{n} on {torch.get_num_threads()} threads")
+    return _median_measurement("cpu_bf16_matmul", "FLOP/s", 2 * n**3, times,
+                               f"torch bf16 {n}x{n} @ {n}x{n} on {torch.get_num_threads()} threads")
 
 
 def _sync(torch: Any, device: str) -> None:
@@ -122,7 +124,8 @@ def measure_gpu_memory_bandwidth(torch: Any, device: str, nbytes: int) -> Measur
     a.fill_(1)
     b = torch.empty_like(a)
     times = _timed(torch, device, lambda: b.copy_(a), FULL_REPEATS * 2)
-    return _median_measurement("gpu_memory_bandwidth", "B/s", 2 * nbytes, times, f"device-to-device copy of {format_bytes(nbytes)}, read+write counted")
+    return _median_measurement("gpu_memory_bandwidth", "B/s", 2 * nbytes, times,
+                               f"device-to-device copy of {format_bytes(nbytes)}, read+write counted")
 
 
 def measure_host_link(torch: Any, device: str, nbytes: int) -> dict[str, Measurement]:
@@ -138,9 +141,11 @@ def measure_host_link(torch: Any, device: str, nbytes: int) -> dict[str, Measure
         if host is None:
             continue
         t = _timed(torch, device, lambda: dev.copy_(host, non_blocking=kind == "pinned"), FULL_REPEATS)
-        out[f"h2d_{kind}"] = _median_measurement(f"h2d_{kind}", "B/s", nbytes, t, f"host->device copy of {format_bytes(nbytes)} from {kind} memory")
+        out[f"h2d_{kind}"] = _median_measurement(f"h2d_{kind}", "B/s", nbytes, t,
+                                                 f"host->device copy of {format_bytes(nbytes)} from {kind} memory")
         t = _timed(torch, device, lambda: host.copy_(dev, non_blocking=kind == "pinned"), FULL_REPEATS)
-        out[f"d2h_{kind}"] = _median_measurement(f"d2h_{kind}", "B/s", nbytes, t, f"device->host copy of {format_bytes(nbytes)} to {kind} memory")
+        out[f"d2h_{kind}"] = _median_measurement(f"d2h_{kind}", "B/s", nbytes, t,
+                                                 f"device->host copy of {format_bytes(nbytes)} to {kind} memory")
     return out
 
 
@@ -165,6 +170,7 @@ def measure_kernel_launch(torch: Any, device: str, launches: int = 2000, repeats
 
     times = _timed(torch, device, burst, repeats)
     samples = tuple(t / launches for t in times)
-    return Measurement("kernel_launch", statistics.median(samples), "s", samples, f"{launches} back-to-back x.add_(1) on a 1-element tensor")
+    return Measurement("kernel_launch", statistics.median(samples), "s", samples,
+                       f"{launches} back-to-back x.add_(1) on a 1-element tensor")
 
 

@@ -99,7 +99,8 @@ def format_cuda_driver_version(v: int) -> str:
     return f"{v // 1000}.{(v % 1000) // 10}"
 
 
-def parse_nvml_gpu(index: int, raw: Mapping[str, Any], system: Mapping[str, Any] | None = None, *, own_pid: int | None = None) -> NvmlGpu:
+def parse_nvml_gpu(index: int, raw: Mapping[str, Any], system: Mapping[str, Any] | None = None, *,
+                   own_pid: int | None = None) -> NvmlGpu:
     """Turn one GPU's raw NVML answers (values or the exceptions raised) into an NvmlGpu.
 
     `raw` keys: name, uuid, pci, memory, compute_processes, graphics_processes,
@@ -181,7 +182,8 @@ def parse_nvml_gpu(index: int, raw: Mapping[str, Any], system: Mapping[str, Any]
         mig_devices.append(
             MigDevice(
                 uuid=_text(m_uuid) if m_uuid is not None and not isinstance(m_uuid, BaseException) else None,
-                memory_total_bytes=as_int(_attr(m_mem, "total")) if m_mem is not None and not isinstance(m_mem, BaseException) else None,
+                memory_total_bytes=(as_int(_attr(m_mem, "total"))
+                                    if m_mem is not None and not isinstance(m_mem, BaseException) else None),
             )
         )
 
@@ -253,7 +255,8 @@ def collect_nvml_raw(nvml: Any, handle: Any) -> dict[str, Any]:
         "mig_mode": _call(g("nvmlDeviceGetMigMode"), handle),
     }
     mig = raw["mig_mode"]
-    if not isinstance(mig, BaseException) and isinstance(mig, (tuple, list)) and mig and mig[0] == NVML_DEVICE_MIG_ENABLE:
+    if (not isinstance(mig, BaseException) and isinstance(mig, (tuple, list)) and mig
+            and mig[0] == NVML_DEVICE_MIG_ENABLE):
         devices = []
         count = _call(g("nvmlDeviceGetMaxMigDeviceCount"), handle)
         for i in range(count if isinstance(count, int) else 0):
@@ -344,10 +347,12 @@ def filter_visible(gpus: list[NvmlGpu], cuda_visible_devices: str | None) -> tup
             if len(hits) == 1:
                 match = hits[0]
             elif len(hits) > 1:
-                notes.append(f"CUDA_VISIBLE_DEVICES entry {token!r} matches {len(hits)} GPUs: ambiguous, list ends there")
+                notes.append(f"CUDA_VISIBLE_DEVICES entry {token!r} matches {len(hits)} GPUs: ambiguous, list ends "
+                             "there")
                 break
         if match is None:
-            notes.append(f"CUDA_VISIBLE_DEVICES entry {token!r} matches no GPU: CUDA ignores it and the entries after it")
+            notes.append(f"CUDA_VISIBLE_DEVICES entry {token!r} matches no GPU: CUDA ignores it and the entries after "
+                         "it")
             break
         key = (match.index, match.uuid)
         if key in seen:
