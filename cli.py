@@ -57,7 +57,7 @@ PromptTokensOpt = Annotated[Optional[int], typer.Option(
     "prompt of this many tokens.")]
 PreferOpt = Annotated[Optional[str], typer.Option("--prefer", help="quality, speed or balanced (default: the best "
                                                   "quality within reach of the fastest).")]
-# The scheme names come from the registries (planner/quant.py), so a new scheme is in the help with nothing else to edit.
+# The scheme names come from the registries (planner/quant.py): a new scheme is in the help with nothing to edit.
 QuantOpt = Annotated[Optional[str], typer.Option("--quant", "-q", help="Force weight quantization (comma list): "
                      f"{', '.join(SCHEMES)}.")]
 KVOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="Force KV-cache dtype (comma list): "
