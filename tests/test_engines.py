@@ -157,10 +157,10 @@ model = AutoModelForCausalLM.from_pretrained(
     dtype=torch.bfloat16,
 )
 
-# the plan's fp8 KV cache: pass it to generate(..., past_key_values=cache)
+# the plan's fp8 KV cache: generate(..., cache=cache) (past_key_values=cache before transformers 5.24)
 from transformers.cache_utils import QuantizedCache
 cache = QuantizedCache(backend="fp8", config=model.config)""",
-        ["the plan's fp8 KV cache: pass it to generate(..., past_key_values=cache)"]),
+        ["the plan's fp8 KV cache: generate(..., cache=cache) (past_key_values=cache before transformers 5.24)"]),
     ('70b-offloaded', 'vllm'): (
         r"""vllm serve meta-llama/Llama-3.1-70B \
   --max-model-len 8192 \

@@ -84,7 +84,8 @@ def _cache_lines(kv: str) -> list[str]:
     call = ('QuantizedCache(backend="fp8", config=model.config)' if k.backend == "fp8" else
             f'QuantizedCache(backend="quanto", config=model.config, nbits={k.nbits}, q_group_size={k.group_size}, '
             f"residual_length={k.residual_tokens})")
-    return ["", f"# the plan's {kv} KV cache: pass it to generate(..., past_key_values=cache)",
+    return ["", f"# the plan's {kv} KV cache: generate(..., cache=cache) "
+                "(past_key_values=cache before transformers 5.24)",
             "from transformers.cache_utils import QuantizedCache", f"cache = {call}"]
 
 
