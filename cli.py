@@ -568,14 +568,11 @@ def run_cmd(
             raise typer.Exit(EXIT_NOTHING_FITS)
     from runtime.execute import execute
 
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends the run like Ctrl-C: it still reports
-    try:
-        report = execute(p, spec, hw, source, dummy_weights=dummy_weights, prompt_text=text,
-                         prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, temperature=temperature,
-                         seed=seed, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
-                         on_text=None if as_json else out.raw, progress=out.info, track=out.progress)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    # main() turns SIGTERM into KeyboardInterrupt: execute stops generating and still reports
+    report = execute(p, spec, hw, source, dummy_weights=dummy_weights, prompt_text=text,
+                     prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, temperature=temperature,
+                     seed=seed, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+                     on_text=None if as_json else out.raw, progress=out.info, track=out.progress)
     d = report.to_dict()
     if as_json:
         out.data(d)
@@ -712,11 +709,9 @@ def main(argv: list[str] | None = None) -> None:
         if rc == EXIT_INTERRUPTED:  # typer turns Ctrl-C (and SIGTERM) into this code (run reports first)
             out.err.print("interrupted", highlight=False)
         sys.exit(rc if isinstance(rc, int) else 0)
-    except Exception as e:  # noqa: BLE001 -- every exception goes through the table
-        sys.exit(_exit_code(e))
-    except BaseException as e:  # KeyboardInterrupt (SystemExit passes: it is no error)
-        if isinstance(e, SystemExit):
-            raise
+    except SystemExit:
+        raise
+    except BaseException as e:  # everything else, KeyboardInterrupt included, goes through the table
         sys.exit(_exit_code(e))
     finally:
         _on_sigterm(previous)

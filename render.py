@@ -404,7 +404,11 @@ def _experts_where(c: dict) -> str:
         return ""
     where = c.get("expert_layers_in_ram") or []
     on_cpu = c["moe_layers"] if placement == "cpu" else placement
-    flag = f" (--n-cpu-moe {max(where) + 1})" if c.get("engine") == "llama.cpp" and where else ""
+    flag = ""
+    if c.get("engine") == "llama.cpp" and where:
+        from planner.engines.llamacpp_rules import n_cpu_moe
+
+        flag = f" (--n-cpu-moe {n_cpu_moe(where)})"
     return f", routed experts of {experts_in_ram_text(on_cpu, c['moe_layers'], where)} in RAM{flag}"
 
 

@@ -329,7 +329,7 @@ def forced_cpu_moe(spec: ModelSpec, req: Request) -> int | None:
         return None
     moe = sorted(spec.moe.moe_layers) if spec.moe is not None else []
     count = 0 if f == "gpu" else len(moe) if f == "cpu" else f
-    return moe[count - 1] + 1 if count else 0
+    return rules.n_cpu_moe(moe[:count])
 
 
 def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str) -> Candidate:
@@ -431,8 +431,8 @@ def llama_server_command(spec: ModelSpec, p: Plan) -> list[str]:
     argv += ["-ngl", str(sum(slots) if c.on_gpu else 0)]
     if len(slots) > 1:
         argv += ["-ts", ",".join(str(n) for n in slots)]
-    if c.expert_layers_on_cpu:  # --n-cpu-moe N counts every layer up to the last one whose experts stay in RAM
-        argv += ["--n-cpu-moe", str(first_moe_layers(spec, c.expert_layers_on_cpu)[-1] + 1)]
+    if c.expert_layers_on_cpu:
+        argv += ["--n-cpu-moe", str(rules.n_cpu_moe(first_moe_layers(spec, c.expert_layers_on_cpu)))]
     argv += ["-fa", "on"]
     if c.kv_dtype != "f16":
         argv += ["-ctk", c.kv_dtype, "-ctv", c.kv_dtype]

@@ -22,6 +22,12 @@ from ..request import LLAMA_CPP_KV_DTYPES, Request
 from ..units import MiB
 from .common import EngineConstant
 
+
+def n_cpu_moe(layers_in_ram) -> int:
+    """llama.cpp's --n-cpu-moe for the decoder layers (indices) whose routed experts stay in RAM: it counts decoder
+    layers from the first, dense ones included, so it is one past the last of them (0: none)."""
+    return max(layers_in_ram, default=-1) + 1
+
 LLAMA_CPP = "ggml-org/llama.cpp"
 # The llama.cpp whose llama-server ran vramplan's exported commands (bench/llamacpp_serve.py) and whose
 # llama-quantize wrote tests/data/gguf_golden.json.
@@ -413,6 +419,5 @@ class LlamaCppFootprint:
 
     def _moe_layers(self) -> int:
         """--n-cpu-moe counts layers from the first; experts of the first k layers cover every MoE layer up to k."""
-        with_experts = [i for i, e in enumerate(self.model.experts) if e]
-        return (with_experts[-1] + 1) if with_experts else 0
+        return n_cpu_moe(i for i, e in enumerate(self.model.experts) if e)
 
