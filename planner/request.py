@@ -130,6 +130,12 @@ class Request:
     def prompt(self) -> int:
         return self.prompt_tokens if self.prompt_tokens is not None else self.context
 
+    def forced_expert_layers(self, moe_layers: int) -> int:
+        """Of `moe_layers` MoE layers (those that may move), how many keep their routed experts in RAM under
+        --expert-placement: none for gpu (or no placement forced), all for cpu, else the first N of them."""
+        f = self.expert_placement
+        return 0 if f in (None, "gpu") else moe_layers if f == "cpu" else min(f, moe_layers)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["quant"] = list(self.quant)

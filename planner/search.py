@@ -91,8 +91,7 @@ def _placement(fp: Footprint, n: int, mode: OffloadMode, e: int = 0, *, best_eff
 def _forced_experts(fp: Footprint, req: Request, n: int) -> int:
     """How many MoE layers keep their routed experts in RAM with n layers on the GPUs under --expert-placement (0 when
     not forced): only those of resident layers move, an offloaded layer's experts go with it."""
-    f, resident = req.expert_placement, fp.moe_layers_before(n)
-    return 0 if f in (None, "gpu") else resident if f == "cpu" else min(f, resident)
+    return req.forced_expert_layers(fp.moe_layers_before(n))
 
 
 def _placements(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme,

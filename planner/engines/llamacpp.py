@@ -324,12 +324,10 @@ def with_llamacpp_calibration(hw: HardwareProfile, fitted: Calibration, commit: 
 def forced_cpu_moe(spec: ModelSpec, req: Request) -> int | None:
     """--n-cpu-moe for a forced --expert-placement (it counts decoder layers from the first, dense ones included: the
     experts of MoE layers below it stay in RAM), or None when the search chooses."""
-    f = req.expert_placement
-    if f is None:
+    if req.expert_placement is None:
         return None
     moe = sorted(spec.moe.moe_layers) if spec.moe is not None else []
-    count = 0 if f == "gpu" else len(moe) if f == "cpu" else f
-    return rules.n_cpu_moe(moe[:count])
+    return rules.n_cpu_moe(moe[:req.forced_expert_layers(len(moe))])
 
 
 def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str) -> Candidate:
