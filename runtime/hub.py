@@ -36,7 +36,6 @@ thread is abandoned (it ends with its socket; a daemon thread never holds the pr
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -144,16 +143,9 @@ def from_hub(repo: str, revision: str | None, catalog_miss: str = "") -> ModelSo
 
 def hub_deadline_s() -> float:
     """HUB_DEADLINE_S, or $VRAMPLAN_HUB_DEADLINE_S (seconds > 0)."""
-    text = os.environ.get(HUB_DEADLINE_ENV, "").strip()
-    if not text:
-        return HUB_DEADLINE_S
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = 0.0
-    if not 0 < seconds < float("inf"):
-        raise VramplanError(f"${HUB_DEADLINE_ENV}={text!r}: expected a number of seconds > 0")
-    return seconds
+    from runtime.this_machine import env_number
+
+    return env_number(HUB_DEADLINE_ENV, HUB_DEADLINE_S, unit="seconds", allow_zero=False)
 
 
 def within_deadline(call, what: str, endpoint: str):

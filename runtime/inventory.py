@@ -38,7 +38,7 @@ def runtime_installed() -> bool:
 def load_spec(source: ModelSource) -> ModelSpec:
     """The source's exact inventory (planner.sources.load_spec), with this module's meta-device path for a
     model_type that has neither a builder nor known headers, when torch and transformers are installed, counted
-    as the installed transformers holds it (its version read from the package metadata: no import)."""
+    as the installed transformers holds it (its version read without importing it)."""
     return planner_load_spec(source, generic=spec_from_transformers if runtime_installed() else None,
                              transformers_version=installed_transformers_version())
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import socket
 import time
@@ -85,17 +86,25 @@ def store_or_why(profile: HardwareProfile) -> tuple[Path | None, str | None]:
         return None, str(e)
 
 
+def env_number(name: str, default: float, *, unit: str, allow_zero: bool, allow_infinite: bool = False) -> float:
+    """$name as a number (of `unit`), or `default` when it is unset or empty; one line (VramplanError) when it is no
+    number, negative, zero where zero is not allowed, or infinite where that is not allowed."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value) or (math.isinf(value) and not allow_infinite) or not (value >= 0 if allow_zero else value > 0):
+        raise VramplanError(f"${name}={text!r}: expected a number of {unit} {'>=' if allow_zero else '>'} 0")
+    return value
+
+
 def probe_max_age_s() -> float:
     """PROBE_CACHE_MAX_AGE_S, or $VRAMPLAN_PROBE_MAX_AGE_DAYS (a number of days, 0: always probe)."""
-    text = os.environ.get(PROBE_MAX_AGE_ENV, "").strip()
-    if not text:
-        return PROBE_CACHE_MAX_AGE_S
-    try:
-        days = float(text)
-    except ValueError:
-        days = -1.0
-    if not days >= 0:  # also NaN
-        raise VramplanError(f"${PROBE_MAX_AGE_ENV}={text!r}: expected a number of days >= 0")
+    days = env_number(PROBE_MAX_AGE_ENV, PROBE_CACHE_MAX_AGE_S / SECONDS_PER_DAY, unit="days", allow_zero=True,
+                      allow_infinite=True)  # inf: never measured again
     return days * SECONDS_PER_DAY
 
 

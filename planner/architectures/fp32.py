@@ -5,8 +5,8 @@ load dtype is bf16 or fp16 (modeling_utils `_get_dtype_plan`). Since 5.24 the ro
 also create them in fp32 (`torch.zeros(..., dtype=torch.float32)`), so `from_config` holds them in fp32 too;
 vramplan's dummy-weights build applies the same list (runtime/dummy.py), so both load paths hold what a
 checkpoint load holds. The planner imports no transformers: the caller passes the installed version
-(runtime/inventory.py reads it from the package metadata); without one, the latest verified version's rule
-applies (planning for a machine that is not this one).
+(runtime/inventory.py reads it from transformers' __init__.py, without importing it); without one, the latest
+verified version's rule applies (planning for a machine that is not this one).
 
 Verified (VERIFIED_TRANSFORMERS): 5.17 and 5.18 by reading their modeling files (the wheels); 5.23 by the byte
 tests of tests/test_moe_experts.py, which passed with deepseek_v3's router weight in bf16; 5.24 by those tests
