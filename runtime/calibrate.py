@@ -281,12 +281,10 @@ def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str],
                seed: int = 0, track: Track | None = None) -> tuple[list[RunRecord], list[str]]:
     """Every run of the matrix that works, and one warning per (model, scheme) that did not. ``track`` follows the
     timed runs (a (model, scheme) that fails counts all of its runs as done)."""
-    import torch
-
     from .measure import free_memory
 
     say = progress or (lambda s: None)
-    on_gpu = hw.has_gpu and torch.cuda.is_available()
+    on_gpu = _on_gpu(hw)
     device = "cuda" if on_gpu else "cpu"
     records, warnings = [], []
     planned = _matrix_runs(matrix, device)
@@ -469,9 +467,7 @@ def calibrate(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str], 
 
 def _with_experts(cal, hw: HardwareProfile, matrix: Matrix, progress, warnings: list[str]):
     """The calibration with an "experts" entry per scheme of the matrix, measured here."""
-    import torch
-
-    device = "cuda" if hw.has_gpu and torch.cuda.is_available() else "cpu"
+    device = "cuda" if _on_gpu(hw) else "cpu"
     try:
         samples, w = measure_experts(hw, matrix.quants, device, progress=progress)
     except ImportError as e:  # a transformers without fused Qwen3-MoE experts: the rest of the calibration stands

@@ -166,7 +166,7 @@ def busy_note(profile: HardwareProfile) -> str | None:
 def differences(profile: HardwareProfile, here: HardwareProfile) -> list[str]:
     """How `profile`'s hardware differs from `here` (this machine's probe): GPUs (name, count, memory), host RAM and
     cores; empty when it describes this machine."""
-    from .probe.datasheets import _norm_gpu_name
+    from .probe.datasheets import norm_gpu_name
 
     def gpus(p: HardwareProfile) -> str:
         return ", ".join(f"{g.count}x {g.name} {format_bytes(g.memory_bytes)}" for g in p.gpus) or "no GPU"
@@ -175,10 +175,10 @@ def differences(profile: HardwareProfile, here: HardwareProfile) -> list[str]:
         return abs(a - b) <= SAME_MACHINE_MEMORY_TOLERANCE * max(a, b)
 
     found = []
-    theirs = sorted(profile.gpus, key=lambda g: _norm_gpu_name(g.name))
-    ours = sorted(here.gpus, key=lambda g: _norm_gpu_name(g.name))
+    theirs = sorted(profile.gpus, key=lambda g: norm_gpu_name(g.name))
+    ours = sorted(here.gpus, key=lambda g: norm_gpu_name(g.name))
     if len(theirs) != len(ours) or any(
-            _norm_gpu_name(a.name) != _norm_gpu_name(b.name) or a.count != b.count
+            norm_gpu_name(a.name) != norm_gpu_name(b.name) or a.count != b.count
             or not close(a.memory_bytes, b.memory_bytes) for a, b in zip(theirs, ours)):
         found.append(f"GPUs {gpus(profile)} (this machine: {gpus(here)})")
     if not close(profile.host.ram_bytes, here.host.ram_bytes):

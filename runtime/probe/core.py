@@ -15,7 +15,7 @@ from planner.units import (GiB, MiB, format_bandwidth, format_bytes, format_flop
                            parse_seconds)
 from .datasheets import (APPLE_CHIPS, DEFAULT_ALLOCATOR_RESERVE_BYTES, DEFAULT_CUDA_CONTEXT_BYTES,
                          DEFAULT_KERNEL_LAUNCH_S, GPU_FLOPS_PER_BYTE_GUESS, UNIFIED_NVIDIA_GPUS, _apple_chip,
-                         _norm_gpu_name, apple_gpu_share, estimate_gpu_bf16_flops, match_datasheet, typical_link)
+                         norm_gpu_name, apple_gpu_share, estimate_gpu_bf16_flops, match_datasheet, typical_link)
 from .host import busy_note, estimate_cpu_bf16_flops, load_average, read_host
 from .measure import (Measurement, measure_cpu_matmul_bf16, measure_gpu_matmul_bf16, measure_gpu_memory_bandwidth,
                       measure_host_link, measure_kernel_launch, measure_ram_bandwidth)
@@ -262,7 +262,7 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
         for (name, mem), grp in groups.items():
             first = grp.gpus[0]
             grp.cc = first.compute_capability
-            if any(_norm_gpu_name(u) in _norm_gpu_name(name) for u in UNIFIED_NVIDIA_GPUS):
+            if any(norm_gpu_name(u) in norm_gpu_name(name) for u in UNIFIED_NVIDIA_GPUS):
                 unified = True
                 if grp.memory is None:
                     grp.memory = host.effective_ram_bytes

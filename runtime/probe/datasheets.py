@@ -61,7 +61,7 @@ UNIFIED_NVIDIA_GPUS = ("GB10",)  # DGX Spark: GPU and CPU share LPDDR5X
 # ---------------------------------------------------------------- datasheets and typical figures
 
 
-def _norm_gpu_name(name: str) -> str:
+def norm_gpu_name(name: str) -> str:
     s = name.lower()
     for word in ("nvidia", "geforce"):
         s = s.replace(word, " ")
@@ -74,7 +74,7 @@ def match_datasheet(name: str, memory_bytes: int | None) -> tuple[GPUSpec, str] 
     from planner.profile_yaml import load_profile
     from planner.errors import ProfileError
 
-    want = _norm_gpu_name(name)
+    want = norm_gpu_name(name)
     directory = shipped_profiles_dir()
     for f in sorted(directory.glob("*.yaml")):
         try:
@@ -82,7 +82,7 @@ def match_datasheet(name: str, memory_bytes: int | None) -> tuple[GPUSpec, str] 
         except ProfileError:
             continue
         for g in prof.gpus:
-            if _norm_gpu_name(g.name) != want:
+            if norm_gpu_name(g.name) != want:
                 continue
             if memory_bytes is not None and abs(g.memory_bytes - memory_bytes) > 0.1 * g.memory_bytes:
                 continue
