@@ -10,7 +10,6 @@ weights + 0.2 GiB (measured on a 2-core, 24 GiB machine: 374 s).
 
 from __future__ import annotations
 
-import re
 from typing import Callable
 
 import torch
@@ -18,7 +17,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from planner.quant import WeightScheme
-from runtime.modeling import attention_kwargs, decoder_layers
+from runtime.modeling import attention_kwargs, decoder_layers, strict_fp32_pattern
 from runtime.quantize import backend
 from runtime.tensors import release_freed_heap
 
@@ -71,10 +70,9 @@ def build_dummy(config, dtype: torch.dtype, scheme: WeightScheme, device: str, d
 def keep_in_fp32(model: nn.Module, dtype: torch.dtype) -> None:
     """What `from_pretrained` does to a bf16/fp16 load: the tensors the class lists in `_keep_in_fp32_modules_strict`
     held in fp32 (from_config builds them in the load dtype before transformers 5.24; planner/architectures/fp32.py)."""
-    keep = getattr(model, "_keep_in_fp32_modules_strict", None)
-    if not keep or dtype not in (torch.bfloat16, torch.float16):
+    pattern = strict_fp32_pattern(model)
+    if pattern is None or dtype not in (torch.bfloat16, torch.float16):
         return
-    pattern = re.compile("|".join(re.escape(k) for k in sorted(keep)))
     for module_name, module in model.named_modules():
         for store in (module._parameters, module._buffers):
             for leaf, t in store.items():

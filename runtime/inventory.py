@@ -76,7 +76,7 @@ def spec_from_transformers(config: dict, name: str, source: str) -> ModelSpec:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
 
-    from runtime.modeling import config_from_dict, decoder_layers
+    from runtime.modeling import config_from_dict, decoder_layers, strict_fp32_pattern
 
     cfg = config_from_dict(config, trust_remote_code=False)
     verbosity = transformers_logging.get_verbosity()
@@ -100,18 +100,17 @@ def spec_from_transformers(config: dict, name: str, source: str) -> ModelSpec:
         owner, leaf = n.rsplit(".", 1) if "." in n else ("", n)
         if leaf not in modules[owner]._non_persistent_buffers_set:
             tensors.append(replace(_tensor(n, tuple(b.shape), modules, stack, inputs, outputs, moe), kind=Kind.BUFFER))
-    tensors = _kept_in_fp32(tensors, getattr(model, "_keep_in_fp32_modules_strict", None))
+    tensors = _kept_in_fp32(tensors, strict_fp32_pattern(model))
     spec = spec_from_tensors(resolved, tensors, name=name, source=source, where=where,
                              inventory=INVENTORY_META_DEVICE, architecture=type(model).__name__, tied=tied)
     return replace(spec, model_type=str(config.get("model_type")), config=config)
 
 
-def _kept_in_fp32(tensors: list[TensorSpec], keep) -> list[TensorSpec]:
-    """The tensors the class keeps in fp32 under a bf16/fp16 load (`_keep_in_fp32_modules_strict`, matched as
-    transformers matches it: anywhere in the name), marked so (as runtime/dummy.py holds them too)."""
-    if not keep:
+def _kept_in_fp32(tensors: list[TensorSpec], pattern: re.Pattern | None) -> list[TensorSpec]:
+    """The tensors the class keeps in fp32 under a bf16/fp16 load (runtime.modeling.strict_fp32_pattern), marked so
+    (as runtime/dummy.py holds them too)."""
+    if pattern is None:
         return tensors
-    pattern = re.compile("|".join(re.escape(k) for k in sorted(keep)))
     return [replace(t, held_dtype=FP32_DTYPE) if pattern.search(t.name) else t for t in tensors]
 
 

@@ -6,6 +6,7 @@ nests it), the attention implementation to ask for, and the ModuleList of decode
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -62,3 +63,10 @@ def decoder_layers(model: nn.Module, num_layers: int) -> tuple[str, nn.ModuleLis
         raise UnsupportedArchitectureError(f"{type(model).__name__}: no list of {num_layers} decoder layers found")
     candidates.sort(key=lambda item: (not item[0].endswith("layers"), item[0].count(".")))
     return candidates[0]
+
+
+def strict_fp32_pattern(model: nn.Module) -> re.Pattern | None:
+    """What a model class keeps in fp32 under a bf16/fp16 load (`_keep_in_fp32_modules_strict`), as a pattern that
+    matches a tensor's name the way transformers matches it (anywhere in the name); None when the class keeps none."""
+    keep = getattr(model, "_keep_in_fp32_modules_strict", None)
+    return re.compile("|".join(re.escape(k) for k in sorted(keep))) if keep else None
