@@ -105,7 +105,7 @@ def _choice(spec: ModelSpec, hw: HardwareProfile, fp: rules.LlamaCppFootprint, p
         last = max(i for i, n in enumerate(per_device) if n)
         per_device[last] -= 1
     on_gpu = hw.has_gpu
-    in_ram = [i for i in sorted(spec.moe.moe_layers) if i < p.cpu_moe] if spec.moe is not None and on_gpu else []
+    in_ram = rules.moe_layers_in_ram(spec, p.cpu_moe) if on_gpu else []
     return LlamaCppChoice(weight_quant=fp.model.file_type, kv_dtype=fp.kv_type,
                           gpu_layers=p.gpu_layers if on_gpu else 0,
                           total_layers=L, offload=OffloadMode.CPU if on_gpu and p.gpu_layers < L else OffloadMode.NONE,
@@ -370,7 +370,7 @@ def _placement_reason(fp: rules.LlamaCppFootprint, p: rules.Placement) -> str:
     where = (f"all {L} layers and the output layer on the GPU (-ngl {p.ngl})" if p.gpu_layers == L else
              f"layers {L - p.gpu_layers}-{L - 1} and the output layer on the GPU, 0-{L - p.gpu_layers - 1} computed "
              f"by the CPU (-ngl {p.ngl})" if p.gpu_layers else f"every layer computed by the CPU (-ngl {p.ngl})")
-    in_ram = [i for i in sorted(fp.spec.moe.moe_layers) if i < p.cpu_moe] if fp.spec.moe is not None else []
+    in_ram = rules.moe_layers_in_ram(fp.spec, p.cpu_moe)
     moe = (f", experts of {experts_in_ram_text(len(in_ram), len(fp.spec.moe.moe_layers), in_ram)} in RAM "
            f"(--n-cpu-moe {p.cpu_moe})" if in_ram else "")
     usable = (f"usable = memory - CUDA context {format_bytes(fp.cuda_context_bytes)} - --fit margin "

@@ -28,6 +28,11 @@ def n_cpu_moe(layers_in_ram) -> int:
     layers from the first, dense ones included, so it is one past the last of them (0: none)."""
     return max(layers_in_ram, default=-1) + 1
 
+
+def moe_layers_in_ram(spec: ModelSpec, cpu_moe: int) -> list[int]:
+    """The MoE layers (indices) whose routed experts --n-cpu-moe `cpu_moe` keeps in RAM: those below it."""
+    return [i for i in sorted(spec.moe.moe_layers) if i < cpu_moe] if spec.moe is not None else []
+
 LLAMA_CPP = "ggml-org/llama.cpp"
 # The llama.cpp whose llama-server ran vramplan's exported commands (bench/llamacpp_serve.py) and whose
 # llama-quantize wrote tests/data/gguf_golden.json.
