@@ -254,9 +254,8 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     """A plan saved by `vramplan plan --save` (YAML or JSON); anything unreadable or malformed is a PlanError."""
     import yaml
 
-    from .yaml_strict import safe_load_strict
-
     from .textfiles import read_text
+    from .yaml_strict import safe_load_strict
 
     try:
         text = read_text(path)
