@@ -180,6 +180,8 @@ def main() -> None:
     ap.add_argument("--kv-dtypes", default="bf16", help="KV-cache dtypes (comma list)")
     ap.add_argument("--vram-budget", default=None, help="also run offloaded rows under this GPU budget")
     ap.add_argument("--offload-modes", default="stream,cpu", help="offload modes of the budget rows")
+    ap.add_argument("--split-quants", default=None,
+                    help="weight schemes that also get the offloaded rows (comma list; default: all of --quants)")
     ap.add_argument("--repeats", type=int, default=2,
                     help="runs per row; the fastest is kept (on a shared machine interference only slows a run)")
     ap.add_argument("--gpu-layers", type=int, default=None,
@@ -196,11 +198,18 @@ def main() -> None:
     from planner.units import parse_context
 
     hw = resolve_profile(args.hardware)[0]
-    rows = []
+    from runtime.calibrate import versions
+
+    rows: list[dict] = []
     offloaded = args.vram_budget or args.gpu_layers is not None
-    splits = [(None, None)] + [(args.vram_budget, m) for m in args.offload_modes.split(",") if offloaded]
+    split_quants = set(args.split_quants.split(",")) if args.split_quants else None
+    meta = {"benchmark": "accuracy", "machine": args.machine, "hardware": args.hardware,
+            "date": time.strftime("%Y-%m-%d"), "versions": versions(), "platform": platform.platform()}
     for model in args.models.split(","):
         for quant in args.quants.split(","):
+            splits = [(None, None)]
+            if offloaded and (split_quants is None or quant in split_quants):
+                splits += [(args.vram_budget, m) for m in args.offload_modes.split(",")]
             for kv_dtype in args.kv_dtypes.split(","):
                 for context in args.contexts.split(","):
                     for prompt in args.prompts.split(","):
@@ -213,17 +222,20 @@ def main() -> None:
                                             for _ in range(args.repeats)])
                             print("   ", {k: row.get(k) for k in ("error_pct", "error", "wall_s")}, flush=True)
                             rows.append(row)
-    from runtime.calibrate import versions
-
-    gpu = any((r.get("choice") or {}).get("compute_device") == "cuda" for r in rows)
-    out = {"benchmark": "accuracy", "machine": args.machine, "hardware": args.hardware,
-           "date": time.strftime("%Y-%m-%d"), "versions": versions(), "platform": platform.platform(),
-           "targets": TARGETS_GPU if gpu else TARGETS_CPU, "rows": rows, "summary": summarize(rows)}
-    results.mkdir(parents=True, exist_ok=True)
-    (results / f"accuracy-{args.machine}.json").write_text(json.dumps(out, indent=2) + "\n")
-    (results / f"accuracy-{args.machine}.md").write_text(markdown(out))
+                            out = write(results, meta, rows)  # after every row: a cut run keeps what it measured
+    if not rows:
+        return
     plot(rows, results / f"accuracy-{args.machine}.png", f"vramplan predicted vs measured - {args.machine}")
     print(markdown(out))
+
+
+def write(results: Path, meta: dict, rows: list[dict]) -> dict:
+    gpu = any((r.get("choice") or {}).get("compute_device") == "cuda" for r in rows)
+    out = {**meta, "targets": TARGETS_GPU if gpu else TARGETS_CPU, "rows": rows, "summary": summarize(rows)}
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"accuracy-{meta['machine']}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (results / f"accuracy-{meta['machine']}.md").write_text(markdown(out))
+    return out
 
 
 if __name__ == "__main__":

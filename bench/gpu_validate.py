@@ -7,9 +7,8 @@ which gets a fresh machine and a copy of the repository, finds what an earlier o
 and, when $OUT is set, into $OUT as one archive plus status.json and summary.md (a device call brings back at most
 8 files).
 
-    bench/gpu_validate.sh --steps probe,calibrate-a,calibrate-b          # device call 1 (< 9.5 min on an H100)
-    bench/gpu_validate.sh --steps accuracy                               # device call 2
-    bench/gpu_validate.sh --steps offload-nf4,offload-bf16,oom           # device call 3
+    bench/gpu_validate.sh --steps env,probe,pytest-gpu,run-nf4 --budget-s 200                  # device call A
+    bench/gpu_validate.sh --steps calibrate,accuracy,offload-nf4,oom,offload-bf16 --budget-s 420  # device call B
     bench/gpu_validate.sh --cpu-smoke                                    # every step, tiny, on this CPU (minutes)
 """
 
@@ -30,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 # What a device call may spend: its limit is 10 minutes; keep a margin for the wheel install and the transfers.
 DEFAULT_BUDGET_S = 560
+MIN_STEP_S = 30  # a step is started with at least this much of the budget left, and cut at what is left
 
 
 @dataclass(frozen=True)
@@ -42,48 +42,58 @@ class Step:
 
 
 def gpu_steps() -> list[Step]:
-    model = "llama-3.1-8b"  # 8B, unseen by the calibration (0.5B-3B models)
+    """The GPU steps in the order of two device calls that fit a session's 15 minutes of device time (each call also
+    pays a machine start of a minute or two): call A checks the machine and the CUDA paths, call B measures.
+
+        call A: env,probe,pytest-gpu,run-nf4                    (~3 min)
+        call B: calibrate,accuracy,offload-nf4,oom,offload-bf16 (~7 min)
+    """
+    model = "llama-3.1-8b"  # 8B, unseen by the calibration (0.5B and 3B models)
     return [
-        Step("probe", f"{PY} cli.py probe --save {{work}}/profile-measured.yaml --json > {{work}}/probe.json", 180,
+        Step("env", f"{PY} bench/gpu_env.py > {{work}}/env.json", 60, ("env.json",)),
+        Step("probe", f"{PY} cli.py probe --save {{work}}/profile-measured.yaml --json > {{work}}/probe.json", 150,
              ("profile-measured.yaml", "probe.json")),
-        Step("calibrate-a", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml "
-                            "--models qwen2.5-0.5b,llama-3.2-1b --save-runs {work}/calibration-runs-a.json "
-                            "--save {work}/profile-calibrated-a.yaml --json > {work}/calibrate-a.json", 400,
-             ("calibration-runs-a.json", "profile-calibrated-a.yaml", "calibrate-a.json")),
-        Step("calibrate-b", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml --models llama-3.2-3b "
-                            "--add-runs {work}/calibration-runs-a.json --save-runs {work}/calibration-runs.json "
-                            "--save {work}/profile-calibrated.yaml --json > {work}/calibrate.json", 360,
+        Step("pytest-gpu", f"{PY} -m pytest -q -p no:cacheprovider -m gpu tests > {{work}}/pytest-gpu.txt 2>&1", 150,
+             ("pytest-gpu.txt",)),
+        Step("run-nf4", f"{PY} cli.py run --model {model} --dummy-weights --quant bnb-nf4 --context 4k "
+                        "--prompt-tokens 1024 --max-new-tokens 32 --hardware {profile} --json "
+                        "> {work}/run-nf4.json", 90, ("run-nf4.json",)),
+        Step("calibrate", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml "
+                          "--models qwen2.5-0.5b,llama-3.2-3b --quants bf16,bnb-nf4,bnb-int8,quanto-int4 "
+                          "--prompts 512,2048 --new-tokens 32 --repeats 1 --kv-dtypes none "
+                          "--save-runs {work}/calibration-runs.json --save {work}/profile-calibrated.yaml "
+                          "--json > {work}/calibrate.json", 170,
              ("calibration-runs.json", "profile-calibrated.yaml", "calibrate.json")),
         Step("accuracy", f"{PY} bench/accuracy.py --hardware {{profile}} --machine gpu --models {model} "
-                         "--quants bf16,bnb-nf4,bnb-int8,quanto-int4 --contexts 4k --prompts 1024 --new-tokens 64 "
-                         "--gpu-layers 16 --offload-modes stream,cpu --repeats 1 --out {work}", 540,
-             ("accuracy-gpu.json", "accuracy-gpu.md"), ("accuracy-gpu.png",)),
+                         "--quants bf16,bnb-nf4,bnb-int8,quanto-int4 --contexts 4k --prompts 1024 --new-tokens 48 "
+                         "--gpu-layers 16 --offload-modes stream,cpu --split-quants bf16,bnb-nf4 --repeats 1 "
+                         "--out {work}", 230, ("accuracy-gpu.json", "accuracy-gpu.md"), ("accuracy-gpu.png",)),
         Step("offload-nf4", f"{PY} bench/offload.py --model {model} --quant bnb-nf4 --gpu-layers 16 --context 1088 "
-                            "--max-new-tokens 64 --hardware {profile} --machine gpu-nf4 --out {work}", 240,
+                            "--max-new-tokens 32 --hardware {profile} --machine gpu-nf4 --out {work}", 90,
              ("offload-gpu-nf4.json", "offload-gpu-nf4.md")),
-        Step("offload-bf16", f"{PY} bench/offload.py --model {model} --quant bf16 --gpu-layers 16 --context 1088 "
-                             "--max-new-tokens 64 --hardware {profile} --machine gpu-bf16 --out {work}", 240,
-             ("offload-gpu-bf16.json", "offload-gpu-bf16.md")),
         Step("oom", f"{PY} bench/oom.py --hardware {{profile}} --model {model} --quant bf16 --context 8k "
-                    "--ballast-free 10GiB --machine gpu --out {work}", 240, ("oom-gpu.json", "oom-gpu.md")),
+                    "--ballast-free 10GiB --machine gpu --out {work}", 75, ("oom-gpu.json", "oom-gpu.md")),
+        Step("offload-bf16", f"{PY} bench/offload.py --model {model} --quant bf16 --gpu-layers 16 --context 1088 "
+                             "--max-new-tokens 32 --hardware {profile} --machine gpu-bf16 --out {work}", 90,
+             ("offload-gpu-bf16.json", "offload-gpu-bf16.md")),
     ]
 
 
 def cpu_smoke_steps() -> list[Step]:
     """The same steps and files, tiny, on a CPU: how CI and a developer know the script works before GPU time."""
     return [
+        Step("env", f"{PY} bench/gpu_env.py > {{work}}/env.json", 60, ("env.json",)),
         Step("probe", f"{PY} cli.py probe --save {{work}}/profile-measured.yaml --json > {{work}}/probe.json", 120,
              ("profile-measured.yaml", "probe.json")),
-        Step("calibrate-a", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml --models qwen2.5-0.5b "
-                            "--quants bf16 --prompts 32,96 --new-tokens 3 --repeats 1 --kv-dtypes quanto-int4 "
-                            "--save-runs {work}/calibration-runs-a.json "
-                            "--save {work}/profile-calibrated-a.yaml --json > {work}/calibrate-a.json", 300,
-             ("calibration-runs-a.json", "profile-calibrated-a.yaml", "calibrate-a.json")),
-        Step("calibrate-b", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml --models qwen3-0.6b "
-                            "--quants bf16 --prompts 32,96 --new-tokens 3 --repeats 1 --kv-dtypes none "
-                            "--add-runs {work}/calibration-runs-a.json "
-                            "--save-runs {work}/calibration-runs.json --save {work}/profile-calibrated.yaml "
-                            "--json > {work}/calibrate.json", 300,
+        Step("pytest-gpu", f"{PY} -m pytest -q -p no:cacheprovider -m gpu tests/test_offload.py "
+                           "> {work}/pytest-gpu.txt 2>&1", 150, ("pytest-gpu.txt",)),
+        Step("run-nf4", f"{PY} cli.py run --model qwen2.5-0.5b --dummy-weights --quant bf16 --context 256 "
+                        "--prompt-tokens 32 --max-new-tokens 3 --hardware {profile} --json > {work}/run-nf4.json", 120,
+             ("run-nf4.json",)),
+        Step("calibrate", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml --models qwen2.5-0.5b "
+                          "--quants bf16 --prompts 32,96 --new-tokens 3 --repeats 1 --kv-dtypes none "
+                          "--save-runs {work}/calibration-runs.json --save {work}/profile-calibrated.yaml "
+                          "--json > {work}/calibrate.json", 300,
              ("calibration-runs.json", "profile-calibrated.yaml", "calibrate.json")),
         Step("accuracy", f"{PY} bench/accuracy.py --hardware {{profile}} --machine smoke --models llama-3.2-1b "
                          "--quants bf16 --contexts 256 --prompts 64 --new-tokens 4 --repeats 1 --out {work}", 300,
@@ -91,11 +101,11 @@ def cpu_smoke_steps() -> list[Step]:
         Step("offload-nf4", f"{PY} bench/offload.py --allow-cpu --model qwen2.5-0.5b --quant bnb-nf4 "
                             "--offload-fraction 0.5 --context 24 --max-new-tokens 3 --machine smoke-nf4 --out {work}",
              300, ("offload-smoke-nf4.json", "offload-smoke-nf4.md")),
+        Step("oom", f"{PY} bench/oom.py --hardware {{profile}} --machine smoke --out {{work}}", 120,
+             ("oom-smoke.json", "oom-smoke.md")),
         Step("offload-bf16", f"{PY} bench/offload.py --allow-cpu --model qwen2.5-0.5b --quant bf16 "
                              "--offload-fraction 0.5 --context 24 --max-new-tokens 3 --machine smoke-bf16 "
                              "--out {work}", 300, ("offload-smoke-bf16.json", "offload-smoke-bf16.md")),
-        Step("oom", f"{PY} bench/oom.py --hardware {{profile}} --machine smoke --out {{work}}", 120,
-             ("oom-smoke.json", "oom-smoke.md")),
     ]
 
 
@@ -111,7 +121,7 @@ class Record:
 
 
 def best_profile(work: Path) -> Path | None:
-    for name in ("profile-calibrated.yaml", "profile-calibrated-a.yaml", "profile-measured.yaml"):
+    for name in ("profile-calibrated.yaml", "profile-measured.yaml"):
         if (work / name).is_file():
             return work / name
     return None
@@ -122,9 +132,9 @@ def run_step(step: Step, work: Path, remaining_s: float) -> Record:
     command = step.command.format(work=shlex.quote(str(work)), profile=shlex.quote(str(profile)) if profile else "")
     if "{profile}" in step.command and profile is None:
         return Record(step.name, "not run: no hardware profile yet (run the probe step first)", command=command)
-    if step.timeout_s > remaining_s:
-        return Record(step.name, f"not run: {remaining_s:.0f} s left of the budget, the step may take "
-                                 f"{step.timeout_s} s", command=command)
+    timeout_s = min(step.timeout_s, remaining_s)
+    if timeout_s < MIN_STEP_S:
+        return Record(step.name, f"not run: {remaining_s:.0f} s left of the budget", command=command)
     log = work / f"{step.name}.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.perf_counter()
@@ -132,7 +142,7 @@ def run_step(step: Step, work: Path, remaining_s: float) -> Record:
         proc = subprocess.Popen(command, shell=True, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
         try:
-            rc = proc.wait(timeout=step.timeout_s)
+            rc = proc.wait(timeout=timeout_s)
             status = "ok" if rc == 0 else "failed"
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
@@ -180,7 +190,8 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     budget_s = args.budget_s if args.budget_s is not None else (float("inf") if args.cpu_smoke else DEFAULT_BUDGET_S)
     started = time.perf_counter()
-    records = []
+    records: list[Record] = []
+    summary = ""
     for step in steps:
         if step.name not in wanted:
             continue
@@ -189,15 +200,21 @@ def main(argv=None) -> int:
         r = run_step(step, work, remaining)
         print(f"[gpu_validate] {step.name}: {r.status} in {r.wall_s} s", flush=True)
         records.append(r)
-    status = {"machine": machine, "mode": "cpu-smoke" if args.cpu_smoke else "gpu", "date": time.strftime("%Y-%m-%d"),
-              "steps": [vars(r) for r in records]}
-    status_path = work / f"status-{'-'.join(r.name for r in records) or 'none'}.json"
-    status_path.write_text(json.dumps(status, indent=2) + "\n")
-    summary = summary_markdown(records, machine, status["mode"])
-    (work / "summary.md").write_text(summary)
-    print(summary)
-    _export(work, status, summary)
+        summary = _save(records, machine, "cpu-smoke" if args.cpu_smoke else "gpu", work,
+                        "-".join(s.name for s in steps if s.name in wanted))  # a cut call keeps these
+    print(summary if records else "no steps run")
     return 0 if all(r.status == "ok" for r in records) else 1
+
+
+def _save(records: list[Record], machine: str, mode: str, work: Path, call: str) -> str:
+    """The status and summary so far, in the work directory and (archived with it) in $OUT."""
+    status = {"machine": machine, "mode": mode, "date": time.strftime("%Y-%m-%d"), "steps": [vars(r) for r in records]}
+    status_path = work / f"status-{call}.json"
+    status_path.write_text(json.dumps(status, indent=2) + "\n")
+    summary = summary_markdown(records, machine, mode)
+    (work / "summary.md").write_text(summary)
+    _export(work, status, summary)
+    return summary
 
 
 def _gpu_name() -> str:

@@ -150,7 +150,7 @@ def run_ours(config, args, gpu_layers, prompt, device: str) -> dict:
 
 
 def _measure_ours(config, args, gpu_layers, prompt, device: str) -> dict:
-    loaded = load_model(config, scheme=SCHEMES[args.quant], dummy_weights=True, device="cpu")
+    loaded = load_model(config, scheme=SCHEMES[args.quant], dummy_weights=True, device="cpu", random_device=device)
     engine = apply_offload(loaded.model, gpu_layers=gpu_layers, mode="stream", device=device)
     row = {"engine": "vramplan stream", **timed_generation(loaded.model, prompt, args)}
     row["link_bytes_per_token"] = engine.h2d_bytes_last_forward  # the last forward was a decode step
@@ -171,7 +171,7 @@ def run_accelerate(config, args, gpu_layers, prompt) -> dict:
 
 def _measure_accelerate(config, args, gpu_layers, prompt) -> dict:
     loaded = load_model(config, scheme=SCHEMES[args.quant], dummy_weights=True, device="cuda:0",
-                        gpu_layers=gpu_layers)
+                        gpu_layers=gpu_layers, random_device="cuda:0")
     row = {"engine": "accelerate device_map", **timed_generation(loaded.model, prompt, args)}
     # every offloaded weight is copied to the GPU on every forward. accelerate's dispatch_model leaves the
     # offloaded parameters on the meta device and keeps their values in a CPU weights map: count both.

@@ -324,7 +324,8 @@ def _run_model(config: dict, spec, quant: str, runs: list[tuple[int, str, str]],
 
     results = []
     with PeakMemorySampler(device=device) as sampler:
-        model = load_model(config, scheme=SCHEMES[quant], dummy_weights=True, device=device, seed=seed).model
+        model = load_model(config, scheme=SCHEMES[quant], dummy_weights=True, device=device, seed=seed,
+                           random_device=device if device != "cpu" else None).model
         generate(model, synthetic_prompt(8, spec.vocab_size, seed), max_new_tokens=2,
                  prefill_chunk=matrix.prefill_chunk)  # warm-up: first-call allocations and dispatch
         for prompt, kv_dtype, impl in runs:

@@ -312,7 +312,8 @@ class _Attempt:
                 self.source.path if self.use_checkpoint else self.source.config, scheme=SCHEMES[c.weight_quant],
                 dummy_weights=not self.use_checkpoint,
                 device="cpu" if offloaded else device, allow_pickle=self.allow_pickle,
-                trust_remote_code=self.trust_remote_code, seed=self.seed, tokenizer=self.tokenizer, on_layer=advance)
+                trust_remote_code=self.trust_remote_code, seed=self.seed, tokenizer=self.tokenizer, on_layer=advance,
+                random_device=devices[0] if c.on_gpu else None)
         if offloaded:
             from .offload import apply_offload
 

@@ -78,6 +78,7 @@ def load_model(
     seed: int = 0,
     tokenizer: Any | None = None,
     on_layer: Callable[[int], None] | None = None,
+    random_device: str | None = None,
 ) -> LoadedModel:
     """Load ``source`` (a local model directory, or a config dict with ``dummy_weights``) quantized by ``scheme``.
 
@@ -125,7 +126,8 @@ def load_model(
     device_map = _device_map_for(config, device, gpu_layers, num_layers, scheme, trust_remote_code)
     notes = backend(scheme).notes(scheme, offloaded=device_map is not None)
     if dummy_weights:
-        model = build_dummy(config, dtype, scheme, device, device_map, seed, trust_remote_code, on_layer)
+        model = build_dummy(config, dtype, scheme, device, device_map, seed, trust_remote_code, on_layer,
+                            random_device=random_device)
     else:
         model = _load_checkpoint(model_dir, config, dtype, scheme, device, device_map, allow_pickle, trust_remote_code)
         _quantize_loaded_experts(model, num_layers, scheme, device, device_map)

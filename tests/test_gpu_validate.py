@@ -1,7 +1,7 @@
-"""`bench/gpu_validate.sh --cpu-smoke`: every step of the GPU proof (probe, two calibration calls, accuracy, offload
-vs accelerate in nf4 and bf16, an induced OOM), tiny, on this CPU, through the same script a GPU device call runs,
-so the script is known to work before GPU time is spent. It writes its JSON results, the status and the summary,
-and an archive into $OUT as a device call would."""
+"""`bench/gpu_validate.sh --cpu-smoke`: every step of the GPU proof (the machine's packages, probe, the GPU tests,
+a run, calibration, accuracy, offload vs accelerate in nf4 and bf16, an induced OOM), tiny, on this CPU, through the
+same script a GPU device call runs, so the script is known to work before GPU time is spent. It writes its JSON results,
+the status and the summary, and an archive into $OUT as a device call would."""
 
 from __future__ import annotations
 
@@ -24,9 +24,11 @@ def test_gpu_validate_cpu_smoke_runs_every_step_and_writes_its_results(tmp_path)
     assert r.returncode == 0, summary
     status = json.loads((out / "status.json").read_text())
     steps = {s["name"]: s for s in status["steps"]}
-    assert list(steps) == ["probe", "calibrate-a", "calibrate-b", "accuracy", "offload-nf4", "offload-bf16", "oom"]
+    assert list(steps) == ["env", "probe", "pytest-gpu", "run-nf4", "calibrate", "accuracy", "offload-nf4", "oom",
+                           "offload-bf16"]
     assert all(s["status"] == "ok" for s in steps.values()), summary
     # the results are data: each step's JSON parses and says what it measured
+    assert json.loads((work / "env.json").read_text())["packages"]["torch"]
     calibrated = json.loads((work / "calibrate.json").read_text())
     backends = {e["backend"] for e in calibrated["profile"]["calibration"]["entries"]}
     assert calibrated["runs"] and {"torch", "experts"} <= backends

@@ -175,6 +175,35 @@ def test_dummy_weights_are_seeded_and_gemma3_builds_its_text_model():
     assert generate(first.model, PROMPT, max_new_tokens=3, prefill_chunk=5).stopped_reason == "max_new_tokens"
 
 
+def test_dummy_values_drawn_in_chunks_fill_every_element_from_the_seeded_stream(monkeypatch):
+    """A GPU-drawn build fills each CPU tensor chunk by chunk (chunk boundaries inside a tensor and a short last
+    chunk). Driven here on the CPU's generator, where one draw in chunks must equal one whole draw of the stream."""
+    import runtime.dummy as dummy
+
+    monkeypatch.setattr(dummy, "RANDOM_CHUNK", 1000)
+    t = torch.zeros(37, 101, dtype=torch.bfloat16)
+    dummy._Draw(None, seed=5).fill_in_chunks(t, 0.5, torch.device("cpu"))
+    whole = torch.empty(37, 101, dtype=torch.bfloat16).uniform_(-0.5, 0.5, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(t, whole) and (t != 0).float().mean() > 0.99
+
+
+@pytest.mark.gpu
+def test_dummy_values_drawn_on_the_gpu_are_seeded_and_keep_the_init_std(tmp_path):
+    """random_device="cuda:0": the build draws on the GPU (seconds for 8B instead of the CPU's serial 40 s), same
+    seed same weights, and the weights keep the config's init std; the chunks' memory is handed back."""
+    config = tiny_config_dict("llama")
+    allocated = torch.cuda.memory_allocated(0)
+    first = load_model(config, scheme=SCHEMES["bf16"], dummy_weights=True, seed=3, random_device="cuda:0").model
+    second = load_model(config, scheme=SCHEMES["bf16"], dummy_weights=True, seed=3, random_device="cuda:0").model
+    on_cpu = load_model(config, scheme=SCHEMES["bf16"], dummy_weights=True, seed=3).model
+    w1 = first.model.layers[0].mlp.up_proj.weight
+    assert torch.equal(w1, second.model.layers[0].mlp.up_proj.weight)
+    assert not torch.equal(w1, on_cpu.model.layers[0].mlp.up_proj.weight)
+    std = float(config.get("initializer_range", 0.02))
+    assert abs(float(w1.float().std()) - std) < 0.1 * std
+    assert torch.cuda.memory_allocated(0) == allocated  # the models are on the CPU, the chunks gone
+
+
 def test_qwen25_05b_dummy_has_exact_parameter_count():
     """494,032,768 parameters with tied embeddings (630M if the tie were lost), all bf16."""
     path = Path(__file__).resolve().parents[1] / "planner" / "catalog" / "Qwen--Qwen2.5-0.5B.json"
