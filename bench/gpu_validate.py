@@ -48,7 +48,7 @@ def gpu_steps() -> list[Step]:
         call A: env,probe,pytest-gpu,run-nf4                    (~3 min)
         call B: calibrate,accuracy,offload-nf4,oom,offload-bf16 (~7 min)
     """
-    model = "llama-3.1-8b"  # 8B, unseen by the calibration (0.5B and 3B models)
+    model = "llama-3.1-8b"  # 8B, unseen by the calibration (1B and 3B models)
     return [
         Step("env", f"{PY} bench/gpu_env.py > {{work}}/env.json", 60, ("env.json",)),
         Step("probe", f"{PY} cli.py probe --save {{work}}/profile-measured.yaml --json > {{work}}/probe.json", 150,
@@ -59,20 +59,20 @@ def gpu_steps() -> list[Step]:
                         "--prompt-tokens 1024 --max-new-tokens 32 --hardware {profile} --json "
                         "> {work}/run-nf4.json", 90, ("run-nf4.json",)),
         Step("calibrate", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml "
-                          "--models qwen2.5-0.5b,llama-3.2-3b --quants bf16,bnb-nf4,bnb-int8,quanto-int4 "
-                          "--prompts 512,2048 --new-tokens 32 --repeats 1 --kv-dtypes none "
+                          "--models llama-3.2-1b,llama-3.2-3b --quants bf16,bnb-nf4,bnb-int8,quanto-int4 "
+                          "--prompts 512,2048 --new-tokens 24 --repeats 1 --kv-dtypes none "
                           "--save-runs {work}/calibration-runs.json --save {work}/profile-calibrated.yaml "
-                          "--json > {work}/calibrate.json", 170,
+                          "--json > {work}/calibrate.json", 160,
              ("calibration-runs.json", "profile-calibrated.yaml", "calibrate.json")),
         Step("accuracy", f"{PY} bench/accuracy.py --hardware {{profile}} --machine gpu --models {model} "
                          "--quants bf16,bnb-nf4,bnb-int8,quanto-int4 --contexts 4k --prompts 1024 --new-tokens 48 "
                          "--gpu-layers 16 --offload-modes stream,cpu --split-quants bf16,bnb-nf4 --repeats 1 "
-                         "--out {work}", 230, ("accuracy-gpu.json", "accuracy-gpu.md"), ("accuracy-gpu.png",)),
+                         "--out {work}", 250, ("accuracy-gpu.json", "accuracy-gpu.md"), ("accuracy-gpu.png",)),
         Step("offload-nf4", f"{PY} bench/offload.py --model {model} --quant bnb-nf4 --gpu-layers 16 --context 1088 "
                             "--max-new-tokens 32 --hardware {profile} --machine gpu-nf4 --out {work}", 90,
              ("offload-gpu-nf4.json", "offload-gpu-nf4.md")),
         Step("oom", f"{PY} bench/oom.py --hardware {{profile}} --model {model} --quant bf16 --context 8k "
-                    "--ballast-free 10GiB --machine gpu --out {work}", 75, ("oom-gpu.json", "oom-gpu.md")),
+                    "--ballast-free 10GiB --machine gpu --out {work}", 70, ("oom-gpu.json", "oom-gpu.md")),
         Step("offload-bf16", f"{PY} bench/offload.py --model {model} --quant bf16 --gpu-layers 16 --context 1088 "
                              "--max-new-tokens 32 --hardware {profile} --machine gpu-bf16 --out {work}", 90,
              ("offload-gpu-bf16.json", "offload-gpu-bf16.md")),

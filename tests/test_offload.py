@@ -253,12 +253,12 @@ def test_gpu_host_tensors_are_pinned_and_slots_are_reused(checkpoints):
     with apply_offload(model, gpu_layers=0, mode="stream", device="cuda") as engine:
         for index in engine.offloaded_layers:
             layer = engine._originals[index]
-            assert engine._host_buffers[index].is_pinned()
+            assert engine.stream._host_buffers[index].is_pinned()
             assert layer.mlp.down_proj.weight.data.is_pinned()
             assert layer.mlp.down_proj.weight.quant_state.absmax.is_pinned()
         assert model.lm_head.weight.device.type == "cuda" and model.model.norm.weight.device.type == "cuda"
         assert model.model.embed_tokens.weight.device.type == "cpu"  # untied: the lookup stays on the host
-        slot_pointers = [slot.buffer.data_ptr() for slot in engine._slots]
+        slot_pointers = [slot.buffer.data_ptr() for slot in engine.stream._slots]
         first_logits(model, PROMPT, PREFILL_CHUNK)
         torch.cuda.synchronize()
         allocated = torch.cuda.memory_allocated()
@@ -267,8 +267,8 @@ def test_gpu_host_tensors_are_pinned_and_slots_are_reused(checkpoints):
             assert engine.h2d_bytes_last_forward == 3 * engine.layer_buffer_bytes
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() == allocated  # nothing allocated per layer: the two slots are reused
-        assert [slot.buffer.data_ptr() for slot in engine._slots] == slot_pointers
-        assert all(slot.verified for slot in engine._slots)
+        assert [slot.buffer.data_ptr() for slot in engine.stream._slots] == slot_pointers
+        assert all(slot.verified for slot in engine.stream._slots)
 
 
 @pytest.mark.gpu
@@ -288,7 +288,7 @@ def test_gpu_copies_run_on_a_side_stream_while_layers_compute(tmp_path):
             first_logits(model, ids, 512)
             torch.cuda.synchronize()
         compute_stream = torch.cuda.current_stream().cuda_stream
-        assert engine._copy_stream.cuda_stream != compute_stream
+        assert engine.stream._copy_stream.cuda_stream != compute_stream
     events = [e for e in prof.profiler.kineto_results.events() if e.device_type() == torch.autograd.DeviceType.CUDA]
     copies = [e for e in events if "HtoD" in e.name() or "Memcpy" in e.name()]
     kernels = [e for e in events if "Memcpy" not in e.name() and "Memset" not in e.name()]
