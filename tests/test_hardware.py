@@ -106,7 +106,10 @@ def test_shipped_profile_validates_and_round_trips(path, tmp_path):
     assert profile_to_dict(again) == d
     if p.gpus and not p.unified_memory:
         assert p.link is not None and "PCIe" in p.link.name
-        assert "http" in p.source, "datasheet URL in source"
+        if p.measured:  # a measured profile names its probe and where its runs are kept
+            assert p.source.startswith("measured by vramplan probe") and "bench/results/" in p.description
+        else:
+            assert "http" in p.source, "datasheet URL in source"
     if not p.gpus:
         assert p.link is None and p.overheads == Overheads.zero()
     if p.unified_memory:

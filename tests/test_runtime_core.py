@@ -204,6 +204,25 @@ def test_dummy_values_drawn_on_the_gpu_are_seeded_and_keep_the_init_std(tmp_path
     assert torch.cuda.memory_allocated(0) == allocated  # the models are on the CPU, the chunks gone
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("random_device", [None, "cuda:0"])
+def test_a_gpu_resident_dummy_build_never_holds_the_whole_model_in_host_ram(random_device):
+    """bf16 on the GPU: each layer moves there before it is filled (drawn on the GPU, or on the CPU and copied), so
+    the host's peak grows by about one layer, not by the model (an H200 run of Llama-3.1-8B peaked at 15.9 GiB)."""
+    config = tiny_config_dict("llama", hidden_size=1024, intermediate_size=4096, num_hidden_layers=8,
+                              num_attention_heads=8, num_key_value_heads=8, head_dim=128)
+    load_model(tiny_config_dict("llama"), scheme=SCHEMES["bf16"], dummy_weights=True, device="cuda:0")  # warm-up
+    with PeakMemorySampler(interval_s=0.001) as sampler:
+        loaded = load_model(config, scheme=SCHEMES["bf16"], dummy_weights=True, device="cuda:0", seed=1,
+                            random_device=random_device)
+    model_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    assert {p.device.type for p in loaded.model.parameters()} == {"cuda"}
+    grown = sampler.result.peak_rss_bytes - sampler.result.start_rss_bytes
+    assert grown < model_bytes / 3, (grown, model_bytes)
+    w, std = loaded.model.model.layers[3].mlp.up_proj.weight, float(config.get("initializer_range", 0.02))
+    assert abs(float(w.float().std()) - std) < 0.1 * std
+
+
 def test_qwen25_05b_dummy_has_exact_parameter_count():
     """494,032,768 parameters with tied embeddings (630M if the tie were lost), all bf16."""
     path = Path(__file__).resolve().parents[1] / "planner" / "catalog" / "Qwen--Qwen2.5-0.5B.json"
