@@ -109,6 +109,23 @@ def test_plans_use_the_calibration_and_say_so():
     assert "calibration.runtime_ram" in d["constants"]["runtime_base_ram_bytes"]["from"]
 
 
+def test_an_uncalibrated_scheme_borrows_the_entry_of_one_with_the_same_backend_and_bits():
+    """fp16 runs bf16's kernels on the same bytes: on a machine calibrated in bf16 only, fp16 is predicted from bf16's
+    entry and says so (an H200 calibrated bf16 at 15.7 tok/s on Llama-3.1-8B; fp16 was predicted at 121 by default).
+    A scheme with no such sibling (quanto-int8 here) keeps the defaults."""
+    hw = resolve_profile("cpu-ddr5-desktop")[0]
+    spec = model_spec("qwen2.5-0.5b")
+    cal = fit(matrix(), measured_at="2026-11-21", versions={}).calibration
+    assert {e.quant for e in cal.entries if e.backend == "torch"} == {"bf16"}
+    calibrated = dataclasses.replace(hw, calibration=cal)
+    runs = {q: plan(spec, calibrated, Request(context=1024, quant=(q,), kv_dtype=("bf16",))) for q in ("bf16", "fp16")}
+    source = runs["fp16"].predicted.terms["efficiency_source"]
+    assert source == "calibrated 2026-11-21 (bf16's entry: same backend and bits)"
+    assert runs["fp16"].predicted.decode_tokens_per_s == pytest.approx(runs["bf16"].predicted.decode_tokens_per_s)
+    other = plan(spec, calibrated, Request(context=1024, quant=("quanto-int8",), kv_dtype=("bf16",)))
+    assert other.predicted.terms["efficiency_source"] == "default"
+
+
 def test_quantized_kv_is_predicted_slower_on_a_cpu_when_its_update_costs_more():
     """The dequantize-every-step cost is in the model: on a CPU, whose attention is compute-bound, a smaller cache
     saves nothing and its update traffic only adds time."""
