@@ -7,7 +7,7 @@ which gets a fresh machine and a copy of the repository, finds what an earlier o
 and, when $OUT is set, into $OUT as one archive plus status.json and summary.md (a device call brings back at most
 8 files).
 
-    bench/gpu_validate.sh --steps env,probe,pytest-gpu,run-nf4 --budget-s 200                  # device call A
+    bench/gpu_validate.sh --steps env,probe,pytest-gpu,run-nf4,decode-profile --budget-s 240   # device call A
     bench/gpu_validate.sh --steps calibrate,accuracy,offload-nf4,oom,offload-bf16 --budget-s 420  # device call B
     bench/gpu_validate.sh --cpu-smoke                                    # every step, tiny, on this CPU (minutes)
 """
@@ -45,7 +45,7 @@ def gpu_steps() -> list[Step]:
     """The GPU steps in the order of two device calls that fit a session's 15 minutes of device time (each call also
     pays a machine start of a minute or two): call A checks the machine and the CUDA paths, call B measures.
 
-        call A: env,probe,pytest-gpu,run-nf4                    (~3 min)
+        call A: env,probe,pytest-gpu,run-nf4,decode-profile     (~3 min)
         call B: calibrate,accuracy,offload-nf4,oom,offload-bf16 (~7 min)
     """
     model = "llama-3.1-8b"  # 8B, unseen by the calibration (1B and 3B models)
@@ -58,6 +58,9 @@ def gpu_steps() -> list[Step]:
         Step("run-nf4", f"{PY} cli.py run --model {model} --dummy-weights --quant bnb-nf4 --context 4k "
                         "--prompt-tokens 1024 --max-new-tokens 32 --hardware {profile} --json "
                         "> {work}/run-nf4.json", 90, ("run-nf4.json",)),
+        Step("decode-profile", f"{PY} bench/decode_profile.py --model llama-3.2-1b --quants bf16,bnb-nf4 "
+                               "--attn sdpa,eager --machine gpu --out {work}", 90,
+             ("decode-profile-gpu.json", "decode-profile-gpu.md")),
         Step("calibrate", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml "
                           "--models llama-3.2-1b,llama-3.2-3b --quants bf16,bnb-nf4,bnb-int8,quanto-int4 "
                           "--prompts 512,2048 --new-tokens 24 --repeats 1 --kv-dtypes none "
@@ -90,6 +93,9 @@ def cpu_smoke_steps() -> list[Step]:
         Step("run-nf4", f"{PY} cli.py run --model qwen2.5-0.5b --dummy-weights --quant bf16 --context 256 "
                         "--prompt-tokens 32 --max-new-tokens 3 --hardware {profile} --json > {work}/run-nf4.json", 120,
              ("run-nf4.json",)),
+        Step("decode-profile", f"{PY} bench/decode_profile.py --model qwen2.5-0.5b --quants bf16 --attn sdpa "
+                               "--device cpu --prompt 16 --steps 2 --machine smoke --out {work}", 120,
+             ("decode-profile-smoke.json", "decode-profile-smoke.md")),
         Step("calibrate", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml --models qwen2.5-0.5b "
                           "--quants bf16 --prompts 32,96 --new-tokens 3 --repeats 1 --kv-dtypes none "
                           "--save-runs {work}/calibration-runs.json --save {work}/profile-calibrated.yaml "

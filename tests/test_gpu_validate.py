@@ -24,8 +24,8 @@ def test_gpu_validate_cpu_smoke_runs_every_step_and_writes_its_results(tmp_path)
     assert r.returncode == 0, summary
     status = json.loads((out / "status.json").read_text())
     steps = {s["name"]: s for s in status["steps"]}
-    assert list(steps) == ["env", "probe", "pytest-gpu", "run-nf4", "calibrate", "accuracy", "offload-nf4", "oom",
-                           "offload-bf16"]
+    assert list(steps) == ["env", "probe", "pytest-gpu", "run-nf4", "decode-profile", "calibrate", "accuracy",
+                           "offload-nf4", "oom", "offload-bf16"]
     assert all(s["status"] == "ok" for s in steps.values()), summary
     # the results are data: each step's JSON parses and says what it measured
     assert json.loads((work / "env.json").read_text())["packages"]["torch"]
@@ -34,6 +34,7 @@ def test_gpu_validate_cpu_smoke_runs_every_step_and_writes_its_results(tmp_path)
     assert calibrated["runs"] and {"torch", "experts"} <= backends
     accuracy = json.loads((work / "accuracy-smoke.json").read_text())
     assert accuracy["rows"] and all("error_pct" in r for r in accuracy["rows"])
+    assert json.loads((work / "decode-profile-smoke.json").read_text())["rows"][0]["top_cpu"]
     for name in ("offload-smoke-nf4.json", "offload-smoke-bf16.json", "oom-smoke.json"):
         assert json.loads((work / name).read_text())
     with tarfile.open(out / "work.tar.gz") as tar:
