@@ -1,0 +1,202 @@
+"""The engines side by side in one run: vramplan's torch runtime, plain transformers `generate`, and llama.cpp.
+
+The same random-weight model (a catalog architecture saved once with transformers, bf16) is run at each bit width by
+each engine, each in a fresh process, one after the other:
+- vramplan: `vramplan run` of the saved checkpoint with the scheme forced (bf16, quanto-int8, quanto-int4), all on this
+  machine's CPU; its report gives predicted and measured decode, TTFT and peak RAM;
+- transformers: `AutoModelForCausalLM.from_pretrained` (quanto through `QuantoConfig` for 8 and 4 bits) and
+  `generate(do_sample=False)` with a streamer stamping each token; peak RSS of that process;
+- llama.cpp: the checkpoint converted with llama.cpp's convert_hf_to_gguf.py (BF16) and quantized with llama-quantize
+  (Q8_0, Q4_0), served by the llama-server command vramplan's llama.cpp plan writes; its own timings and peak RSS.
+
+Every engine gets the same prompt length (random token ids) and the same number of new tokens, and the host's threads.
+Writes bench/results/vs-engines-<machine>.json and .md (and a PNG when matplotlib is there): decode tok/s, TTFT and
+peak RAM per model, bit width and engine, and each engine's decode against the fastest at that width.
+
+    python bench/vs_engines.py --llama-cpp /tmp/llama_cpp_python-0.3.36/vendor/llama.cpp \
+        --bin /tmp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin --machine cpu-dev
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+# bits -> (vramplan / transformers scheme, GGUF file type)
+WIDTHS = {16: ("bf16", "BF16"), 8: ("quanto-int8", "Q8_0"), 4: ("quanto-int4", "Q4_0")}
+MODELS = ("qwen2.5-0.5b", "llama-3.2-1b")
+
+# Plain transformers in a fresh process: the model loaded as a user would, then one greedy generate whose streamer
+# stamps each new token (the first stamp after the prompt is TTFT).
+TRANSFORMERS_RUN = r'''
+import json, resource, sys, time, torch
+from transformers import AutoModelForCausalLM, QuantoConfig
+from transformers.generation.streamers import BaseStreamer
+path, bits, prompt, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+kw = {} if bits == 16 else {"quantization_config": QuantoConfig(weights="int8" if bits == 8 else "int4")}
+model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, **kw).eval()
+ids = torch.randint(300, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(0))
+class Stamps(BaseStreamer):
+    def __init__(self): self.t = []
+    def put(self, value): self.t.append(time.perf_counter())
+    def end(self): pass
+with torch.no_grad():
+    model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False)  # warm-up, as llama-server's is
+    s = Stamps(); t0 = time.perf_counter()
+    model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, streamer=s)
+t = s.t[1:]  # the first put() is the prompt itself
+print(json.dumps({"ttft_s": t[0] - t0, "decode_tokens_per_s": (len(t) - 1) / (t[-1] - t[0]),
+                  "peak_ram_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+'''
+
+
+def run_vramplan(model_dir: Path, scheme: str, hw_name: str, prompt: int, new: int) -> dict:
+    """`vramplan run` of the checkpoint, forced to `scheme`, as a user runs it (its JSON report)."""
+    cmd = [sys.executable, str(ROOT / "cli.py"), "run", "--model", str(model_dir), "--quant", scheme,
+           "--context", str(prompt + new + 16), "--prompt-tokens", str(prompt), "--max-new-tokens", str(new),
+           "--json"] + (["--hardware", hw_name] if hw_name else [])
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    d = json.loads(r.stdout)
+    m, p = d["measured"], d["predicted"]
+    return {"decode_tokens_per_s": m["decode_tokens_per_s_median"] or m["decode_tokens_per_s"],
+            "ttft_s": m["ttft_s"], "peak_ram_bytes": m["peak_ram_bytes"],
+            "predicted": {"decode_tokens_per_s": p["decode_tokens_per_s"], "ttft_s": p["ttft_s"],
+                          "peak_ram_bytes": p["peak_ram_bytes"]}}
+
+
+def run_transformers(model_dir: Path, bits: int, prompt: int, new: int) -> dict:
+    r = subprocess.run([sys.executable, "-c", TRANSFORMERS_RUN, str(model_dir), str(bits), str(prompt), str(new)],
+                       capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_llamacpp(args, config: dict, spec, file_type: str, prompt: int, new: int, work: Path, key: str) -> dict:
+    import llamacpp_serve as ls
+    from planner.engines.llamacpp import llama_server_command, plan_llamacpp
+    from planner.profiles import resolve_profile
+    from planner.request import Request
+
+    if args.hardware:
+        hw = resolve_profile(args.hardware)[0]
+    else:
+        from runtime.this_machine import this_machine_profile
+
+        hw = this_machine_profile()
+    req = Request(context=prompt + new + 16, prompt_tokens=prompt, engine="llama.cpp", quant=(file_type,),
+                  kv_dtype=("f16",))
+    try:
+        plan = plan_llamacpp(spec, hw, req)
+        argv = llama_server_command(spec, plan)
+    except Exception as e:  # noqa: BLE001 - the planner's failure is this row's result
+        return {"error": f"plan: {type(e).__name__}: {e}"[:300]}
+    gguf = ls.make_gguf(args.llama_cpp, args.bin, config, file_type, work, key)
+    ls.N_PREDICT = new
+    served = ls.serve([str(args.bin / "llama-server"), *argv[1:]], gguf, [prompt], config["vocab_size"],
+                      args.threads, 1)
+    t = served["runs"][0]["timings"]
+    peak = max(served["rss_after"].get("VmHWM", 0), served["runs"][0]["rss"].get("VmHWM", 0))
+    speed = plan.chosen.speed
+    ttft = t["prompt_ms"] / 1e3  # the prompt's evaluation, whose logits give the first token
+    return {"decode_tokens_per_s": t["predicted_per_second"], "ttft_s": ttft, "peak_ram_bytes": peak,
+            "predicted": {"decode_tokens_per_s": speed.decode_tokens_per_s, "ttft_s": speed.ttft_s},
+            "command": served["command"]}
+
+
+def markdown(out: dict) -> str:
+    lines = [f"# Engines side by side on {out['machine']}", "", f"{out['date']}; {out['platform']}; {out['versions']}",
+             f"prompt {out['prompt_tokens']} tokens, {out['new_tokens']} new tokens, {out['threads']} threads; "
+             "each run a fresh process, one after the other", "",
+             "| model | bits | engine | decode tok/s | x fastest | TTFT s | peak RAM GiB | predicted decode |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in out["rows"]:
+        r = row["result"]
+        if "error" in r:
+            lines.append(f"| {row['model']} | {row['bits']} | {row['engine']} | error: {r['error']} | | | | |")
+            continue
+        pred = (r.get("predicted") or {}).get("decode_tokens_per_s")
+        lines.append(f"| {row['model']} | {row['bits']} | {row['engine']} ({row['scheme']}) | "
+                     f"{r['decode_tokens_per_s']:.1f} | {row.get('vs_fastest', 0):.2f} | {r['ttft_s']:.3f} | "
+                     f"{r['peak_ram_bytes'] / 2**30:.2f} | {'-' if pred is None else f'{pred:.1f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp source tree (convert_hf_to_gguf.py)")
+    ap.add_argument("--bin", type=Path, required=True, help="directory with llama-server and llama-quantize")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--bits", default="16,8,4")
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--hardware", default=None, help="profile for the plans (default: this machine's)")
+    ap.add_argument("--machine", required=True)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--work", type=Path, default=None, help="where checkpoints and GGUFs go (default: a temp dir)")
+    args = ap.parse_args(argv)
+
+    import llamacpp_serve as ls
+    from planner.architectures import spec_from_config
+    from planner.sources import resolve_model
+    from runtime.calibrate import versions
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="vs-engines-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    out = {"benchmark": "vs_engines", "machine": args.machine, "date": time.strftime("%Y-%m-%d"),
+           "platform": platform.platform(),
+           "versions": {**versions(), "llama.cpp": ls.llama_cpp_commit(args.llama_cpp)},
+           "prompt_tokens": args.prompt, "new_tokens": args.new_tokens, "threads": args.threads, "rows": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.models.split(","):
+        source = resolve_model(name)
+        config = dict(source.config)
+        key = name.replace("/", "--")
+        model_dir = work / key
+        if not (model_dir / "config.json").exists():
+            ls.save_model(config, model_dir)
+        spec = spec_from_config(config, name=name)
+        for bits in (int(b) for b in args.bits.split(",")):
+            scheme, file_type = WIDTHS[bits]
+            group = []
+            for engine in ("vramplan", "transformers", "llama.cpp"):
+                print(f"{name} {bits}-bit {engine}", flush=True)
+                if engine == "vramplan":
+                    r = run_vramplan(model_dir, scheme, args.hardware, args.prompt, args.new_tokens)
+                elif engine == "transformers":
+                    r = run_transformers(model_dir, bits, args.prompt, args.new_tokens)
+                else:
+                    r = run_llamacpp(args, config, spec, file_type, args.prompt, args.new_tokens, work, key)
+                row = {"model": name, "bits": bits, "engine": engine,
+                       "scheme": file_type if engine == "llama.cpp" else scheme, "result": r}
+                print("   ", {k: v for k, v in r.items() if k != "command"}, flush=True)
+                rows.append(row)
+                group.append(row)
+            best = max((g["result"].get("decode_tokens_per_s") or 0 for g in group), default=0)
+            for g in group:
+                if best and "error" not in g["result"]:
+                    g["vs_fastest"] = g["result"]["decode_tokens_per_s"] / best
+            (args.out / f"vs-engines-{args.machine}.json").write_text(json.dumps(out, indent=2) + "\n")
+            (args.out / f"vs-engines-{args.machine}.md").write_text(markdown(out))
+    print(markdown(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
