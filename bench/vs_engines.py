@@ -138,8 +138,9 @@ def markdown(out: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp source tree (convert_hf_to_gguf.py)")
-    ap.add_argument("--bin", type=Path, required=True, help="directory with llama-server and llama-quantize")
+    ap.add_argument("--llama-cpp", type=Path, help="llama.cpp source tree (convert_hf_to_gguf.py)")
+    ap.add_argument("--bin", type=Path, help="directory with llama-server and llama-quantize")
+    ap.add_argument("--engines", default="vramplan,transformers,llama.cpp")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--bits", default="16,8,4")
     ap.add_argument("--prompt", type=int, default=128)
@@ -150,6 +151,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--work", type=Path, default=None, help="where checkpoints and GGUFs go (default: a temp dir)")
     args = ap.parse_args(argv)
+    engines = args.engines.split(",")
+    if "llama.cpp" in engines and not (args.llama_cpp and args.bin):
+        ap.error("llama.cpp needs --llama-cpp and --bin (or leave it out of --engines)")
 
     import llamacpp_serve as ls
     from planner.architectures import spec_from_config
@@ -161,7 +165,7 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     out = {"benchmark": "vs_engines", "machine": args.machine, "date": time.strftime("%Y-%m-%d"),
            "platform": platform.platform(),
-           "versions": {**versions(), "llama.cpp": ls.llama_cpp_commit(args.llama_cpp)},
+           "versions": {**versions(), "llama.cpp": ls.llama_cpp_commit(args.llama_cpp) if args.llama_cpp else None},
            "prompt_tokens": args.prompt, "new_tokens": args.new_tokens, "threads": args.threads, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
@@ -175,7 +179,7 @@ def main(argv=None) -> int:
         for bits in (int(b) for b in args.bits.split(",")):
             scheme, file_type = WIDTHS[bits]
             group = []
-            for engine in ("vramplan", "transformers", "llama.cpp"):
+            for engine in engines:
                 print(f"{name} {bits}-bit {engine}", flush=True)
                 if engine == "vramplan":
                     r = run_vramplan(model_dir, scheme, args.hardware, args.prompt, args.new_tokens)
