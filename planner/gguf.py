@@ -80,7 +80,10 @@ class GGMLType:
         return row_elements // self.block_elements * self.block_bytes
 
 
-# Block bytes as the structs in ggml-common.h add up (their static_asserts quoted).
+# ggml's type traits (ggml/src/ggml.c type_traits @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f): blck_size is the block's
+# elements (QK4_0 = 32, QK_K = 256, ...) and type_size = sizeof(block_*), whose bytes the structs in
+# ggml/src/ggml-common.h add up to (their static_asserts quoted). Every file type llama-quantize writes for the
+# supported models uses only these.
 GGML_TYPES: dict[str, GGMLType] = {t.name: t for t in [
     GGMLType(name="F32", type_id=0, block_elements=1, block_bytes=4),
     GGMLType(name="F16", type_id=1, block_elements=1, block_bytes=2),

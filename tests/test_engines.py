@@ -16,10 +16,10 @@ from planner.choice import Choice, ComputeDevice, OffloadMode
 from planner.engines import emit, plan_for_engine
 from planner.engines import llamacpp_rules as rules
 from planner.engines.llamacpp import LlamaCppChoice
-from planner.engines.ollama import ollama_tag
+from planner.engines.ollama import ollama_tag, published_file_types
 from planner.engines.vllm import VLLMModel, pp_partitions, search, weight_format
 from planner.errors import PlanError
-from planner.gguf import gguf_tensors
+from planner.gguf import GGUF_FILE_TYPES, gguf_tensors
 from planner.memory import CPUMemory, MemoryBreakdown
 from planner.plan import Candidate, Plan, hardware_ref, model_ref
 from planner.profiles import resolve_profile
@@ -136,15 +136,27 @@ GOLDEN = {
     ('dense-8b-24gb', 'ollama'): (
         r"""# ollama pull llama3.1:8b-text-fp16
 FROM llama3.1:8b-text-fp16
-PARAMETER num_ctx 32768
-PARAMETER num_gpu 33""",
-        ["vramplan's plan: bf16 + fp8 KV, 32/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
+PARAMETER num_ctx 32768""",
+        ["Ollama v0.32.15: llama-server (llama.cpp b10488) started with Ollama's launch settings and placed by its "
+         "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
+         "vramplan's plan: bf16 + fp8 KV, 32/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
          "q8_0, placed by llama.cpp's own rules",
-         "Ollama quant fp16; tag by ollama.com/library's naming convention: check it is published",
-         "num_gpu 33 of 33 layers (the output layer counts as one): GGUF BF16 bytes by planner/gguf.py, kept free per "
-         "GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
-         'server environment (not a Modelfile setting): OLLAMA_FLASH_ATTENTION=1 OLLAMA_KV_CACHE_TYPE=q8_0 ollama '
-         'serve',
+         "Ollama quant fp16 (GGUF F16); tag by ollama.com/library's naming convention: check it is published (BF16 is "
+         'not published: the closest that is)',
+         'all 32 layers and the output layer on the GPU (-ngl 33): GPU 0: 16.25 GiB of 22.50 GiB usable (weights '
+         '13.98 GiB + KV 2.12 GiB + compute 148.49 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin '
+         "1.00 GiB); RAM 1.35 GiB of 64.00 GiB (by llama.cpp's rules; --fit chooses -ngl itself)",
+         "no num_gpu: with num_gpu set Ollama passes -ngl, and llama.cpp's --fit then leaves the placement to it "
+         '(common/fit.cpp: "n_gpu_layers already set by user")',
+         "num_batch 512: Ollama's automatic choice for 32768 tokens of context (server/sched.go "
+         'automaticGenerationBatch: predicted VRAM 18.97 GiB of 23.50 GiB free)',
+         'Ollama will start: llama-server --model <llama3.1:8b-text-fp16 blob> -c 32768 -np 1 --cache-type-k q8_0 '
+         '--cache-type-v q8_0 --flash-attn auto -b 512 -ub 512',
+         'server environment (not a Modelfile setting): OLLAMA_KV_CACHE_TYPE=q8_0 ollama serve (--flash-attn auto '
+         "turns flash attention on for a quantized V cache: llama.cpp's llama_init_from_model)",
+         "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
+         'passes no --cache-ram',
+         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
          'ollama pull llama3.1:8b-text-fp16']),
     ('dense-8b-24gb', 'transformers'): (
         r"""import torch
@@ -186,29 +198,49 @@ cache = QuantizedCache(backend="fp8", config=model.config)""",
         ["vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, "
          "cache f16, placed by llama.cpp's own rules",
          "GGUF Q4_K_M: Llama-3.1-70B-Q4_K_M.gguf, 42,520,400,320 B (39.60 GiB; planner/gguf.py: llama-quantize's "
-         "tensor types)",
+         'tensor types)',
          'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-70B-GGUF (a naming '
-         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> '
-         'Llama-3.1-70B-Q4_K_M.gguf Q4_K_M',
+         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize '
+         '<f16.gguf> Llama-3.1-70B-Q4_K_M.gguf Q4_K_M',
          'layers 38-79 and the output layer on the GPU, 0-37 computed by the CPU (-ngl 43): GPU 0: 22.43 GiB of 22.50 '
-         'GiB usable (weights 20.88 GiB + KV 1.31 GiB + compute 241.96 MiB) (usable = memory - CUDA context 500.00 MiB '
-         '- --fit margin 1.00 GiB); RAM 20.39 GiB of 64.00 GiB',
+         'GiB usable (weights 20.88 GiB + KV 1.31 GiB + compute 241.96 MiB) (usable = memory - CUDA context 500.00 '
+         'MiB - --fit margin 1.00 GiB); RAM 20.39 GiB of 64.00 GiB',
          '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan '
          'sized the cache with it',
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
-         "the plan leaves free",
-         'llama.cpp computes the 38 layers left in RAM on the CPU (it does not stream them to the GPU)',
-         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
+         'the plan leaves free',
+         "llama.cpp decodes the 38 layers left in RAM on the CPU; a prompt's ubatches of 32+ tokens copy their "
+         'weights to the GPU (op offload)',
+         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
+         'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
+         'offload), copying 18.16 GiB of weights from RAM for each of its 16 ubatches: TTFT 42.67 s = GPU 16.66 s + '
+         'link 26.00 s at 12 GB/s (pageable: mmapped weights), not the 533.29 s the CPU would take; the KV rows of '
+         'layers in RAM crossing the link are not counted']),
     ('70b-offloaded', 'ollama'): (
         r"""# ollama pull llama3.1:70b-text-q4_K_M
 FROM llama3.1:70b-text-q4_K_M
-PARAMETER num_ctx 8192
-PARAMETER num_gpu 43""",
-        ["vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, "
+PARAMETER num_ctx 8192""",
+        ["Ollama v0.32.15: llama-server (llama.cpp b10488) started with Ollama's launch settings and placed by its "
+         "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
+         "vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, "
          "cache f16, placed by llama.cpp's own rules",
-         "Ollama quant q4_K_M; tag by ollama.com/library's naming convention: check it is published",
-         "num_gpu 43 of 81 layers (the output layer counts as one): GGUF Q4_K_M bytes by planner/gguf.py, kept free "
-         "per GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
+         "Ollama quant q4_K_M (GGUF Q4_K_M); tag by ollama.com/library's naming convention: check it is published",
+         'layers 38-79 and the output layer on the GPU, 0-37 computed by the CPU (-ngl 43): GPU 0: 22.43 GiB of 22.50 '
+         'GiB usable (weights 20.88 GiB + KV 1.31 GiB + compute 240.49 MiB) (usable = memory - CUDA context 500.00 '
+         "MiB - --fit margin 1.00 GiB); RAM 20.51 GiB of 64.00 GiB (by llama.cpp's rules; --fit chooses -ngl itself)",
+         "no num_gpu: with num_gpu set Ollama passes -ngl, and llama.cpp's --fit then leaves the placement to it "
+         '(common/fit.cpp: "n_gpu_layers already set by user")',
+         "num_batch 512: Ollama's automatic choice for 8192 tokens of context (server/sched.go "
+         'automaticGenerationBatch: predicted VRAM 42.10 GiB of 23.50 GiB free)',
+         'Ollama will start: llama-server --model <llama3.1:70b-text-q4_K_M blob> -c 8192 -np 1 --flash-attn auto -b '
+         '512 -ub 512',
+         "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
+         'passes no --cache-ram',
+         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
+         'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
+         'offload), copying 18.16 GiB of weights from RAM for each of its 16 ubatches: TTFT 42.67 s = GPU 16.66 s + '
+         'link 26.00 s at 12 GB/s (pageable: mmapped weights), not the 533.29 s the CPU would take; the KV rows of '
+         'layers in RAM crossing the link are not counted',
          'ollama pull llama3.1:70b-text-q4_K_M']),
     ('70b-offloaded', 'transformers'): (
         r"""import torch
@@ -258,13 +290,13 @@ model = AutoModelForCausalLM.from_pretrained(
   -ngl 49 \
   --n-cpu-moe 32 \
   -fa on""",
-        ["vramplan's plan: bf16 + bf16 KV, 48/48 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
-         "f16, placed by llama.cpp's own rules",
+        ["vramplan's plan: bf16 + bf16 KV, 48/48 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, "
+         "cache f16, placed by llama.cpp's own rules",
          "GGUF BF16: Qwen3-30B-A3B-BF16.gguf, 61,095,806,112 B (56.90 GiB; planner/gguf.py: llama-quantize's tensor "
-         "types)",
+         'types)',
          'where to get it: GGUF repositories are conventionally named like bartowski/Qwen3-30B-A3B-GGUF (a naming '
-         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> '
-         'Qwen3-30B-A3B-BF16.gguf BF16',
+         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize '
+         '<f16.gguf> Qwen3-30B-A3B-BF16.gguf BF16',
          'all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 32 of 48 MoE layers (layers '
          '0-31) in RAM (--n-cpu-moe 32): GPU 0: 21.88 GiB of 22.50 GiB usable (weights 20.31 GiB + KV 1.50 GiB + '
          'compute 70.32 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 36.90 GiB of '
@@ -272,20 +304,40 @@ model = AutoModelForCausalLM.from_pretrained(
          '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan '
          'sized the cache with it',
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
-         "the plan leaves free",
-         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
+         'the plan leaves free',
+         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
+         'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
+         'offload), copying 36.00 GiB of weights from RAM for each of its 32 ubatches: TTFT 108.43 s = GPU 5.35 s + '
+         'link 103.08 s at 12 GB/s (pageable: mmapped weights), not the 37.32 s the CPU would take; the KV rows of '
+         'layers in RAM crossing the link are not counted']),
     ('moe-experts-in-ram', 'ollama'): (
         r"""# ollama pull qwen3:30b-a3b-fp16
 FROM qwen3:30b-a3b-fp16
-PARAMETER num_ctx 16384
-PARAMETER num_gpu 19""",
-        ["vramplan's plan: bf16 + bf16 KV, 48/48 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
-         "f16, placed by llama.cpp's own rules",
-         "Ollama quant fp16; tag by ollama.com/library's naming convention: check it is published",
-         "num_gpu 19 of 49 layers (the output layer counts as one): GGUF BF16 bytes by planner/gguf.py, kept free per "
-         "GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
-         'llama.cpp would keep the experts of 32 layers in RAM (--n-cpu-moe); a Modelfile has no such setting: Ollama '
-         'offloads whole layers instead',
+PARAMETER num_ctx 16384""",
+        ["Ollama v0.32.15: llama-server (llama.cpp b10488) started with Ollama's launch settings and placed by its "
+         "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
+         "vramplan's plan: bf16 + bf16 KV, 48/48 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, "
+         "cache f16, placed by llama.cpp's own rules",
+         "Ollama quant fp16 (GGUF F16); tag by ollama.com/library's naming convention: check it is published (BF16 is "
+         'not published: the closest that is)',
+         'all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 32 of 48 MoE layers (layers '
+         '0-31) in RAM (--n-cpu-moe 32): GPU 0: 21.88 GiB of 22.50 GiB usable (weights 20.31 GiB + KV 1.50 GiB + '
+         'compute 68.58 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 37.02 GiB of '
+         "64.00 GiB (by llama.cpp's rules; --fit chooses -ngl and the experts kept in RAM itself: it may also move "
+         "part of one more layer, and picks which layers' experts stay)",
+         "no num_gpu: with num_gpu set Ollama passes -ngl, and llama.cpp's --fit then leaves the placement to it "
+         '(common/fit.cpp: "n_gpu_layers already set by user")',
+         "num_batch 512: Ollama's automatic choice for 16384 tokens of context (server/sched.go "
+         'automaticGenerationBatch: predicted VRAM 57.65 GiB of 23.50 GiB free)',
+         'Ollama will start: llama-server --model <qwen3:30b-a3b-fp16 blob> -c 16384 -np 1 --flash-attn auto -b 512 '
+         '-ub 512',
+         "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
+         'passes no --cache-ram',
+         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
+         'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
+         'offload), copying 36.00 GiB of weights from RAM for each of its 32 ubatches: TTFT 108.43 s = GPU 5.35 s + '
+         'link 103.08 s at 12 GB/s (pageable: mmapped weights), not the 37.32 s the CPU would take; the KV rows of '
+         'layers in RAM crossing the link are not counted',
          'ollama pull qwen3:30b-a3b-fp16']),
     ('moe-experts-in-ram', 'transformers'): (
         r"""import torch
@@ -339,13 +391,25 @@ model = AutoModelForCausalLM.from_pretrained(
     ('two-gpus', 'ollama'): (
         r"""# ollama pull llama3.1:70b-text-q4_K_M
 FROM llama3.1:70b-text-q4_K_M
-PARAMETER num_ctx 8192
-PARAMETER num_gpu 81""",
-        ["vramplan's plan: bnb-nf4-dq + bf16 KV, 80/80 layers on the GPU; llama.cpp runs GGUF: closest file type "
+PARAMETER num_ctx 8192""",
+        ["Ollama v0.32.15: llama-server (llama.cpp b10488) started with Ollama's launch settings and placed by its "
+         "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
+         "vramplan's plan: bnb-nf4-dq + bf16 KV, 80/80 layers on the GPU; llama.cpp runs GGUF: closest file type "
          "Q4_K_M, cache f16, placed by llama.cpp's own rules",
-         "Ollama quant q4_K_M; tag by ollama.com/library's naming convention: check it is published",
-         "num_gpu 81 of 81 layers (the output layer counts as one): GGUF Q4_K_M bytes by planner/gguf.py, kept free "
-         "per GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
+         "Ollama quant q4_K_M (GGUF Q4_K_M); tag by ollama.com/library's naming convention: check it is published",
+         'all 80 layers and the output layer on the GPU (-ngl 81): GPU 0: 22.10 GiB of 22.50 GiB usable (weights '
+         '20.53 GiB + KV 1.34 GiB + compute 240.00 MiB); GPU 1: 19.91 GiB of 22.50 GiB usable (weights 18.52 GiB + KV '
+         '1.16 GiB + compute 240.49 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM '
+         "948.11 MiB of 64.00 GiB (by llama.cpp's rules; --fit chooses -ngl itself)",
+         "no num_gpu: with num_gpu set Ollama passes -ngl, and llama.cpp's --fit then leaves the placement to it "
+         '(common/fit.cpp: "n_gpu_layers already set by user")',
+         "num_batch 512: Ollama's automatic choice for 8192 tokens of context (server/sched.go "
+         'automaticGenerationBatch: predicted VRAM 42.10 GiB of 47.00 GiB free)',
+         'Ollama will start: llama-server --model <llama3.1:70b-text-q4_K_M blob> -c 8192 -np 1 --flash-attn auto -b '
+         '512 -ub 512',
+         "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
+         'passes no --cache-ram',
+         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
          'ollama pull llama3.1:70b-text-q4_K_M']),
     ('two-gpus', 'transformers'): (
         r"""import torch
@@ -393,13 +457,21 @@ model = AutoModelForCausalLM.from_pretrained(
     ('cpu-only', 'ollama'): (
         r"""# ollama pull llama3.1:8b-text-fp16
 FROM llama3.1:8b-text-fp16
-PARAMETER num_ctx 8192
-PARAMETER num_gpu 0""",
-        ["vramplan's plan: bf16 + bf16 KV, 0/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
+PARAMETER num_ctx 8192""",
+        ["Ollama v0.32.15: llama-server (llama.cpp b10488) started with Ollama's launch settings and placed by its "
+         "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
+         "vramplan's plan: bf16 + bf16 KV, 0/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
          "f16, placed by llama.cpp's own rules",
-         "Ollama quant fp16; tag by ollama.com/library's naming convention: check it is published",
-         "num_gpu 0 of 33 layers (the output layer counts as one): GGUF BF16 bytes by planner/gguf.py, kept free per "
-         "GPU: Ollama's minimum 457 MiB + OLLAMA_GPU_OVERHEAD 0 (llama.cpp itself keeps its --fit margin of 1 GiB)",
+         "Ollama quant fp16 (GGUF F16); tag by ollama.com/library's naming convention: check it is published (BF16 is "
+         'not published: the closest that is)',
+         'all 32 layers computed by the CPU (no GPU): RAM 16.39 GiB of 768.00 GiB',
+         "num_batch 1024: Ollama's automatic choice for 8192 tokens of context (server/sched.go "
+         'automaticGenerationBatch: no GPU: the context alone decides)',
+         'Ollama will start: llama-server --model <llama3.1:8b-text-fp16 blob> -c 8192 -np 1 --flash-attn auto -b '
+         '1024 -ub 1024',
+         "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
+         'passes no --cache-ram',
+         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
          'ollama pull llama3.1:8b-text-fp16']),
     ('cpu-only', 'transformers'): (
         r"""import torch
@@ -546,6 +618,108 @@ def test_llamacpp_tied_output_stays_the_token_embd_in_ram():
 def test_llamacpp_quality_cost_is_the_perplexity_readme_delta():
     assert rules.quality_cost_pct("Q4_K_M", "f16") == pytest.approx(100 * 0.175482 / 6.231634)
     assert rules.quality_cost_pct("Q8_0", "q4_0") == pytest.approx(100 * 0.002650 / 6.231634 + 1.0)
+    # tools/perplexity/README.md, "LLaMA 3 8b Scoreboard", imatrix None: q4_0 6.700147 - 0.468514 = the f16 reference
+    assert rules.quality_cost_pct("Q4_0", "f16") == pytest.approx(100 * 0.468514 / 6.231634)
+    assert rules.quality_cost_pct("Q3_K_S", "f16") == pytest.approx(100 * 1.632152 / 6.231634)
+    assert set(rules.FILE_TYPE_DELTA_PPL) == set(GGUF_FILE_TYPES)
+
+
+@pytest.mark.parametrize("file_type", list(GGUF_FILE_TYPES))
+def test_llamacpp_plans_every_gguf_file_type(file_type):
+    """`vramplan plan --engine llama.cpp --quant Q4_0` (llama-bench's default type) and --quant Q3_K_S crashed with a
+    KeyError: every file type llama-quantize writes plans, exports, and sizes its file by planner/gguf.py's bytes."""
+    from planner.gguf import gguf_file_bytes
+
+    req = Request(context=4096, engine="llama.cpp", quant=(file_type,), kv_dtype=("f16",))
+    p = plan_for_engine(LLAMA_8B, RTX4090, req)
+    assert p.fits and p.choice.weight_quant == file_type
+    e = emit("llama.cpp", LLAMA_8B, RTX4090, p)
+    assert e.details["gguf_file_bytes"] == gguf_file_bytes(LLAMA_8B, file_type)
+    assert e.details["argv"][2] == f"Llama-3.1-8B-{file_type}.gguf"
+    assert emit("ollama", LLAMA_8B, RTX4090, p).fits
+
+
+def test_ggml_block_layouts_are_ggml_type_traits():
+    """ggml/src/ggml.c type_traits: blck_size QK4_0 = QK8_0 = 32, QK_K = 256, type_size = sizeof(block_*) as the
+    static_asserts of ggml/src/ggml-common.h add up (ggml_half 2 B, K_SCALE_SIZE 12)."""
+    from planner.gguf import GGML_TYPES
+
+    traits = {"Q4_0": (32, 2 + 16), "Q4_1": (32, 4 + 16), "Q5_0": (32, 2 + 4 + 16), "Q5_1": (32, 4 + 4 + 16),
+              "Q8_0": (32, 2 + 32), "Q2_K": (256, 4 + 16 + 64), "Q3_K": (256, 2 + 64 + 32 + 12),
+              "Q4_K": (256, 4 + 12 + 128), "Q5_K": (256, 4 + 12 + 128 + 32), "Q6_K": (256, 2 + 16 + 192),
+              "IQ4_NL": (32, 2 + 16), "IQ4_XS": (256, 2 + 2 + 4 + 128)}
+    assert {k: (GGML_TYPES[k].block_elements, GGML_TYPES[k].block_bytes) for k in traits} == traits
+    assert [GGML_TYPES[k].block_bytes for k in ("Q4_0", "Q3_K", "Q8_0")] == [18, 110, 34]
+    # a Q4_0 row of 4096 values: 128 blocks of 18 B
+    assert GGML_TYPES["Q4_0"].row_bytes(4096) == 128 * 18
+
+
+def test_llamacpp_window_caches_with_many_slots():
+    """Gemma-3-27B at -np 16, 8192 tokens a slot (-c 131072), checked against llama.cpp's source (not run: no
+    llama-server is built here). llama_context (src/llama-context.cpp): n_ctx = GGML_PAD(131072, 256); no unified KV
+    (-np given), so n_ctx_seq = GGML_PAD(131072 / 16, 256) = 8192 cells a stream, 16 streams. llama_kv_cache_iswa
+    (src/llama-kv-cache-iswa.cpp): size_swa = GGML_PAD(min(8192, n_swa 1024 x 1 + n_ubatch 512), 256) = 1536 cells a
+    stream. Rows: 16 KV heads x 128 x f16 = 4096 B, K and V."""
+    gemma = model_spec("google/gemma-3-27b-it")
+    windows = [a.window for a in gemma.attention]
+    assert windows.count(1024) == 52 and windows.count(None) == 10  # every 6th of 62 layers is global
+    req = Request(context=8192, batch=16, engine="llama.cpp")
+    kv = rules.kv_bytes_per_layer(gemma, "f16", req)
+    row = 16 * 128 * 2
+    assert kv[5] == 2 * 16 * 8192 * row == 1 << 30  # a global layer: 1 GiB
+    assert kv[0] == 2 * 16 * 1536 * row == 192 << 20  # a window layer: 192 MiB
+    assert sum(kv) == 10 * (1 << 30) + 52 * (192 << 20)  # 19.75 GiB
+    # without -np: 4 auto slots share one unified 8192-cell pool; the window cache is sized for all four:
+    # GGML_PAD(min(8192, 1024 x 4 + 512), 256) = 4608 cells
+    kv = rules.kv_bytes_per_layer(gemma, "f16", Request(context=8192, engine="llama.cpp"))
+    assert kv[0] == 2 * 4608 * row and kv[5] == 2 * 8192 * row
+    # a context checkpoint (--ctx-checkpoints) holds at most one sequence's window caches: 52 x 1536 cells x 4096 B
+    assert rules.checkpoint_bytes_max(gemma, "f16", req, rules.llama_server_slots(req)) == 52 * 1536 * 2 * row
+    # -ub 2048 (Ollama's num_batch for long contexts) widens every window cache: 1024 + 2048 = 3072 cells a stream
+    slots = rules.Slots(count=16, unified=False, logit_rows=16, output_rows=16, n_ubatch=2048)
+    assert rules.kv_bytes_per_layer(gemma, "f16", req, slots)[0] == 2 * 16 * 3072 * row
+
+
+def test_llamacpp_prompt_processing_with_layers_in_ram_runs_on_the_gpu():
+    """Op offload (ggml-backend.cpp, ggml-cuda.cu GGML_OP_OFFLOAD_MIN_BATCH 32): each ubatch of 32+ tokens runs on the
+    GPU and copies the weights in RAM over the link (pageable: mmap); decode stays on the CPU."""
+    from planner.engines import llamacpp
+
+    spec = model_spec("llama-3.1-70b")
+    req = Request(context=8192, engine="llama.cpp", quant=("Q4_K_M",), kv_dtype=("f16",))
+    p = llamacpp.plan_llamacpp(spec, RTX4090, req)
+    c, t = p.choice, p.chosen.speed.terms
+    assert c.gpu_layers == 42  # layers 0-37 in RAM
+    model = rules.gguf_model(spec, "Q4_K_M")
+    in_ram = sum(model.layers[:38])
+    assert t["op_offload_bytes_per_ubatch"] == in_ram and t["op_offload_ubatches"] == 8192 // 512
+    assert t["op_offload_link_s"] == pytest.approx(16 * in_ram / RTX4090.link.h2d_pageable_bytes_per_s)
+    # the GPU's share is the prompt with every layer on the GPU
+    resident = replace(c, gpu_layers=80, gpu_layers_per_device=(80,), offload=OffloadMode.NONE)
+    fp = llamacpp.footprint(spec, RTX4090, req, model, "f16")
+    from planner.speed import estimate
+
+    gpu = estimate(rules.as_run(spec), RTX4090, replace(req, prefill_chunk=512), llamacpp.SPEED_SCHEME,
+                   llamacpp.kv_scheme("f16"), resident, llamacpp._costs(fp), llamacpp._read_bytes(spec, model, 1))
+    assert t["op_offload_gpu_s"] == pytest.approx(gpu.ttft_s)
+    assert p.chosen.speed.ttft_s == pytest.approx(gpu.ttft_s + t["op_offload_link_s"])
+    assert p.chosen.speed.ttft_s < t["ttft_s_without_op_offload"] / 10  # not CPU-bound
+    assert any(w.startswith("prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens "
+                            "on the GPU (op offload)") for w in p.warnings)
+    # a prompt of fewer than 32 tokens stays on the CPU; so does decode
+    short = llamacpp.plan_llamacpp(spec, RTX4090, replace(req, prompt_tokens=16))
+    assert "op_offload_link_s" not in short.chosen.speed.terms
+    assert short.chosen.speed.decode_tokens_per_s_full_context == p.chosen.speed.decode_tokens_per_s_full_context
+    # 8200 tokens: 16 full ubatches and 8 tokens on the CPU
+    tail = llamacpp.plan_llamacpp(spec, RTX4090, replace(req, context=8704, prompt_tokens=8200)).chosen.speed.terms
+    assert tail["op_offload_ubatches"] == 16 and tail["op_offload_cpu_tail_s"] > 0
+    # an MoE's experts in RAM: only the experts a ubatch reaches cross (all 128 of Qwen3-30B-A3B's at 512 tokens)
+    q = llamacpp.plan_llamacpp(QWEN_MOE, RTX4090, Request(context=16384, engine="llama.cpp", quant=("BF16",),
+                                                          kv_dtype=("f16",)))
+    moe = rules.gguf_model(QWEN_MOE, "BF16")
+    reached = 1 - (1 - 8 / 128) ** 512
+    assert q.chosen.speed.terms["op_offload_bytes_per_ubatch"] == pytest.approx(
+        sum(moe.experts[i] for i in q.choice.expert_layers_in_ram) * reached)
 
 
 def test_llamacpp_choice_names_and_ngl_with_several_gpus():
@@ -640,12 +814,36 @@ def test_vllm_weight_formats():
 # ---------------------------------------------------------------- Ollama tags, transformers, dispatch
 def test_ollama_tags_follow_the_library_convention():
     assert ollama_tag(LLAMA_8B, "Q4_K_M")[0] == "llama3.1:8b-text-q4_K_M"
-    assert ollama_tag(LLAMA_8B, "IQ4_XS")[0] == "llama3.1:8b-text-q4_K_S"
-    tag, said = ollama_tag(model_spec("qwen3-8b"), "Q6_K")
-    assert tag == "qwen3:8b-q4_K_M" and "closest published to Q6_K: q6_K is not" in said
+    assert ollama_tag(LLAMA_8B, "Q4_0")[0] == "llama3.1:8b-text-q4_0"
+    assert ollama_tag(LLAMA_8B, "Q3_K_S")[0] == "llama3.1:8b-text-q3_K_S"
+    # what the Ollama plan tries for a planned file type: the published quants of at most its size, largest first
+    # IQ4_XS and IQ4_NL have no tags: the largest quant of at most their size (Llama-3-8B: 4.14 and 4.35 GiB)
+    assert published_file_types(LLAMA_8B, "IQ4_XS")[:2] == ("Q3_K_L", "Q3_K_M")
+    assert published_file_types(LLAMA_8B, "IQ4_NL")[:2] == ("Q4_0", "Q3_K_L")
+    assert published_file_types(LLAMA_8B, "BF16")[0] == "F16"  # the library's fp16 tags are F16 GGUFs
+    assert published_file_types(model_spec("qwen3-8b"), "Q6_K") == ("Q4_K_M",)
+    assert published_file_types(model_spec("qwen3-8b"), "Q2_K") == ("Q4_K_M",)  # none that small: the smallest
     tag, said = ollama_tag(model_spec("microsoft/Phi-4-mini-instruct"), "Q4_K_M")
     assert tag is None and said.startswith("no known Ollama library tag for microsoft/Phi-4-mini-instruct: FROM the "
                                            "GGUF converted from the planned checkpoint")
+
+
+def test_ollama_from_names_the_planned_model_base_or_instruct():
+    """A base (pretrained) checkpoint is never exported as a chat / instruct tag: it gets the library's -text tag, or
+    its own GGUF when the library has none."""
+    from planner.engines.ollama import INSTRUCT_ONLY, LIBRARY
+
+    instruct = ("-Instruct", "-it", "-chat", "Qwen/Qwen3-", "microsoft/phi-4", "deepseek-ai/DeepSeek-R1",
+                "deepseek-ai/DeepSeek-V3", "Phi-3-mini-4k-instruct")
+    for hub_id, (_, stem, _) in LIBRARY.items():
+        post_trained = any(x in hub_id for x in instruct)
+        assert post_trained or "-text" in stem, hub_id
+        assert not post_trained or "-text" not in stem, hub_id
+    for hub_id in INSTRUCT_ONLY:
+        tag, said = ollama_tag(replace(LLAMA_8B, name=hub_id), "Q4_K_M")
+        assert tag is None and "is the instruct model, a different one" in said
+    text = export_text("70b-offloaded", "ollama")  # meta-llama/Llama-3.1-70B, the base model
+    assert "FROM llama3.1:70b-text-q4_K_M" in text and "instruct" not in body(text)
 
 
 def test_transformers_quanto_cannot_split_and_says_so():
@@ -697,18 +895,124 @@ def test_llamacpp_drops_the_windows_llamacpp_drops():
     assert rules.window(gemma, gemma.attention[0]) == 4096 and rules.as_run(gemma) is gemma
 
 
-def test_ollama_keeps_its_runner_rules():
-    """Ollama's runner is not llama-server: a unified pool of its parallel sequences, logits rows for a whole batch in
-    the graph, one output row per sequence, its own assumed process RAM."""
-    from planner.engines import llamacpp
-    from planner.engines.ollama import RUNNER_BASE_RAM_ASSUMED, runner_slots
+# ---------------------------------------------------------------- Ollama: llama-server as Ollama starts it
+QWEN_MOE = model_spec("Qwen/Qwen3-30B-A3B")
 
-    req = Request(context=8192, engine="llama.cpp", quant=("Q4_K_M",), kv_dtype=("f16",))
-    model = rules.gguf_model(LLAMA_8B, "Q4_K_M")
-    fp = llamacpp.footprint(LLAMA_8B, RTX4090, req, model, "f16", slots=runner_slots(req),
-                            base_ram_bytes=RUNNER_BASE_RAM_ASSUMED)
-    p, _ = fp.place(expert_offload=False)
-    assert p.gpu_layers == 32
-    # RAM: the token embedding, one output row of logits, the runner
-    assert fp.host_total(p) == model.token_embd_bytes + 128256 * 4 + RUNNER_BASE_RAM_ASSUMED
-    assert fp.with_logits - fp.scratch == 128256 * 512 * 4
+
+def test_ollama_modelfile_leaves_the_placement_to_llamacpp_fit():
+    """Qwen3-30B-A3B bf16 at 32k on a 4090: the Modelfile of Ollama's earlier estimator pinned num_gpu 19 (30 whole
+    layers on the CPU); with num_gpu set Ollama passes -ngl and llama.cpp's --fit aborts. Now no num_gpu, and the plan
+    is llama.cpp's for Ollama's launch: every layer on the GPU, the experts of 33 layers in RAM, as --emit llama.cpp."""
+    spec, hw, p = hand_plan("Qwen/Qwen3-30B-A3B", RTX4090, Request(context=32768), weight_quant="bf16",
+                            kv_dtype="bf16", gpu_layers=48, offload=OffloadMode.NONE, embeddings_on_gpu=True,
+                            moe_layers=48, **GPU)
+    o, ll = emit("ollama", spec, hw, p), emit("llama.cpp", spec, hw, p)
+    assert "num_gpu" not in body(o.text) and body(o.text).splitlines()[1:] == ["FROM qwen3:30b-a3b-fp16",
+                                                                               "PARAMETER num_ctx 32768"]
+    assert o.details["fit_ngl"] == ll.details["ngl"] == 49
+    assert o.details["fit_expert_layers_in_ram"] == ll.details["expert_layers_on_cpu"] == 33
+    assert o.details["llama_server_argv"] == ["llama-server", "--model", "<qwen3:30b-a3b-fp16 blob>", "-c", "32768",
+                                              "-np", "1", "--flash-attn", "auto", "-b", "512", "-ub", "512"]
+    assert o.notes[0].startswith("Ollama v0.32.15: llama-server (llama.cpp b10488)")
+    assert o.details["ollama_version"] == "v0.32.15" and o.constants["ollama_version"].value == "v0.32.15"
+
+
+def test_ollama_plan_is_llamacpp_under_ollamas_launch():
+    """-np numParallel: one stream of num_ctx cells per slot and one logits row per slot (llama-server's graph), not a
+    unified pool with 512 logits rows; -c num_ctx x numParallel; -ub num_batch."""
+    from planner.engines import llamacpp
+    from planner.engines.ollama import OLLAMA_SERVE_RAM_ASSUMED, ollama_launch, plan_ollama
+
+    req = Request(context=8192, batch=4, engine="llama.cpp", quant=("Q4_K_M",), kv_dtype=("f16",))
+    launch = ollama_launch(LLAMA_8B, RTX4090, req, "Q4_K_M")
+    assert (launch.num_ctx, launch.num_parallel, launch.num_batch) == (8192, 4, 1024)  # 32768 tokens > 4096
+    assert launch.argv("m.gguf", "q8_0") == ["llama-server", "--model", "m.gguf", "-c", "32768", "-np", "4",
+                                             "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn",
+                                             "auto", "-b", "1024", "-ub", "1024"]
+    server = launch.server(True)
+    assert server.slots == rules.Slots(count=4, unified=False, logit_rows=4, output_rows=4, n_ubatch=1024)
+    assert server.margin_bytes == rules.FIT_TARGET_MARGIN_BYTES
+    assert server.base_ram_bytes == rules.PROCESS_BASE_RAM_GPU_ASSUMED + OLLAMA_SERVE_RAM_ASSUMED
+    # the KV cache: 4 streams of 8192 cells, as llama-server -c 32768 -np 4
+    assert rules.kv_bytes_per_layer(LLAMA_8B, "f16", req, server.slots) == [2 * 4 * 8192 * 2048] * 32
+    # the compute buffer: a 1024-token ubatch, a mask over one stream, 4 logits rows
+    scratch = 1024 * (4 * 4096 + 3 * 14336) * 4 + 1024 * 8192 * 2
+    assert rules.compute_buffer_bytes(LLAMA_8B, req, with_logits=True, slots=server.slots) == scratch + 128256 * 4 * 4
+    q, _ = plan_ollama(LLAMA_8B, RTX4090, req, ("Q4_K_M",))
+    same = llamacpp.plan_llamacpp(LLAMA_8B, RTX4090, req, server)
+    assert q.to_dict() == same.to_dict() and q.chosen.choice.gpu_layers == 32
+
+
+@pytest.mark.parametrize("context, predicted_gib, available_gib, want", [
+    # server/sched_test.go TestAutomaticGenerationBatch @ v0.32.15, the cases with flash attention not disabled
+    (4096, 0, 0, 512),  # small context keeps default
+    (32768, 0, 0, 1024),  # medium context uses 1024 with unknown memory
+    (131072, 8, 14, 2048),  # large context uses 2048 with headroom
+    (131072, 9, 14, 1024),  # large context steps down to 1024 without 2048 headroom
+    (131072, 8, 11, 1024),  # large context steps down to 1024 for headroom
+    (32768, 8500 / 1024, 11, 512),  # medium context steps down to 512 for headroom
+])
+def test_ollama_automatic_num_batch_is_ollamas(context, predicted_gib, available_gib, want):
+    from planner.engines.ollama import auto_num_batch
+
+    assert auto_num_batch(context, int(predicted_gib * 2**30), int(available_gib * 2**30)) == want
+
+
+def test_ollama_predicted_vram_and_gpu_choice():
+    """llm.PredictServerVRAM: the GGUF's size + an f16 KV of 2 x layers x the fewest KV heads x hidden / the most heads
+    x context x 2; Ollama runs a model on one GPU of several when 80 % of its free memory holds that."""
+    from planner.engines.ollama import ollama_launch, predicted_server_vram
+    from planner.gguf import gguf_file_bytes
+
+    size = gguf_file_bytes(LLAMA_8B, "Q4_K_M")
+    assert predicted_server_vram(LLAMA_8B, size, 8192) == size + 2 * 32 * 8 * (4096 // 32) * 8192 * 2
+    req = Request(context=8192, engine="llama.cpp")
+    one = ollama_launch(LLAMA_8B, TWO_4090, req, "Q4_K_M")
+    assert one.single_gpu_of == 2 and len(one.hardware.devices) == 1
+    assert one.available_bytes == RTX4090.gpus[0].memory_bytes - RTX4090.overheads.cuda_context_bytes
+    both = ollama_launch(model_spec("llama-3.1-70b"), TWO_4090, req, "Q4_K_M")
+    assert both.single_gpu_of == 0 and len(both.hardware.devices) == 2
+
+
+# Flag names and accepted values of the versions the exports follow: llama.cpp common/arg.cpp @ 0c1e57098 (the options
+# and, for -fa and -ctk/-ctv, what they accept: "[on|off|auto]", kv_cache_types), Ollama api/types.go Options (the
+# Modelfile's PARAMETER names) and envconfig/config.go @ v0.32.15.
+LLAMA_SERVER_FLAGS = {"-m": None, "--model": None, "-c": int, "-ngl": int, "-ts": str, "--n-cpu-moe": int,
+                      "-fa": ("on", "off", "auto"), "--flash-attn": ("on", "off", "auto"),
+                      "-ctk": ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
+                      "-ctv": ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
+                      "--cache-type-k": ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
+                      "--cache-type-v": ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
+                      "-np": int, "--cache-ram": int, "-b": int, "-ub": int, "--split-mode": ("none", "layer", "row"),
+                      "--main-gpu": int}
+OLLAMA_PARAMETERS = ("num_ctx", "num_batch", "num_gpu", "num_thread", "num_keep", "num_predict")
+OLLAMA_ENV = ("OLLAMA_KV_CACHE_TYPE", "OLLAMA_NUM_PARALLEL", "OLLAMA_FLASH_ATTENTION", "OLLAMA_SCHED_SPREAD")
+
+
+def _check_flags(argv: list[str]) -> None:
+    i = 1
+    while i < len(argv):
+        flag, value = argv[i], argv[i + 1]
+        accepted = LLAMA_SERVER_FLAGS[flag]
+        if accepted is int:
+            assert int(value) >= 0, (flag, value)
+        elif isinstance(accepted, tuple):
+            assert value in accepted, (flag, value)
+        i += 2
+
+
+@pytest.mark.parametrize("case", ["dense-8b-24gb", "70b-offloaded", "moe-experts-in-ram", "two-gpus", "cpu-only"])
+def test_exported_flags_are_that_versions(case):
+    spec, hw, p = CASES[case]()
+    _check_flags(emit("llama.cpp", spec, hw, p).details["argv"])
+    o = emit("ollama", spec, hw, p)
+    _check_flags(o.details["llama_server_argv"])
+    for line in body(o.text).splitlines():
+        if line.startswith("PARAMETER "):
+            assert line.split()[1] in OLLAMA_PARAMETERS
+    for note in o.notes:
+        if note.startswith("server environment"):
+            names = [w.split("=")[0] for w in note.split(": ", 1)[1].split() if "=" in w]
+            assert names and set(names) <= set(OLLAMA_ENV)
+            assert all(w.split("=")[1] in LLAMA_SERVER_FLAGS["-ctk"] for w in note.split() if
+                       w.startswith("OLLAMA_KV_CACHE_TYPE="))

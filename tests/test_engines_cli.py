@@ -47,8 +47,13 @@ def test_emit_with_json_adds_an_emit_object(capsys):
     code, out, _ = main(capsys, *PLAN, "--engine", "llama.cpp", "--emit", "ollama", "--json")
     d = json.loads(out)
     assert code == 0 and d["emit"]["engine"] == "ollama" and d["emit"]["fits"]
-    assert d["emit"]["text"].splitlines()[-3] == f"FROM {d['emit']['details']['tag']}"
-    assert d["emit"]["constants"]["minimum_memory_bytes"]["value"] == 457 * 1024**2
+    assert d["emit"]["text"].splitlines()[-2] == f"FROM {d['emit']['details']['tag']}"
+    assert d["emit"]["text"].splitlines()[-1] == "PARAMETER num_ctx 8192"
+    # Ollama's version and launch, llama.cpp's --fit margin (Ollama's old 457 MiB minimum is only logged now)
+    assert d["emit"]["constants"]["ollama_version"]["value"] == "v0.32.15"
+    assert d["emit"]["constants"]["fit_target_margin_bytes"]["value"] == 1024**3
+    assert "minimum_memory_bytes" not in d["emit"]["constants"]
+    assert d["emit"]["details"]["plan"]["request"]["engine"] == "llama.cpp"
 
 
 def test_emit_exit_code_follows_the_export(capsys):

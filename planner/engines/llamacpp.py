@@ -10,7 +10,7 @@ file and cache types, into a `llama-server` command. Pure.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from ..choice import Choice, ComputeDevice, OffloadMode, experts_in_ram_text
 from ..errors import PlanError
@@ -25,8 +25,8 @@ from ..request import LLAMA_CPP_KV_DTYPES, Request
 from ..search import check_context, check_experts, check_request
 from ..search import choose_by_preference  # the --prefer rule, applied to any engine's candidates
 from ..search import bisect_max
-from ..speed import (EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, ReadBytes, decode_work, estimate,
-                     prefill_attention_flop, prefill_flop)
+from ..speed import (EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, ReadBytes, SpeedEstimate, decode_work, estimate,
+                     experts_touched, prefill_attention_flop, prefill_flop)
 from ..units import MiB, format_bytes
 from . import llamacpp_rules as rules
 from .common import Export, assumption_notes, commented, first_moe_layers, shell_command
@@ -87,15 +87,30 @@ def _capacities(hw: HardwareProfile, req: Request) -> list[int]:
     return gpu_capacities(hw, req)
 
 
-def footprint(spec, hw, req, model, kv_type, margin_bytes=rules.FIT_TARGET_MARGIN_BYTES, slots=None,
-              base_ram_bytes=None):
-    """llama-server's bytes (its slots and process unless `slots` and `base_ram_bytes` say otherwise: Ollama's
-    runner)."""
+@dataclass(frozen=True, kw_only=True)
+class Server:
+    """The llama-server a plan is for, as far as its memory depends on how it is started: its slots and physical batch
+    (rules.Slots), what --fit keeps free per device, the RAM of the processes beside its buffers, and the constants that
+    say so. `llama_server(req)` is llama-server as vramplan's export starts it; Ollama starts it its own way."""
+
+    slots: rules.Slots
+    margin_bytes: int = rules.FIT_TARGET_MARGIN_BYTES
+    base_ram_bytes: int | None = None  # None: llama-server's own (rules.process_base_ram)
+    constants: dict = field(default_factory=dict)  # name -> EngineConstant, beside llama.cpp's
+
+
+def llama_server(req: Request) -> Server:
+    return Server(slots=rules.llama_server_slots(req))
+
+
+def footprint(spec, hw, req, model, kv_type, server: Server | None = None) -> rules.LlamaCppFootprint:
+    """Every byte of llama-server (as `server` starts it; as vramplan's export does by default)."""
+    server = server or llama_server(req)
     ram = req.ram_budget_bytes if req.ram_budget_bytes is not None else hw.host.ram_bytes
     cuda = hw.overheads.cuda_context_bytes if hw.has_gpu else 0
-    base = base_ram_bytes if base_ram_bytes is not None else rules.process_base_ram(hw.has_gpu)
-    return rules.LlamaCppFootprint(spec, model, kv_type, req, _capacities(hw, req), cuda, ram, margin_bytes,
-                                   slots=slots, base_ram_bytes=base)
+    base = server.base_ram_bytes if server.base_ram_bytes is not None else rules.process_base_ram(hw.has_gpu)
+    return rules.LlamaCppFootprint(spec, model, kv_type, req, _capacities(hw, req), cuda, ram, server.margin_bytes,
+                                   slots=server.slots, base_ram_bytes=base)
 
 
 def _choice(spec: ModelSpec, hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.Placement) -> LlamaCppChoice:
@@ -147,10 +162,10 @@ def _read_bytes(spec: ModelSpec, model: rules.GGUFModel, batch: int) -> ReadByte
                      experts=[e * frac for e in model.experts])
 
 
-def _max_resident_context(spec, hw, req, model, kv_type) -> int:
+def _max_resident_context(spec, hw, req, model, kv_type, server: Server) -> int:
     """The longest context with every layer (and, on a GPU, the output layer) resident on the GPUs or in RAM."""
     def fits(ctx: int) -> bool:
-        fp = footprint(spec, hw, replace(req, context=ctx, prompt_tokens=None), model, kv_type)
+        fp = footprint(spec, hw, replace(req, context=ctx, prompt_tokens=None), model, kv_type, server)
         p = fp.pack(spec.num_layers, 0) if hw.has_gpu else rules.Placement(gpu_layers=0, cpu_moe=0, per_device=())
         return p is not None and fp.fits_host(p)
 
@@ -330,20 +345,91 @@ def forced_cpu_moe(spec: ModelSpec, req: Request) -> int | None:
     return rules.n_cpu_moe(moe[:req.forced_expert_layers(len(moe))])
 
 
-def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str) -> Candidate:
-    fp = footprint(spec, hw, req, model, kv_type)
+def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str, server: Server) -> Candidate:
+    fp = footprint(spec, hw, req, model, kv_type, server)
     placement, closest = fp.place(req.gpu_layers, forced_cpu_moe=forced_cpu_moe(spec, req))
     p = placement or closest
     choice, mem = _choice(spec, hw, fp, p), _breakdown(hw, fp, p)
     base = dict(weight_quant=model.file_type, kv_dtype=kv_type,
                 quality_cost_pct=rules.quality_cost_pct(model.file_type, kv_type), choice=choice, memory=mem,
-                max_context_tokens=_max_resident_context(spec, hw, req, model, kv_type))
+                max_context_tokens=_max_resident_context(spec, hw, req, model, kv_type, server))
     if placement is None:
         return Candidate(**base, fits=False, reason=_overflow_reason(fp, p, req.gpu_layers))
     fast_hw, _ = speed_hardware(hw, spec, model.file_type, kv_type)
-    speed = estimate(rules.as_run(spec), fast_hw, replace(req, prefill_chunk=rules.N_UBATCH), SPEED_SCHEME,
-                     kv_scheme(kv_type), choice, _costs(fp), _read_bytes(spec, model, req.batch))
+    run_req = replace(req, prefill_chunk=server.slots.n_ubatch)
+    speed = estimate(rules.as_run(spec), fast_hw, run_req, SPEED_SCHEME, kv_scheme(kv_type), choice, _costs(fp),
+                     _read_bytes(spec, model, req.batch))
+    speed = with_op_offload(spec, fast_hw, run_req, kv_type, choice, fp, speed)
     return Candidate(**base, fits=True, speed=speed, reason=_placement_reason(fp, p))
+
+
+def weights_in_ram_per_ubatch(spec: ModelSpec, choice: LlamaCppChoice, fp: rules.LlamaCppFootprint,
+                              tokens: int) -> float:
+    """The bytes of weights in RAM one ubatch of `tokens` tokens copies to the GPU under op offload: every layer left on
+    the CPU, and the routed experts in RAM of the others, of which only those its tokens reach
+    (rules.OP_OFFLOAD_MIN_BATCH)."""
+    L = spec.num_layers
+    reached = experts_touched(spec, tokens) / spec.moe.num_experts if spec.moe is not None else 0.0
+    moved = 0.0
+    experts_in_ram = set(choice.expert_layers_in_ram)
+    for i in range(L):
+        experts = fp.model.experts[i]
+        if i < L - choice.gpu_layers:  # a layer in RAM (-ngl keeps the last ones on the GPU)
+            moved += fp.model.layers[i] - experts + experts * reached
+        elif i in experts_in_ram:
+            moved += experts * reached
+    return moved
+
+
+def with_op_offload(spec: ModelSpec, hw: HardwareProfile, req: Request, kv_type: str, choice: LlamaCppChoice,
+                    fp: rules.LlamaCppFootprint, speed: SpeedEstimate) -> SpeedEstimate:
+    """The prompt's time as llama.cpp takes it with weights in RAM (rules.OP_OFFLOAD_MIN_BATCH): each ubatch (-ub
+    tokens of the req.batch prompts together) of at least that many tokens runs on the GPU as if every layer were
+    there, plus its weights in RAM over the link at the pageable rate (mmap); a last ubatch below it runs where the
+    weights are, as `speed` costs it. Decode (req.batch tokens a step) is left as `speed` has it: below the threshold
+    its ops stay on the CPU. Not counted: the KV rows of layers in RAM that their attention reads on the GPU."""
+    if not choice.on_gpu or hw.link is None:
+        return speed
+    ub, total = fp.slots.n_ubatch, req.prompt * req.batch
+    rem = total % ub
+    tail = rem if rem < rules.OP_OFFLOAD_MIN_BATCH else 0  # tokens of a last ubatch too small to offload
+    if total - tail <= 0:
+        return speed
+    per_ubatch = weights_in_ram_per_ubatch(spec, choice, fp, min(ub, total))
+    if not per_ubatch:
+        return speed
+    L = spec.num_layers
+    per_device = list(choice.gpu_layers_per_device) or [0]
+    per_device[-1] += L - choice.gpu_layers
+    resident = replace(choice, gpu_layers=L, gpu_layers_per_device=tuple(per_device), offload=OffloadMode.NONE,
+                       expert_layers_on_cpu=0, expert_layers_in_ram=())
+    ubatches = -(-(total - tail) // ub)
+    costs, read, run, kv = _costs(fp), _read_bytes(spec, fp.model, req.batch), rules.as_run(spec), kv_scheme(kv_type)
+    on_gpu_s = estimate(run, hw, req, SPEED_SCHEME, kv, resident, costs, read).ttft_s * (total - tail) / total
+    link_s = ubatches * per_ubatch / hw.link.h2d_pageable_bytes_per_s
+    tail_s = (estimate(run, hw, replace(req, prompt_tokens=-(-tail // req.batch)), SPEED_SCHEME, kv, choice, costs,
+                       read).ttft_s if tail else 0.0)
+    ttft = on_gpu_s + link_s + tail_s
+    terms = {**speed.terms, "op_offload_ubatches": ubatches, "op_offload_bytes_per_ubatch": per_ubatch,
+             "op_offload_link_s": link_s, "op_offload_gpu_s": on_gpu_s, "op_offload_cpu_tail_s": tail_s,
+             "ttft_s_without_op_offload": speed.ttft_s}
+    return replace(speed, ttft_s=ttft, prefill_tokens_per_s=total / ttft, terms=terms)
+
+
+def op_offload_notes(hw: HardwareProfile, speed: SpeedEstimate) -> list[str]:
+    """What the TTFT of a plan with weights in RAM rests on (with_op_offload), in words."""
+    t = speed.terms
+    if "op_offload_link_s" not in t:
+        return []
+    return [f"prompt processing with weights in RAM: llama.cpp runs each ubatch of at least "
+            f"{rules.OP_OFFLOAD_MIN_BATCH} tokens on the GPU (op offload), copying "
+            f"{format_bytes(int(t['op_offload_bytes_per_ubatch']))} of weights from RAM for each of its "
+            f"{t['op_offload_ubatches']} ubatches: TTFT {speed.ttft_s:.2f} s = GPU {t['op_offload_gpu_s']:.2f} s "
+            f"+ link {t['op_offload_link_s']:.2f} s at {hw.link.h2d_pageable_bytes_per_s / 1e9:g} GB/s (pageable: "
+            f"mmapped weights)" + (f" + a last short ubatch on the CPU {t['op_offload_cpu_tail_s']:.2f} s"
+                           if t["op_offload_cpu_tail_s"] else "")
+            + f", not the {t['ttft_s_without_op_offload']:.2f} s the CPU would take; the KV rows of layers in RAM "
+            "crossing the link are not counted"]
 
 
 def _overflow_reason(fp: rules.LlamaCppFootprint, p: rules.Placement, forced: int | None) -> str:
@@ -379,8 +465,10 @@ def _placement_reason(fp: rules.LlamaCppFootprint, p: rules.Placement) -> str:
             f"{format_bytes(fp.ram_capacity)}")
 
 
-def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
-    """Decide how llama.cpp runs `spec` on `hw` for `req`: the GGUF file type, the KV cache type and -ngl."""
+def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request, server: Server | None = None) -> Plan:
+    """Decide how llama.cpp runs `spec` on `hw` for `req`: the GGUF file type, the KV cache type and -ngl, for
+    llama-server as `server` starts it (as vramplan's export does by default)."""
+    server = server or llama_server(req)
     if req.offload is OffloadMode.STREAM:
         raise PlanError("llama.cpp computes the layers it does not offload on the CPU: it has no stream mode "
                         "(drop --offload stream)")
@@ -392,9 +480,9 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     cands = []
     for ft in types:
         model = rules.gguf_model(spec, ft)
-        cands.extend(_candidate(spec, hw, req, model, kv) for kv in caches)
-    consts = rules.constants(hw.name, hw.overheads.cuda_context_bytes if hw.has_gpu else 0, types, caches,
-                             has_gpu=hw.has_gpu)
+        cands.extend(_candidate(spec, hw, req, model, kv, server) for kv in caches)
+    consts = {**rules.constants(hw.name, hw.overheads.cuda_context_bytes if hw.has_gpu else 0, types, caches,
+                                has_gpu=hw.has_gpu), **server.constants}
     common = dict(model=model_ref(spec), hardware=hardware_ref(hw), request=req, candidates=cands,
                   constants={k: {"value": c.value, "from": c.source + (" (assumption)" if c.assumption else "")}
                              for k, c in consts.items()})
@@ -407,7 +495,7 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
                              f"{first.reason}"])
     chosen, reasons = choose_by_preference(cands, req)
     warnings = [*context_warnings, speed_hardware(hw, spec, chosen.weight_quant, chosen.kv_dtype)[1],
-                *assumption_notes(consts)]
+                *op_offload_notes(hw, chosen.speed), *assumption_notes(consts)]
     file_bytes = gguf_file_bytes(spec, chosen.weight_quant)
     reasons.append(f"GGUF {chosen.weight_quant}: {file_bytes:,} B file ({format_bytes(file_bytes)}; planner/gguf.py, "
                    "llama-quantize's tensor types)")
@@ -474,12 +562,18 @@ def export_from_llamacpp_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, ext
                      f"capped at the {cache} MiB the plan leaves free" if cache else
                      "the plan leaves no RAM free: disabled (--cache-ram 0)"))
     if any(rules.window(spec, a) for a in spec.attention):
-        notes.append(f"sliding-window layers: llama-server also keeps up to {rules.CTX_CHECKPOINTS_DEFAULT} copies of "
-                     "their cache per slot in RAM (--ctx-checkpoints), sized by the prompts: not in the plan")
+        slots = rules.llama_server_slots(p.request)
+        each = rules.checkpoint_bytes_max(spec, c.kv_dtype, p.request, slots)
+        bound = each * rules.CTX_CHECKPOINTS_DEFAULT * slots.count
+        notes.append(f"sliding-window layers: llama-server also keeps up to {rules.CTX_CHECKPOINTS_DEFAULT} context "
+                     f"checkpoints per slot in RAM (--ctx-checkpoints), each at most {format_bytes(each)} (one "
+                     f"sequence's window caches): at most {format_bytes(bound)} for {slots.count} slots, as prompts "
+                     "come; not in the plan")
     if c.on_gpu and c.gpu_layers < c.total_layers:
-        notes.append(f"llama.cpp computes the {c.total_layers - c.gpu_layers} layers left in RAM on the CPU (it "
-                     "does not stream them to the GPU)")
-    notes += [speed_hardware(hw, spec, c.weight_quant, c.kv_dtype)[1], *assumption_notes(consts)]
+        notes.append(f"llama.cpp decodes the {c.total_layers - c.gpu_layers} layers left in RAM on the CPU; a prompt's "
+                     f"ubatches of {rules.OP_OFFLOAD_MIN_BATCH}+ tokens copy their weights to the GPU (op offload)")
+    notes += [speed_hardware(hw, spec, c.weight_quant, c.kv_dtype)[1], *op_offload_notes(hw, p.chosen.speed),
+              *assumption_notes(consts)]
     argv = llama_server_command(spec, p)
     return Export(engine=ENGINE, fits=True, text=commented(notes, shell_command(argv)), notes=tuple(notes),
                   constants=consts, details={"argv": argv, "gguf_file": name, "gguf_file_type": c.weight_quant,

@@ -44,6 +44,13 @@ KV_CACHE_CPP = f"{LLAMA_CPP} src/llama-kv-cache.cpp @ 3514e9f6e795d3b3cd88d6614f
 CONTEXT_CPP = f"{LLAMA_CPP} src/llama-context.cpp @ 4c7103b96d720ea6057eec6ac11a49727f9ecd43"
 SERVER_CPP = f"{LLAMA_CPP} tools/server/server.cpp @ {MEASURED_COMMIT}"
 COMMON_H_MEASURED = f"{LLAMA_CPP} common/common.h @ {MEASURED_COMMIT}"
+# Read in the tree llama-cpp-python 0.3.36's sdist vendors, which is MEASURED_COMMIT (its vendor/llama.cpp submodule).
+ISWA_CPP = f"{LLAMA_CPP} src/llama-kv-cache-iswa.cpp @ {MEASURED_COMMIT}"
+CONTEXT_CPP_MEASURED = f"{LLAMA_CPP} src/llama-context.cpp @ {MEASURED_COMMIT}"
+FIT_CPP = f"{LLAMA_CPP} common/fit.cpp @ {MEASURED_COMMIT}"
+CUDA_CU = f"{LLAMA_CPP} ggml/src/ggml-cuda/ggml-cuda.cu @ {MEASURED_COMMIT}"
+BACKEND_CPP = f"{LLAMA_CPP} ggml/src/ggml-backend.cpp @ {MEASURED_COMMIT}"
+LOADER_CPP = f"{LLAMA_CPP} src/llama-model-loader.cpp @ {MEASURED_COMMIT}"
 PERPLEXITY_README = ("ggerganov/llama.cpp examples/perplexity/README.md @ 0a21ad6e3f457f81ad6af43b95856bf7064a9ef9, "
                      "'LLaMA 3 8b Scoreboard' (wikitext-2, CUDA)")
 
@@ -59,15 +66,27 @@ PLANNED_FILE_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M", "Q
 KV_GGML_TYPES = {name: GGML_TYPES[name.upper()] for name in LLAMA_CPP_KV_DTYPES}
 
 # Perplexity increase of each file type over F16 on Llama-3-8B (PERPLEXITY_README): delta PPL over the F16
-# PPL 6.231634 (= q8_0's 6.234284 - 0.002650). IQ4_XS's row is the one quantized with an importance matrix
-# (the table has no IQ4_XS without one).
+# PPL 6.231634 (= q8_0's 6.234284 - 0.002650); the rows quantized without an importance matrix ("imatrix None"). The
+# table has IQ4_NL and IQ4_XS only with one ("WT 10m"): those two rows are with it. The same table, unchanged, is in
+# tools/perplexity/README.md of the tree vramplan's llama.cpp rules follow (MEASURED_COMMIT).
 LLAMA3_8B_F16_PPL = 6.231634
 FILE_TYPE_DELTA_PPL = {"BF16": 0.0, "F16": 0.0, "Q8_0": 0.002650, "Q6_K": 0.021748, "Q5_K_M": 0.056974,
-                       "Q4_K_M": 0.175482, "IQ4_XS": 0.228071, "Q3_K_M": 0.656864, "Q2_K": 3.519934}
+                       "Q5_K_S": 0.104964, "Q5_1": 0.106223, "Q5_0": 0.131591, "Q4_K_M": 0.175482,
+                       "Q4_K_S": 0.268895, "Q4_1": 0.451103, "Q4_0": 0.468514, "IQ4_NL": 0.223959,
+                       "IQ4_XS": 0.228071, "Q3_K_L": 0.556242, "Q3_K_M": 0.656864, "Q3_K_S": 1.632152,
+                       "Q2_K": 3.519934}
 # KV cache quantization's perplexity cost: no measured table was found in llama.cpp's docs: ASSUMED values,
 # said so in every plan that uses them.
 KV_QUALITY_PCT_ASSUMED = {"f16": 0.0, "q8_0": 0.1, "q4_0": 1.0}
 
+# Prompt processing with layers in RAM (op offload): ggml's scheduler runs an op whose weight is in a host buffer on a
+# GPU backend that asks for it (BACKEND_CPP ggml_backend_sched_backend_id_from_cur: sched->op_offload, on by default,
+# and ggml_backend_offload_op), copying the weight over the link for each ubatch (ggml_backend_sched_compute_splits:
+# only the experts a MUL_MAT_ID uses). CUDA asks for every op whose batch is at least
+# GGML_OP_OFFLOAD_MIN_BATCH tokens, 32 unless that variable says otherwise (CUDA_CU ggml_backend_cuda_device_offload_op,
+# get_op_batch_size). With mmap (the default load mode) the weights in RAM stay in the mapped file, pageable memory
+# (LOADER_CPP: "avoid using a host buffer when using mmap"): they cross at the link's pageable rate.
+OP_OFFLOAD_MIN_BATCH = 32
 # llama-server without -np: "auto", 4 slots sharing one unified KV pool (tools/server/server.cpp).
 SERVER_AUTO_SLOTS = 4
 # llama-server keeps the KV state of finished prompts in host RAM, up to --cache-ram MiB (common.h cache_ram_mib;
@@ -122,6 +141,8 @@ def constants(hw_name: str, cuda_context_bytes: int, file_types=(), kv_types=(),
                                              "(llama.cpp's --fit measures free memory after it)"),
         "llama3_8b_f16_ppl": EngineConstant(LLAMA3_8B_F16_PPL, PERPLEXITY_README),
         "server_auto_slots": EngineConstant(SERVER_AUTO_SLOTS, f"{SERVER_CPP}: n_parallel auto"),
+        "op_offload_min_batch": EngineConstant(OP_OFFLOAD_MIN_BATCH, f"{CUDA_CU}: GGML_OP_OFFLOAD_MIN_BATCH default "
+                                               "(prompt processing of layers in RAM runs on the GPU from this batch)"),
         "prompt_cache_default_mib": EngineConstant(PROMPT_CACHE_DEFAULT_MIB, f"{COMMON_H_MEASURED}: cache_ram_mib"),
         "compute_hidden_copies": EngineConstant(COMPUTE_HIDDEN_COPIES, COMPUTE_SOURCE, assumption=has_gpu),
         "compute_ffn_copies": EngineConstant(COMPUTE_FFN_COPIES, COMPUTE_SOURCE, assumption=has_gpu),
@@ -190,12 +211,14 @@ def gguf_model(spec: ModelSpec, file_type: str) -> GGUFModel:
 @dataclass(frozen=True)
 class Slots:
     """How the server holds sequences: `count` slots (n_seq_max), one KV pool all share (`unified`) or one KV stream
-    per slot, and how many rows of logits its compute graph is reserved for."""
+    per slot, how many rows of logits its compute graph is reserved for, and the physical batch (-ub) its graph and
+    its sliding-window caches are sized for."""
 
     count: int
     unified: bool
     logit_rows: int  # in the compute graph, on the device with the output layer
     output_rows: int  # in the host output buffer the logits are copied to
+    n_ubatch: int = N_UBATCH  # -ub (llama_context caps it at -b and at n_ctx)
 
 
 def llama_server_slots(req: Request) -> Slots:
@@ -245,11 +268,13 @@ def without_mla_expansion(spec: ModelSpec) -> ModelSpec:
 
 def layer_cells(window: int | None, req: Request, slots: Slots) -> tuple[int, int]:
     """(cells per stream, streams) of one layer's cache: a sliding-window layer keeps min(stream, window x slots sharing
-    the stream + n_ubatch) cells, padded to 256 (src/llama-kv-cache-iswa.cpp, without --swa-full)."""
+    the stream + n_ubatch) cells, padded to 256, in each of the streams (ISWA_CPP: size_swa =
+    GGML_PAD(min(size_base, n_swa * (unified ? n_seq_max : 1) + n_ubatch), 256), without --swa-full; size_base is
+    llama_context's n_ctx_seq, one stream's cells, and llama_kv_cache allocates kv_size x n_stream cells)."""
     cells, streams = kv_streams(req, slots)
     if window is None:
         return cells, streams
-    return _pad(min(cells, window * (slots.count if slots.unified else 1) + N_UBATCH)), streams
+    return _pad(min(cells, window * (slots.count if slots.unified else 1) + slots.n_ubatch)), streams
 
 
 def kv_bytes_per_layer(spec: ModelSpec, kv_type: str, req: Request, slots: Slots | None = None) -> list[int]:
@@ -270,13 +295,29 @@ def kv_bytes_per_layer(spec: ModelSpec, kv_type: str, req: Request, slots: Slots
     return out
 
 
+def checkpoint_bytes_max(spec: ModelSpec, kv_type: str, req: Request, slots: Slots) -> int:
+    """The most one context checkpoint holds: one sequence's cells of the sliding-window layers, at most window +
+    n_ubatch of them and at most a stream, K and V rows (tools/server/server-context.cpp create_checkpoint writes the
+    slot's sequence with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the window caches only)."""
+    t = KV_GGML_TYPES[kv_type]
+    total = 0
+    for a in spec.attention:
+        w = window(spec, a)
+        if w is None:
+            continue
+        cells = min(kv_streams(req, slots)[0], w + slots.n_ubatch)
+        elements = a.kv_elements_per_token if a.kind == "mla" else 2 * a.num_kv_heads * a.head_dim
+        total += cells * math.ceil(elements / t.block_elements) * t.block_bytes
+    return total
+
+
 def compute_buffer_bytes(spec: ModelSpec, req: Request, *, with_logits: bool, slots: Slots | None = None) -> int:
     """ESTIMATED compute buffer of one backend: the scratch of one ubatch (see COMPUTE_*_COPIES), the f16 KQ mask of
     each cache (n_kv of a stream x n_ubatch; src/llama-graph.cpp build_attn_inp_kq_mask) and, on the device with the
     output layer, the f32 logits rows the graph is reserved for."""
     slots = slots or llama_server_slots(req)
     cells, streams = kv_streams(req, slots)
-    tokens = min(N_UBATCH, cells * streams)
+    tokens = min(slots.n_ubatch, cells * streams)
     scratch = tokens * (COMPUTE_HIDDEN_COPIES * spec.hidden_size + COMPUTE_FFN_COPIES * spec.mlp_width) * 4
     caches = {window(spec, a): layer_cells(window(spec, a), req, slots)[0] for a in spec.attention}  # a mask per cache
     mask = tokens * sum(caches.values()) * 2
@@ -322,6 +363,7 @@ class LlamaCppFootprint:
         buffers."""
         self.spec, self.model, self.req, self.kv_type = spec, model, req, kv_type
         slots = slots or llama_server_slots(req)
+        self.slots = slots
         self.base_ram_bytes = base_ram_bytes
         self.output_buffer = output_buffer_bytes(spec, slots)
         self.kv = kv_bytes_per_layer(spec, kv_type, req, slots)

@@ -1,56 +1,210 @@
-"""Ollama: a Modelfile (FROM tag, num_ctx, num_gpu) and the tag to pull, by Ollama's own reserves.
+"""Ollama as it is today: llama.cpp's llama-server started with Ollama's launch settings, and the Modelfile for it.
 
-Ollama runs GGUF files through ggml like llama.cpp, so the bytes per layer, KV cache and compute
-buffers are llama.cpp's (llamacpp_rules.py); what differs is what it keeps free per GPU: its
-per-device minimum memory plus OLLAMA_GPU_OVERHEAD, instead of llama.cpp's --fit margin. num_gpu
-counts layers as -ngl does (the output layer is the last one). Tags follow ollama.com/library's
-naming convention (`<model>:<size>-<variant>-<quant>`), stated as a convention: not every quant
-of every model is published. Pure.
+Since v0.30.0 (commit 9db4bdbad, "runner: Remove CGO engines, use llama-server exclusively for GGML models") Ollama runs
+every GGUF model in llama.cpp's own llama-server, built from the llama.cpp tag in LLAMA_CPP_VERSION, and lets its --fit
+place the layers. The memory estimator of the earlier runner is gone; its reserves (DeviceInfo.MinimumMemory,
+OLLAMA_GPU_OVERHEAD) are only logged when a model loads (server/sched.go Scheduler.load). The rules here follow Ollama
+OLLAMA_VERSION. An Ollama plan is therefore llama.cpp's plan (llamacpp.plan_llamacpp, by llama.cpp's rules) for
+llama-server as Ollama starts it (llm/llama_server.go startLlamaServer):
+
+    -c num_ctx x numParallel -np numParallel   one KV stream of num_ctx cells per slot (-np given: kv_unified off)
+    --cache-type-k/-v OLLAMA_KV_CACHE_TYPE      when that variable is set
+    --flash-attn auto                          where Ollama deems flash attention supported (OLLAMA_FLASH_ATTENTION
+                                               forces on / off)
+    -b num_batch -ub num_batch                 num_batch: Ollama's automatic choice (512, 1024 or 2048) unless set
+    no -ngl                                    unless num_gpu is set: then -ngl num_gpu, and llama.cpp's --fit aborts
+                                               ("n_gpu_layers already set by user", common/fit.cpp)
+
+So the Modelfile sets FROM and num_ctx, and never num_gpu. Tags follow ollama.com/library's naming convention
+(`<model>:<size>-<variant>-<quant>`), stated as a convention: not every quant of every model is published. Pure.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from ..gguf import gguf_file_bytes
 from ..hardware import HardwareProfile
+from ..memory import gpu_capacity
 from ..modelspec import ModelSpec
 from ..plan import Plan
-from ..units import MiB
+from ..request import Request
+from ..units import GiB, MiB, format_bytes
 from . import llamacpp, llamacpp_rules as rules
 from .common import EngineConstant, Export, assumption_notes, commented
 
 ENGINE = "ollama"
 OLLAMA = "ollama/ollama"
-# ml/device.go DeviceInfo.MinimumMemory: "memory that should be set aside on the device for overhead"
-# (CUDA and ROCm 457 MiB, Metal 512 MiB).
-MINIMUM_MEMORY_BYTES = {"cuda": 457 * MiB, "mps": 512 * MiB}
-DEVICE_GO = f"{OLLAMA} ml/device.go @ 02725d3d64510e335bbb0940196ab22385651bc2"
-# envconfig/config.go: GpuOverhead = Uint64("OLLAMA_GPU_OVERHEAD", 0): extra VRAM set aside per GPU.
-GPU_OVERHEAD_BYTES = 0
-ENVCONFIG_GO = f"{OLLAMA} envconfig/config.go @ 4bf0d41c38c7b669bbbd44bf43c08bc4e231432f"
-# api/types.go DefaultOptions: Runner.NumBatch 512 (llama.cpp's n_ubatch equivalent, the same as llama.cpp's default).
-NUM_BATCH = 512
-TYPES_GO = f"{OLLAMA} api/types.go @ b8761ab020a91873a4f27e6008deeace9b2d101f"
+# The Ollama release whose launch these rules follow, and the llama.cpp it builds (its LLAMA_CPP_VERSION file).
+OLLAMA_VERSION = "v0.32.15"
+OLLAMA_COMMIT = "b7871fc0d1d82fe109536efa3e0e8e411c766c75"
+OLLAMA_LLAMA_CPP_BUILD = "b10488"
+# The commit that made llama-server Ollama's only engine for GGUF models (first released in v0.30.0).
+LLAMA_SERVER_ONLY_COMMIT = "9db4bdbad6a4981ad761aa2b603e69e8fb83212c"
+LLAMA_SERVER_GO = f"{OLLAMA} llm/llama_server.go @ {OLLAMA_COMMIT}"
+SCHED_GO = f"{OLLAMA} server/sched.go @ {OLLAMA_COMMIT}"
+TYPES_GO = f"{OLLAMA} api/types.go @ {OLLAMA_COMMIT}"
+ENVCONFIG_GO = f"{OLLAMA} envconfig/config.go @ {OLLAMA_COMMIT}"
+VERSION_FILE = f"{OLLAMA} LLAMA_CPP_VERSION @ {OLLAMA_COMMIT}"
+
+# envconfig.NumParallel: OLLAMA_NUM_PARALLEL, default 1 (Scheduler.load: numParallel = max(NumParallel(), 1)).
+NUM_PARALLEL_DEFAULT = 1
+# api/types.go DefaultOptions: NumBatch 512. A Modelfile or request without num_batch leaves it automatic
+# (server/routes.go usesAutomaticNumBatch): Scheduler.load replaces it with automaticGenerationBatch's choice.
+NUM_BATCH_DEFAULT = 512
+# server/sched.go automaticGenerationBatch, with flash attention not disabled: generationBatchForContext picks 2048
+# above an effective context of 32768 tokens, 1024 above 4096, else 512; a batch above 512 steps down (2048 -> 1024 ->
+# 512) while generationBatchFits refuses it: the predicted VRAM over 80 % of the available memory, over 60 % (2048) or
+# 75 % (1024) of it (generationBatchHasHeadroom), or the batch's surcharge (2 GiB for 2048, 768 MiB for 1024) beyond
+# what the 80 % leaves.
+BATCH_MEDIUM, BATCH_LARGE = 1024, 2048
+CONTEXT_FOR_MEDIUM, CONTEXT_FOR_LARGE = 4096, 32768
+FIT_THRESHOLD_PCT = 80
+HEADROOM_PCT = {BATCH_LARGE: 60, BATCH_MEDIUM: 75}
+SURCHARGE_BYTES = {BATCH_LARGE: 2 * GiB, BATCH_MEDIUM: 768 * MiB}
+# Several GPUs: without OLLAMA_SCHED_SPREAD, Scheduler.load runs the model on the one GPU with the most free memory
+# among those whose free memory's 80 % holds the predicted VRAM (selectLlamaServerPlacement, bestSingleGPUFit:
+# --split-mode none), else on all of them.
+SINGLE_GPU_PCT = 80
+# The `ollama serve` process beside llama-server (Go; its HTTP server, model metadata): unmeasured.
+OLLAMA_SERVE_RAM_ASSUMED = 128 * MiB
 
 
-# The runner process beside its buffers (Go, llama.cpp, CUDA): unmeasured, as vramplan assumed for llama-server before
-# it measured one.
-RUNNER_BASE_RAM_ASSUMED = 256 * MiB
+def constants() -> dict[str, EngineConstant]:
+    return {
+        "ollama_version": EngineConstant(OLLAMA_VERSION, f"{OLLAMA} tag {OLLAMA_VERSION} ({OLLAMA_COMMIT})"),
+        "ollama_llama_cpp_build": EngineConstant(OLLAMA_LLAMA_CPP_BUILD, VERSION_FILE),
+        "num_parallel_default": EngineConstant(NUM_PARALLEL_DEFAULT, f"{ENVCONFIG_GO}: NumParallel"),
+        "num_batch_default": EngineConstant(NUM_BATCH_DEFAULT, f"{TYPES_GO}: DefaultOptions NumBatch"),
+        "auto_batch_fit_threshold_pct": EngineConstant(FIT_THRESHOLD_PCT, f"{SCHED_GO}: generationBatchFits"),
+        "single_gpu_pct": EngineConstant(SINGLE_GPU_PCT, f"{SCHED_GO}: bestSingleGPUFit"),
+        "ollama_serve_ram_bytes": EngineConstant(OLLAMA_SERVE_RAM_ASSUMED, "the ollama serve process beside "
+                                                 "llama-server: unmeasured", assumption=True),
+    }
 
 
-def runner_slots(req) -> rules.Slots:
-    """Ollama's runner: OLLAMA_NUM_PARALLEL sequences in one KV pool of num_ctx x parallel cells, its graph reserved
-    for a logits row per token of a batch (llama.cpp's rule before llama-server reserved one per slot) and a row per
-    sequence in its output buffer: unmeasured."""
-    return rules.Slots(count=req.batch, unified=True, logit_rows=NUM_BATCH, output_rows=req.batch)
+# ---------------------------------------------------------------- Ollama's launch settings
+def predicted_server_vram(spec: ModelSpec, file_bytes: int, context: int) -> int:
+    """llm.PredictServerVRAM: the GGUF file's size plus an f16 KV cache of 2 x block_count x head_count_kv (the least
+    of the layers') x embedding_length / head_count (the most) x context x 2 bytes. It decides the batch and the GPUs,
+    not the placement."""
+    kv_heads = max(1, min((1 if a.kind == "mla" else a.num_kv_heads) for a in spec.attention))  # MLA: GGUF writes 1
+    head_dim = spec.hidden_size // max(a.num_heads for a in spec.attention)
+    return file_bytes + 2 * spec.num_layers * kv_heads * head_dim * context * 2
 
 
-# GGUF file type -> Ollama's quant suffix (the library spells the K-quants with a capital K).
-QUANT_TAG = {"F16": "fp16", "BF16": "fp16", "Q8_0": "q8_0", "Q6_K": "q6_K", "Q5_K_M": "q5_K_M", "Q4_K_M": "q4_K_M",
-             "IQ4_XS": "q4_K_S", "Q3_K_M": "q3_K_M", "Q2_K": "q2_K"}
-# Quants the library publishes for most models of the older families, and for the newer ones (qwen3, gemma3,
-# phi4, ...) only these three.
-FULL_QUANTS = ("fp16", "q8_0", "q6_K", "q5_K_M", "q4_K_M", "q4_K_S", "q3_K_M", "q2_K")
+def effective_context(spec: ModelSpec, num_ctx: int, num_parallel: int) -> int:
+    """effectiveLlamaServerContext: num_ctx capped at the model's training context, times the parallel sequences."""
+    train = spec.max_context or num_ctx
+    return min(num_ctx, train) * max(num_parallel, 1)
+
+
+def auto_num_batch(context: int, predicted: int, available: int) -> int:
+    """automaticGenerationBatch with flash attention not disabled (see BATCH_*). Without a GPU the available memory is
+    0 (the sum over no GPUs), and generationBatchFits takes any batch: the context alone decides."""
+    batch = BATCH_LARGE if context > CONTEXT_FOR_LARGE else BATCH_MEDIUM if context > CONTEXT_FOR_MEDIUM else \
+        NUM_BATCH_DEFAULT
+
+    def fits(b: int) -> bool:
+        if not predicted or not available:
+            return True
+        threshold = available * FIT_THRESHOLD_PCT // 100
+        return (predicted <= threshold and predicted <= available * HEADROOM_PCT[b] // 100
+                and SURCHARGE_BYTES[b] <= threshold - predicted)
+
+    while batch > NUM_BATCH_DEFAULT and not fits(batch):
+        batch = BATCH_MEDIUM if batch > BATCH_MEDIUM else NUM_BATCH_DEFAULT
+    return batch
+
+
+def free_memory(hw: HardwareProfile, req: Request, device: int) -> int:
+    """A GPU's free memory as Ollama's discovery reports it before a load: its memory less the CUDA context (the
+    profile's), on an otherwise idle machine."""
+    return max(0, gpu_capacity(hw, req, device) - hw.overheads.cuda_context_bytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OllamaLaunch:
+    """How Ollama starts llama-server for one model: what Scheduler.load decides before the start."""
+
+    hardware: HardwareProfile  # the GPUs it runs on (one of several when one holds the predicted VRAM)
+    num_ctx: int
+    num_parallel: int
+    num_batch: int
+    predicted_vram_bytes: int
+    available_bytes: int  # free memory of the GPUs it runs on
+    single_gpu_of: int = 0  # the GPUs there were when it picked one (0: it did not)
+
+    @property
+    def n_ubatch(self) -> int:
+        """llama_context: n_ubatch = min(n_batch, n_ubatch) with n_batch capped at n_ctx (causal attention)."""
+        return min(self.num_batch, self.num_ctx * self.num_parallel)
+
+    def server(self, has_gpu: bool) -> llamacpp.Server:
+        """llama-server as this launch starts it: -np slots with a stream each and a logits row each (the graph is
+        reserved for n_parallel outputs: tools/server/server-context.cpp server_output_limits), -ub num_batch, --fit's
+        own margin (Ollama sets LLAMA_ARG_FIT_TARGET only for a multimodal projector), and the ollama serve process
+        beside it."""
+        n = self.num_parallel
+        slots = rules.Slots(count=n, unified=False, logit_rows=n, output_rows=n, n_ubatch=self.n_ubatch)
+        return llamacpp.Server(slots=slots, base_ram_bytes=rules.process_base_ram(has_gpu) + OLLAMA_SERVE_RAM_ASSUMED,
+                               constants=constants())
+
+    def argv(self, gguf: str, kv_type: str) -> list[str]:
+        """The memory-relevant flags Ollama passes to llama-server (startLlamaServer; --port, --host, logging and
+        chat-template flags left out)."""
+        out = ["llama-server", "--model", gguf, "-c", str(self.num_ctx * self.num_parallel), "-np",
+               str(self.num_parallel)]
+        if kv_type != "f16":
+            out += ["--cache-type-k", kv_type, "--cache-type-v", kv_type]
+        out += ["--flash-attn", "auto", "-b", str(self.num_batch), "-ub", str(self.num_batch)]
+        if self.single_gpu_of:
+            out += ["--split-mode", "none", "--main-gpu", "0"]
+        return out
+
+
+def ollama_launch(spec: ModelSpec, hw: HardwareProfile, req: Request, file_type: str) -> OllamaLaunch:
+    """Scheduler.load for a Modelfile with num_ctx = req.context and OLLAMA_NUM_PARALLEL = req.batch: the GPUs and the
+    automatic num_batch, both from PredictServerVRAM of the GGUF."""
+    context = effective_context(spec, req.context, req.batch)
+    predicted = predicted_server_vram(spec, gguf_file_bytes(spec, file_type), context)
+    devices = list(range(len(hw.devices))) if hw.has_gpu else []
+    frees = [free_memory(hw, req, d) for d in devices]
+    single, used = 0, hw
+    if len(devices) > 1:
+        holding = [d for d in devices if predicted <= frees[d] * SINGLE_GPU_PCT // 100]
+        if holding:
+            best = max(holding, key=lambda d: frees[d])
+            single, frees = len(devices), [frees[best]]
+            used = hw.replace(name=f"{hw.name}-one-gpu", gpus=(replace(hw.devices[best], count=1),))
+    available = sum(frees)
+    return OllamaLaunch(hardware=used, num_ctx=req.context, num_parallel=req.batch,
+                        num_batch=auto_num_batch(context, predicted, available),
+                        predicted_vram_bytes=predicted, available_bytes=available, single_gpu_of=single)
+
+
+def plan_ollama(spec: ModelSpec, hw: HardwareProfile, req: Request, file_types) -> tuple[Plan, OllamaLaunch]:
+    """llama.cpp's plan for llama-server as Ollama starts it: the first of `file_types` (best first) that fits, with
+    the launch Ollama would make for it; the last one tried when none fits."""
+    for ft in file_types:
+        launch = ollama_launch(spec, hw, req, ft)
+        q = llamacpp.plan_llamacpp(spec, launch.hardware, replace(req, quant=(ft,)), launch.server(hw.has_gpu))
+        if q.fits:
+            break
+    return q, launch
+
+
+# ---------------------------------------------------------------- library tags
+# GGUF file type -> Ollama's quant suffix (the library spells the K-quants with a capital K; fp16 is an F16 GGUF).
+QUANT_TAG = {"F16": "fp16", "BF16": "fp16", "Q8_0": "q8_0", "Q6_K": "q6_K", "Q5_K_M": "q5_K_M", "Q5_K_S": "q5_K_S",
+             "Q5_1": "q5_1", "Q5_0": "q5_0", "Q4_K_M": "q4_K_M", "Q4_K_S": "q4_K_S", "Q4_1": "q4_1", "Q4_0": "q4_0",
+             "Q3_K_L": "q3_K_L", "Q3_K_M": "q3_K_M", "Q3_K_S": "q3_K_S", "Q2_K": "q2_K"}
+TAG_FILE_TYPE = {"fp16": "F16", **{v: k for k, v in QUANT_TAG.items() if v != "fp16"}}
+# Quants the library publishes for the older families (every tag of llama3.1:8b-text, gemma2:9b-text,
+# mixtral:8x7b-text-v0.1, llama3.2:1b-text in the listing below), and for the newer ones (qwen3, gemma3, phi4, ...) only
+# these three.
+FULL_QUANTS = ("fp16", "q8_0", "q6_K", "q5_1", "q5_K_M", "q5_K_S", "q5_0", "q4_1", "q4_K_M", "q4_K_S", "q4_0",
+               "q3_K_L", "q3_K_M", "q3_K_S", "q2_K")
 FEW_QUANTS = ("fp16", "q8_0", "q4_K_M")
 # Hub id -> (library name, tag stem, published quants); stems as on ollama.com/library. The export names the model
 # that was planned: a base (pretrained) checkpoint maps to the library's base ("text") tags, an instruct / chat one to
@@ -117,29 +271,32 @@ INSTRUCT_ONLY = {
 }
 # File types convert_hf_to_gguf.py writes itself (--outtype); the others come from llama-quantize.
 UNQUANTIZED_FILE_TYPES = ("F16", "BF16")
-# Ranked by size, smallest last: "closest" means the published quant of at most the planned size, else the smallest.
-QUANT_ORDER = ("fp16", "q8_0", "q6_K", "q5_K_M", "q4_K_M", "q4_K_S", "q3_K_M", "q2_K")
+# Ranked by size, largest first (Llama-3-8B's sizes in llama.cpp's perplexity scoreboard: q5_1 5.65 GiB > q5_K_M 5.33
+# > q5_K_S = q5_0 5.21 > q4_1 4.78 > q4_K_M 4.58 > q4_K_S 4.37 > q4_0 4.34 > q3_K_L 4.03 > ...): "closest" means the
+# largest published quant of at most the planned size, else the smallest.
+QUANT_ORDER = ("fp16", "q8_0", "q6_K", "q5_1", "q5_K_M", "q5_K_S", "q5_0", "q4_1", "q4_K_M", "q4_K_S", "q4_0",
+               "q3_K_L", "q3_K_M", "q3_K_S", "q2_K")
+# The GGUF file types the library does not publish, and its largest quant of at most their size (same scoreboard:
+# iq4_NL 4.35 GiB >= q4_0 4.34, iq4_XS 4.14 >= q3_K_L 4.03).
+LARGEST_AT_MOST = {"IQ4_NL": "q4_0", "IQ4_XS": "q3_K_L"}
 
 
-def constants(hw: HardwareProfile) -> dict[str, EngineConstant]:
-    return {
-        "minimum_memory_bytes": EngineConstant(_minimum_memory(hw), f"{DEVICE_GO}: DeviceInfo.MinimumMemory"),
-        "gpu_overhead_bytes": EngineConstant(GPU_OVERHEAD_BYTES, f"{ENVCONFIG_GO}: OLLAMA_GPU_OVERHEAD default"),
-        "num_batch": EngineConstant(NUM_BATCH, f"{TYPES_GO}: DefaultOptions Runner.NumBatch"),
-        "compute_hidden_copies": EngineConstant(rules.COMPUTE_HIDDEN_COPIES, "estimate of ggml's compute "
-                                                "buffer (Ollama measures it as the graph size)", assumption=True),
-        "compute_ffn_copies": EngineConstant(rules.COMPUTE_FFN_COPIES, "estimate of ggml's compute buffer",
-                                             assumption=True),
-    }
-
-
-def _minimum_memory(hw: HardwareProfile) -> int:
-    return MINIMUM_MEMORY_BYTES.get(hw.accelerator or "cuda", MINIMUM_MEMORY_BYTES["cuda"])
+def published_file_types(spec: ModelSpec, file_type: str) -> tuple[str, ...]:
+    """The GGUF file types to try for the planned `file_type`: itself when the library has no tag for this model (the
+    user builds the GGUF), else the library's published quants of at most its size, largest first (the smallest when
+    none is that small)."""
+    entry = LIBRARY.get(spec.name)
+    if entry is None:
+        return (file_type,)
+    published = entry[2]
+    wanted = QUANT_TAG.get(file_type) or LARGEST_AT_MOST[file_type]
+    at_most = [q for q in QUANT_ORDER[QUANT_ORDER.index(wanted):] if q in published]
+    return tuple(TAG_FILE_TYPE[q] for q in (at_most or [published[-1]]))
 
 
 def ollama_tag(spec: ModelSpec, file_type: str) -> tuple[str | None, str]:
-    """The library tag of the planned model closest to a GGUF file type, and what to say about it; None (with how to
-    build the GGUF from the planned checkpoint) when the library has no tag for this very model."""
+    """The library tag of the planned model for a GGUF file type it publishes, and what to say about it; None (with how
+    to build the GGUF from the planned checkpoint) when the library has no tag for this very model."""
     entry = LIBRARY.get(spec.name)
     if entry is None:
         name = llamacpp.gguf_file_name(spec, file_type)
@@ -152,59 +309,77 @@ def ollama_tag(spec: ModelSpec, file_type: str) -> tuple[str | None, str]:
                  f"{convert} f16 --outfile {f16}, then llama-quantize {f16} {name} {file_type}")
         return None, (f"{why}: FROM the GGUF converted from the planned checkpoint (./{name}); build it with "
                       f"llama.cpp: {build}")
-    name, stem, published = entry
-    wanted = QUANT_TAG[file_type]
-    rank = QUANT_ORDER.index(wanted)
-    quant = next((q for q in QUANT_ORDER[rank:] if q in published), published[-1])
-    said = f"Ollama quant {quant}" + ("" if quant == wanted
-                                      else f" (closest published to {file_type}: {wanted} is not)")
-    return f"{name}:{stem}-{quant}", said + "; tag by ollama.com/library's naming convention: check it is published"
+    name, stem, _ = entry
+    quant = QUANT_TAG[file_type]
+    return (f"{name}:{stem}-{quant}", f"Ollama quant {quant} (GGUF {file_type}); tag by ollama.com/library's naming "
+            "convention: check it is published")
+
+
+# ---------------------------------------------------------------- the Modelfile
+def _request(p: Plan) -> tuple[Request, list[str]]:
+    """The llama.cpp request the Ollama plan starts from: a llama.cpp plan's own choice, or a vramplan plan mapped."""
+    if p.request.engine == llamacpp.ENGINE:
+        return replace(p.request, quant=(p.choice.weight_quant,) if p.fits else (),
+                       kv_dtype=(p.choice.kv_dtype,) if p.fits else (), gpu_layers=None, expert_placement=None), []
+    return llamacpp.mapped_request(p)
 
 
 def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
-    """The Modelfile for a plan: llama.cpp's bytes for the plan's GGUF type, Ollama's reserves for num_gpu."""
-    consts = constants(hw)
-    if p.request.engine == llamacpp.ENGINE:
-        req, notes = replace(p.request, quant=(p.choice.weight_quant,) if p.fits else (),
-                             kv_dtype=(p.choice.kv_dtype,) if p.fits else (), gpu_layers=None,
-                             expert_placement=None), []
-    else:
-        req, notes = llamacpp.mapped_request(p)
-    margin = _minimum_memory(hw) + GPU_OVERHEAD_BYTES
-    q = llamacpp.plan_llamacpp(spec, hw, req)  # the file type and cache llama.cpp's rules pick
+    """The Modelfile for a plan: llama.cpp's plan for llama-server as Ollama starts it, placed by llama.cpp's --fit."""
+    req, notes = _request(p)
+    notes.insert(0, f"Ollama {OLLAMA_VERSION}: llama-server (llama.cpp {OLLAMA_LLAMA_CPP_BUILD}) started with Ollama's "
+                    "launch settings and placed by its --fit: llama.cpp's plan for that launch (vramplan's llama.cpp "
+                    f"rules follow llama.cpp {rules.MEASURED_COMMIT[:9]})")
+    wanted = req.quant[0] if req.quant else None
+    types = published_file_types(spec, wanted) if wanted else tuple(
+        ft for ft in rules.PLANNED_FILE_TYPES if ft in (published_file_types(spec, ft)))
+    q, launch = plan_ollama(spec, hw, req, types)
+    consts = {**constants(), **rules.constants(hw.name, hw.overheads.cuda_context_bytes if hw.has_gpu else 0,
+                                               (q.choice.weight_quant,) if q.fits else (),
+                                               (q.choice.kv_dtype,) if q.fits else (), has_gpu=hw.has_gpu)}
     if not q.fits:
         notes.append(f"Ollama: nothing fits: {q.reasons[0]}")
         return Export(engine=ENGINE, fits=False, text=commented(notes, "# no Modelfile"), notes=tuple(notes),
                       constants=consts)
-    ft, kv = q.choice.weight_quant, q.choice.kv_dtype
-    model = rules.gguf_model(spec, ft)
-    fp = llamacpp.footprint(spec, hw, replace(req, quant=(ft,), kv_dtype=(kv,)), model, kv, margin_bytes=margin,
-                            slots=runner_slots(req), base_ram_bytes=RUNNER_BASE_RAM_ASSUMED)
-    placement, _ = fp.place(expert_offload=False)
+    c = q.choice
+    ft, kv = c.weight_quant, c.kv_dtype
     tag, said = ollama_tag(spec, ft)
+    if wanted and ft != wanted:
+        said += f" ({wanted} is not published: the closest that is)"
     notes.append(said)
-    if placement is None:
-        notes.append("Ollama's reserves leave no placement that fits")
-        return Export(engine=ENGINE, fits=False, text=commented(notes, "# no Modelfile"), notes=tuple(notes),
-                      constants=consts)
-    num_gpu = placement.ngl
-    notes.append(f"num_gpu {num_gpu} of {spec.num_layers + 1} layers (the output layer counts as one): GGUF {ft} bytes "
-                 f"by planner/gguf.py, kept free per GPU: Ollama's minimum {_minimum_memory(hw) // MiB} MiB + "
-                 f"OLLAMA_GPU_OVERHEAD {GPU_OVERHEAD_BYTES} (llama.cpp itself keeps its --fit margin of 1 GiB)")
-    if q.choice.expert_layers_on_cpu:
-        notes.append(f"llama.cpp would keep the experts of {q.choice.expert_layers_on_cpu} layers in RAM "
-                     "(--n-cpu-moe); a Modelfile has no such setting: Ollama offloads whole layers instead")
-    env = []
-    if kv != "f16":
-        env.append(f"OLLAMA_FLASH_ATTENTION=1 OLLAMA_KV_CACHE_TYPE={kv}")
+    gguf = tag or "./" + llamacpp.gguf_file_name(spec, ft)
+    argv = launch.argv(f"<{gguf} blob>" if tag else gguf, kv)
+    if hw.has_gpu:
+        notes.append(f"{q.chosen.reason} (by llama.cpp's rules; --fit chooses -ngl" + (
+            " and the experts kept in RAM itself: it may also move part of one more layer, and picks which layers' "
+            "experts stay" if c.expert_layers_on_cpu else " itself") + ")")
+        notes.append("no num_gpu: with num_gpu set Ollama passes -ngl, and llama.cpp's --fit then leaves the placement "
+                     "to it (common/fit.cpp: \"n_gpu_layers already set by user\")")
+    else:
+        notes.append(q.chosen.reason)
+    memory = (f"predicted VRAM {format_bytes(launch.predicted_vram_bytes)} of {format_bytes(launch.available_bytes)} "
+              "free" if hw.has_gpu else "no GPU: the context alone decides")
+    notes.append(f"num_batch {launch.num_batch}: Ollama's automatic choice for {launch.num_ctx * launch.num_parallel} "
+                 f"tokens of context (server/sched.go automaticGenerationBatch: {memory})")
+    if launch.single_gpu_of:
+        notes.append(f"one GPU of {launch.single_gpu_of}: Ollama runs a model on the GPU with the most free memory "
+                     f"when its predicted VRAM is at most {SINGLE_GPU_PCT} % of it (OLLAMA_SCHED_SPREAD=1: all GPUs)")
+    notes.append("Ollama will start: " + " ".join(argv))
+    env = [f"OLLAMA_KV_CACHE_TYPE={kv}"] if kv != "f16" else []
     if req.batch > 1:
         env.append(f"OLLAMA_NUM_PARALLEL={req.batch}")
     if env:
-        notes.append("server environment (not a Modelfile setting): " + " ".join(env) + " ollama serve")
+        notes.append("server environment (not a Modelfile setting): " + " ".join(env) + " ollama serve"
+                     + (" (--flash-attn auto turns flash attention on for a quantized V cache: llama.cpp's "
+                        "llama_init_from_model)" if kv != "f16" else ""))
+    notes.append(f"llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of "
+                 f"{rules.PROMPT_CACHE_DEFAULT_MIB} MiB: Ollama passes no --cache-ram")
+    notes += [w for w in q.warnings if not w.startswith("assumption: ")]
     notes += assumption_notes(consts)
     pull = f"ollama pull {tag}" if tag else f"(no library tag: build {llamacpp.gguf_file_name(spec, ft)}, see above)"
-    body = "\n".join([f"# {pull}", f"FROM {tag or './' + llamacpp.gguf_file_name(spec, ft)}",
-                      f"PARAMETER num_ctx {req.context}", f"PARAMETER num_gpu {num_gpu}"])
+    body = "\n".join([f"# {pull}", f"FROM {gguf}", f"PARAMETER num_ctx {req.context}"])
     return Export(engine=ENGINE, fits=True, text=commented(notes, body), notes=tuple(notes), constants=consts,
-                  details={"tag": tag, "gguf_file_type": ft, "kv_cache_type": kv, "num_ctx": req.context,
-                           "num_gpu": num_gpu})
+                  details={"ollama_version": OLLAMA_VERSION, "tag": tag, "gguf_file_type": ft, "kv_cache_type": kv,
+                           "num_ctx": req.context, "num_parallel": launch.num_parallel, "num_batch": launch.num_batch,
+                           "llama_server_argv": argv, "fit_ngl": sum(c.gpu_layers_per_device) + 1 if c.on_gpu else 0,
+                           "fit_expert_layers_in_ram": c.expert_layers_on_cpu, "plan": q.to_dict()})
