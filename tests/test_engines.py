@@ -105,10 +105,10 @@ GOLDEN = {
   --max-model-len 32768 \
   --gpu-memory-utilization 0.95 \
   --kv-cache-dtype fp8""",
-        ['vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.95 x 23.99 GiB = weights 14.96 GiB + profile-run peak '
-         '506.50 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 6.18 GiB; the rest holds the CUDA '
-         'context 500.00 MiB and your headroom 512.00 MiB',
-         'the KV pool is cut in 16-token blocks; 2.00 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 3',
+        ["vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.95 x 23.49 GiB (CUDA's total) = weights 14.96 GiB + "
+         "profile-run peak 506.50 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 5.70 GiB; the rest "
+         "holds the CUDA context 500.00 MiB and your headroom 512.00 MiB",
+         'the KV pool is cut in 16-token blocks; 2.00 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 2',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
          'are estimates (see the assumptions)']),
     ('dense-8b-24gb', 'llama.cpp'): (
@@ -176,9 +176,9 @@ cache = QuantizedCache(backend="fp8", config=model.config)""",
          'needs 3 nodes of rtx-4090 (--nodes 1 given): run it on 3',
          'start a Ray cluster over the 3 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
          'others); TP inside each node, PP across nodes',
-         'vLLM 0.33.0 per GPU (1 TP x 3 PP on 3 node(s)): 0.91 x 23.99 GiB = weights 13.39 GiB + profile-run peak '
-         '504.00 MiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 6.40 GiB; the rest holds the CUDA '
-         'context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB',
+         "vLLM 0.33.0 per GPU (1 TP x 3 PP on 3 node(s)): 0.91 x 23.49 GiB (CUDA's total) = weights 13.39 GiB + "
+         "profile-run peak 504.00 MiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 5.94 GiB; the rest "
+         "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
          'the KV pool is cut in 16-token blocks; 865.69 MiB hold 1 sequence(s) of 8192 tokens; the pool holds about '
          '7',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
@@ -252,10 +252,10 @@ model = AutoModelForCausalLM.from_pretrained(
   --cpu-offload-gb 38 \
   --cpu-offload-params experts""",
         ['vLLM fits 1 node(s) only with 38 GiB of routed experts per GPU in RAM (--cpu-offload-gb: pinned RAM the GPU '
-         'reads over the host link on every forward pass); without offload it needs 3 nodes of rtx-4090',
-         'vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.95 x 23.99 GiB = weights 18.87 GiB + profile-run peak '
-         '420.75 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 2.35 GiB; the rest holds the CUDA '
-         'context 500.00 MiB and your headroom 512.00 MiB',
+         'reads over the host link on every forward pass); without offload it needs 4 nodes of rtx-4090',
+         "vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.95 x 23.49 GiB (CUDA's total) = weights 18.87 GiB + "
+         "profile-run peak 420.75 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 1.87 GiB; the rest "
+         "holds the CUDA context 500.00 MiB and your headroom 512.00 MiB",
          'the KV pool is cut in 16-token blocks; 1.50 GiB hold 1 sequence(s) of 16384 tokens; the pool holds about 1',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
          'are estimates (see the assumptions)']),
@@ -320,11 +320,11 @@ model = AutoModelForCausalLM.from_pretrained(
         ['needs 2 nodes of rtx-4090-x2 (--nodes 1 given): run it on 2',
          'start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
          'others); TP inside each node, PP across nodes',
-         'vLLM 0.33.0 per GPU (2 TP x 2 PP on 2 node(s)): 0.91 x 23.99 GiB = weights 9.45 GiB + profile-run peak '
-         '566.50 MiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 10.28 GiB; the rest holds the CUDA '
-         'context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB',
+         "vLLM 0.33.0 per GPU (2 TP x 2 PP on 2 node(s)): 0.91 x 23.49 GiB (CUDA's total) = weights 9.45 GiB + "
+         "profile-run peak 566.50 MiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 9.82 GiB; the rest "
+         "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
          'the KV pool is cut in 16-token blocks; 641.25 MiB hold 1 sequence(s) of 8192 tokens; the pool holds about '
-         '16',
+         '15',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
          'are estimates (see the assumptions)',
          "vLLM 0.33.0 has no bitsandbytes and no quanto: bnb-nf4-dq maps to --quantization mxfp4 (MXFP4 weights "
@@ -439,9 +439,9 @@ model = AutoModelForCausalLM.from_pretrained(
   --distributed-executor-backend ray""",
         ['start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
          'others); TP inside each node, PP across nodes',
-         'vLLM 0.33.0 per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.65 GiB = weights 47.25 GiB + profile-run peak '
-         '2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 26.14 GiB; the rest holds the CUDA context '
-         '500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB',
+         "vLLM 0.33.0 per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.15 GiB (CUDA's total) = weights 47.25 GiB + "
+         "profile-run peak 2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 25.65 GiB; the rest holds "
+         "the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
          'the KV pool is cut in 16-token blocks; 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds about '
          '26',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
@@ -457,9 +457,9 @@ model = AutoModelForCausalLM.from_pretrained(
         ['needs 2 nodes of h100-sxm-x8 (--nodes 1 given): run it on 2',
          'start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
          'others); TP inside each node, PP across nodes',
-         'vLLM 0.33.0 per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.65 GiB = weights 47.25 GiB + profile-run peak '
-         '2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 26.14 GiB; the rest holds the CUDA context '
-         '500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB',
+         "vLLM 0.33.0 per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.15 GiB (CUDA's total) = weights 47.25 GiB + "
+         "profile-run peak 2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 25.65 GiB; the rest holds "
+         "the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
          'the KV pool is cut in 16-token blocks; 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds about '
          '26',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
@@ -637,14 +637,14 @@ def test_vllm_kv_pages_blocks_and_tp_replication():
     assert m.layer_kv(1)[0].blocks(32768, 4096) == 32768 // 16
     lay = m.layout(1, 1, 1)
     assert lay.kv_per_sequence_bytes == 4 * 1024**3 and lay.null_block_bytes == 32 * page
-    # (24564 MiB - 512 headroom - 500 context) / 24564: the CUDA graphs are inside the budget since vLLM 0.21
+    # (24052 MiB CUDA reports - 512 headroom - 500 context) / 24052: CUDA graphs are inside the budget since vLLM 0.21
     assert lay.gpu_memory_utilization == 0.95
     assert lay.weights_bytes == 8_030_261_248 * 2
 
 
 def test_vllm_search_takes_tp_inside_a_node_then_pp_over_nodes():
     spec = model_spec("llama-3.1-70b")
-    m = VLLMModel(spec, TWO_4090, Request(context=4096), weight_format("bnb-nf4-dq"), "auto")
+    m = VLLMModel(spec, TWO_4090, Request(context=2048), weight_format("bnb-nf4-dq"), "auto")
     lay = search(m, 2)
     assert (lay.tp, lay.pp, lay.nodes) == (2, 1, 1)
     big = VLLMModel(model_spec("llama-3.1-405b"), H100_X8, Request(context=32768), weight_format("bf16"), "auto")

@@ -22,7 +22,7 @@ from ..modelspec import Kind, ModelSpec, Role, dtype_bytes
 from ..plan import Plan
 from ..quant import SCHEMES
 from ..request import Request
-from ..units import GiB, format_bytes
+from ..units import GiB, MiB, format_bytes
 from . import vllm_rules as rules
 from .common import EngineConstant, Export, assumption_notes, commented, floor_to, gib, shell_command
 from .vllm_rules import (BLOCK_SIZE, BLOCK_SIZE_MLA, KV_CACHE_BYTES, VLLM_VERSION, LayerKV, WeightFormat, kv_groups,
@@ -49,6 +49,10 @@ NON_TORCH_DISTRIBUTED_BYTES_ASSUMED = int(0.55 * GiB)
 #   measure"), so outside the budget: llm-d's H100 runs start with 78.57 of 79.18 GiB free at TP 1 and 77.64 at TP 2
 #   (records llmd-h100-llama31-8b, llmd-h100-llama33-70b-fp8-tp2): 0.93 GiB more, rounded up.
 NCCL_BYTES_ASSUMED = 1 * GiB
+# - vLLM's total is CUDA's (MemorySnapshot: torch.accelerator.get_memory_info), less than the NVML total a profile
+#   holds: llm-d's H100 logs say 79.18 GiB total (NVML: 81559 MiB = 79.65 GiB), vllm-project/vllm#10517's RTX 3090
+#   23.58 GiB (NVML: 24.00 GiB): 0.42-0.47 GiB hidden, rounded up.
+CUDA_HIDDEN_BYTES_ASSUMED = 512 * MiB
 # - CUDA graphs, estimated by vLLM before the KV cache (profile_cudagraph_memory) and subtracted from it: vLLM logs 0.10
 #   to 1.03 GiB in llm-d's table (0.6B to 120B models); 1 GiB per GPU assumed.
 CUDAGRAPH_BYTES_ASSUMED = 1 * GiB
@@ -72,6 +76,9 @@ def constants(hw: HardwareProfile, distributed: bool = True) -> dict[str, Engine
         "non_torch_bytes": EngineConstant(NON_TORCH_SINGLE_GPU_BYTES, "vLLM start-up logs (single GPU): "
                                           "kubernetes-sigs/gateway-api-inference-extension#550, "
                                           "generative-computing/mellea#416"),
+        "cuda_hidden_bytes": EngineConstant(CUDA_HIDDEN_BYTES_ASSUMED, "NVML's total less CUDA's, which vLLM uses: "
+                                            "0.47 GiB on llm-d's H100s, 0.42 GiB on a 3090 (vllm-project/vllm#10517)",
+                                            assumption=True),
         "cudagraph_bytes": EngineConstant(CUDAGRAPH_BYTES_ASSUMED, "CUDA graphs per GPU, estimated by vLLM and taken "
                                           "from the KV pool (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default, "
                                           "vllm/envs.py)", assumption=True),
@@ -136,17 +143,17 @@ class VLLMModel:
     def __init__(self, spec: ModelSpec, hw: HardwareProfile, req: Request, fmt: WeightFormat, kv_cache: str):
         self.spec, self.hw, self.req, self.fmt, self.kv_cache = spec, hw, req, fmt, kv_cache
         g = hw.gpu
-        self.total = g.memory_bytes
+        self.total = g.memory_bytes - CUDA_HIDDEN_BYTES_ASSUMED  # what vLLM multiplies gpu_memory_utilization by
         self.capacity = gpu_capacity(hw, req, 0)
         self.layer_tensors = [spec.layer_tensors(i) for i in range(spec.num_layers)]
         self.tokens = rules.max_num_batched_tokens(g, req.context)
 
     def utilization(self, distributed: bool) -> float:
         """The --gpu-memory-utilization that leaves the CUDA context, NCCL (with several ranks) and the headroom
-        outside vLLM's budget."""
+        outside vLLM's budget, of what CUDA reports."""
         outside = self.req.headroom_bytes + self.hw.overheads.cuda_context_bytes + (
             NCCL_BYTES_ASSUMED if distributed else 0)
-        return min(1.0, floor_to((self.capacity - outside) / self.total, 0.01))
+        return min(1.0, floor_to((min(self.capacity, self.total) - outside) / self.total, 0.01))
 
     def _rank_weights(self, tp: int, layers: range, first: bool, last: bool) -> int:
         spec = self.spec
@@ -381,11 +388,11 @@ def _differences(spec, hw, p: Plan, m: VLLMModel, lay: Layout, fmt: WeightFormat
     nccl = NCCL_BYTES_ASSUMED if lay.tp * lay.pp > 1 else 0
     groups = kv_groups(m.layer_kv(lay.tp))
     out = [f"vLLM {VLLM_VERSION} per GPU ({lay.tp} TP x {lay.pp} PP on {lay.nodes} node(s)): "
-           f"{lay.gpu_memory_utilization:.2f} x {format_bytes(m.total)} = weights {format_bytes(lay.weights_bytes)} "
-           f"+ profile-run peak {format_bytes(lay.activation_bytes)} + non-torch {format_bytes(lay.non_torch_bytes)} "
-           f"+ CUDA graphs {format_bytes(lay.cudagraph_bytes)} + KV pool {format_bytes(lay.kv_pool_bytes)}; the rest "
-           f"holds the CUDA context {format_bytes(hw.overheads.cuda_context_bytes)}"
-           + (f", NCCL {format_bytes(nccl)}" if nccl else "")
+           f"{lay.gpu_memory_utilization:.2f} x {format_bytes(m.total)} (CUDA's total) = weights "
+           f"{format_bytes(lay.weights_bytes)} + profile-run peak {format_bytes(lay.activation_bytes)} + non-torch "
+           f"{format_bytes(lay.non_torch_bytes)} + CUDA graphs {format_bytes(lay.cudagraph_bytes)} + KV pool "
+           f"{format_bytes(lay.kv_pool_bytes)}; the rest holds the CUDA context "
+           f"{format_bytes(hw.overheads.cuda_context_bytes)}" + (f", NCCL {format_bytes(nccl)}" if nccl else "")
            + f" and your headroom {format_bytes(req.headroom_bytes)}",
            f"the KV pool is cut in {BLOCK_SIZE_MLA if spec.attention[0].kind == 'mla' else BLOCK_SIZE}-token blocks"
            + (f" over {len(groups)} KV cache groups (sliding-window layers keep window - 1 + "
