@@ -98,11 +98,12 @@ def constants(hw: HardwareProfile, distributed: bool = True) -> dict[str, Engine
     return out
 
 
-def weight_format(scheme: str, spec: ModelSpec | None = None) -> WeightFormat:
-    """How vLLM holds the weights of a plan in `scheme`: a pre-quantized checkpoint as it is, else the scheme's closest
-    online format (vllm_rules)."""
-    fmt = rules.checkpoint_format(spec) if spec is not None else None
-    return fmt if fmt is not None else rules.online_format(scheme, SCHEMES[scheme].bits)
+def weight_format(scheme: str, spec: ModelSpec | None = None) -> WeightFormat | None:
+    """How vLLM holds the weights of a plan in `scheme`: a pre-quantized checkpoint as it is (None where vramplan does
+    not size its layout), else the scheme's closest online format (vllm_rules)."""
+    if spec is not None and rules.checkpoint_quantization(spec) is not None:
+        return rules.checkpoint_format(spec)
+    return rules.online_format(scheme, SCHEMES[scheme].bits)
 
 
 # ---------------------------------------------------------------- one layout's memory
@@ -301,8 +302,7 @@ def export_vllm(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
         return _refuse([f"vLLM: hardware {hw.name!r} {why}; vramplan plans vLLM on CUDA GPUs only (vLLM's CPU and "
                         "Apple backends are not planned)"])
     scheme, kv = _scheme_and_kv(p)
-    prequantized = rules.checkpoint_quantization(spec) is not None
-    fmt = rules.checkpoint_format(spec) if prequantized else weight_format(scheme)
+    fmt = weight_format(scheme, spec)
     if why := _cannot_run(spec, hw, fmt):
         consts = constants(hw)
         return _refuse([why, *assumption_notes(consts)], consts, nodes_needed=None)
