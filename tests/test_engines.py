@@ -18,6 +18,7 @@ from planner.engines import llamacpp_rules as rules
 from planner.engines.llamacpp import LlamaCppChoice
 from planner.engines.ollama import ollama_tag, published_file_types
 from planner.engines.vllm import VLLMModel, pp_partitions, search, weight_format
+from planner.engines.vllm_rules import LayerKV
 from planner.errors import PlanError
 from planner.gguf import GGUF_FILE_TYPES, gguf_tensors
 from planner.memory import CPUMemory, MemoryBreakdown
@@ -102,12 +103,12 @@ GOLDEN = {
     ('dense-8b-24gb', 'vllm'): (
         r"""vllm serve meta-llama/Llama-3.1-8B \
   --max-model-len 32768 \
-  --gpu-memory-utilization 0.91 \
+  --gpu-memory-utilization 0.95 \
   --kv-cache-dtype fp8""",
-        ['vLLM per GPU (1 TP x 1 PP on 1 node(s)): 0.91 x 23.99 GiB = weights 14.96 GiB + profile-run peak 506.50 MiB '
-         '+ non-torch 163.84 MiB + KV pool 6.22 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB '
-         'and your headroom 512.00 MiB',
-         'the KV pool is cut in 16-token blocks; 2.00 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 3',
+        ["vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.95 x 23.49 GiB (CUDA's total) = weights 14.96 GiB + "
+         "profile-run peak 506.50 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 5.70 GiB; the rest "
+         "holds the CUDA context 500.00 MiB and your headroom 512.00 MiB",
+         'the KV pool is cut in 16-token blocks; 2.00 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 2',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
          'are estimates (see the assumptions)']),
     ('dense-8b-24gb', 'llama.cpp'): (
@@ -178,17 +179,26 @@ cache = QuantizedCache(backend="fp8", config=model.config)""",
   --max-model-len 8192 \
   --gpu-memory-utilization 0.91 \
   --kv-cache-dtype auto \
-  --quantization bitsandbytes \
-  --cpu-offload-gb 19""",
-        ['vLLM fits 1 node(s) only with 19 GiB of weights per GPU in RAM (--cpu-offload-gb), copied to the GPU on '
-         'every forward pass; without offload it needs 2 nodes of rtx-4090',
-         'vLLM per GPU (1 TP x 1 PP on 1 node(s)): 0.91 x 23.99 GiB = weights 17.80 GiB + profile-run peak 754.50 MiB '
-         '+ non-torch 163.84 MiB + KV pool 3.13 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB '
-         'and your headroom 512.00 MiB',
-         'the KV pool is cut in 16-token blocks; 2.50 GiB hold 1 sequence(s) of 8192 tokens; the pool holds about 1',
+  --quantization mxfp4 \
+  --pipeline-parallel-size 3 \
+  --distributed-executor-backend ray""",
+        ["vLLM's weight offload copies each layer's parameters to RAM as the layer is built (vllm-project/vllm "
+         "vllm/model_executor/offloader/uva.py @ v0.33.0 (4ba787ec9)), before --quantization mxfp4 has quantized them "
+         "(they are still on the meta device then): the two do not combine, so no --cpu-offload-gb here",
+         'needs 3 nodes of rtx-4090 (--nodes 1 given): run it on 3',
+         'start a Ray cluster over the 3 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
+         'others); TP inside each node, PP across nodes',
+         "vLLM 0.33.0 per GPU (1 TP x 3 PP on 3 node(s)): 0.91 x 23.49 GiB (CUDA's total) = weights 13.39 GiB + "
+         "profile-run peak 504.00 MiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 5.94 GiB; the rest "
+         "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
+         'the KV pool is cut in 16-token blocks; 865.69 MiB hold 1 sequence(s) of 8192 tokens; the pool holds about '
+         '7',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
          'are estimates (see the assumptions)',
-         "vLLM's in-flight bitsandbytes is NF4 with double quantization whatever the plan's variant"]),
+         "vLLM 0.33.0 has no bitsandbytes and no quanto: bnb-nf4 maps to --quantization mxfp4 (MXFP4 weights "
+         "quantized while loading: 4-bit values with a power-of-two scale per 32, 0.53 B/param; W4A16 Marlin where "
+         "FlashInfer's FP4 kernels do not run); its power-of-two scales round more coarsely than NF4's",
+         "vramplan's runtime offloads 40 layers on rtx-4090; vLLM spreads the model over GPUs instead"]),
     ('70b-offloaded', 'llama.cpp'): (
         r"""llama-server \
   -m Llama-3.1-70B-Q4_K_M.gguf \
@@ -269,20 +279,18 @@ model = AutoModelForCausalLM.from_pretrained(
     ('moe-experts-in-ram', 'vllm'): (
         r"""vllm serve Qwen/Qwen3-30B-A3B \
   --max-model-len 16384 \
-  --gpu-memory-utilization 0.91 \
+  --gpu-memory-utilization 0.95 \
   --kv-cache-dtype auto \
-  --pipeline-parallel-size 3 \
-  --distributed-executor-backend ray""",
-        ['needs 3 nodes of rtx-4090 (--nodes 1 given): run it on 3',
-         'start a Ray cluster over the 3 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
-         'others); TP inside each node, PP across nodes',
-         'vLLM per GPU (1 TP x 3 PP on 3 node(s)): 0.91 x 23.99 GiB = weights 19.15 GiB + profile-run peak 420.75 MiB '
-         '+ non-torch 1.00 GiB + KV pool 1.27 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB '
-         'and your headroom 512.00 MiB',
-         'the KV pool is cut in 16-token blocks; 512.50 MiB hold 1 sequence(s) of 16384 tokens; the pool holds about 2',
+  --cpu-offload-gb 38 \
+  --cpu-offload-params experts""",
+        ['vLLM fits 1 node(s) only with 38 GiB of routed experts per GPU in RAM (--cpu-offload-gb: pinned RAM the GPU '
+         'reads over the host link on every forward pass); without offload it needs 4 nodes of rtx-4090',
+         "vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.95 x 23.49 GiB (CUDA's total) = weights 18.87 GiB + "
+         "profile-run peak 420.75 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 1.87 GiB; the rest "
+         "holds the CUDA context 500.00 MiB and your headroom 512.00 MiB",
+         'the KV pool is cut in 16-token blocks; 1.50 GiB hold 1 sequence(s) of 16384 tokens; the pool holds about 1',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
-         'are estimates (see the assumptions)',
-         'vLLM has no expert offload: every GPU holds its TP share of all experts']),
+         'are estimates (see the assumptions)']),
     ('moe-experts-in-ram', 'llama.cpp'): (
         r"""llama-server \
   -m Qwen3-30B-A3B-BF16.gguf \
@@ -357,14 +365,23 @@ model = AutoModelForCausalLM.from_pretrained(
   --max-model-len 8192 \
   --gpu-memory-utilization 0.91 \
   --kv-cache-dtype auto \
-  --quantization bitsandbytes \
-  --tensor-parallel-size 2""",
-        ['vLLM per GPU (2 TP x 1 PP on 1 node(s)): 0.91 x 23.99 GiB = weights 18.40 GiB + profile-run peak 566.50 MiB '
-         '+ non-torch 1.00 GiB + KV pool 1.87 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB '
-         'and your headroom 512.00 MiB',
-         'the KV pool is cut in 16-token blocks; 1.25 GiB hold 1 sequence(s) of 8192 tokens; the pool holds about 1',
+  --quantization mxfp4 \
+  --tensor-parallel-size 2 \
+  --pipeline-parallel-size 2 \
+  --distributed-executor-backend ray""",
+        ['needs 2 nodes of rtx-4090-x2 (--nodes 1 given): run it on 2',
+         'start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
+         'others); TP inside each node, PP across nodes',
+         "vLLM 0.33.0 per GPU (2 TP x 2 PP on 2 node(s)): 0.91 x 23.49 GiB (CUDA's total) = weights 9.45 GiB + "
+         "profile-run peak 566.50 MiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 9.82 GiB; the rest "
+         "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
+         'the KV pool is cut in 16-token blocks; 641.25 MiB hold 1 sequence(s) of 8192 tokens; the pool holds about '
+         '15',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
-         'are estimates (see the assumptions)']),
+         'are estimates (see the assumptions)',
+         "vLLM 0.33.0 has no bitsandbytes and no quanto: bnb-nf4-dq maps to --quantization mxfp4 (MXFP4 weights "
+         "quantized while loading: 4-bit values with a power-of-two scale per 32, 0.53 B/param; W4A16 Marlin where "
+         "FlashInfer's FP4 kernels do not run); its power-of-two scales round more coarsely than NF4's"]),
     ('two-gpus', 'llama.cpp'): (
         r"""llama-server \
   -m Llama-3.1-70B-Q4_K_M.gguf \
@@ -494,11 +511,11 @@ model = AutoModelForCausalLM.from_pretrained(
   --distributed-executor-backend ray""",
         ['start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
          'others); TP inside each node, PP across nodes',
-         'vLLM per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.65 GiB = weights 47.25 GiB + profile-run peak 2.32 GiB + '
-         'non-torch 1.00 GiB + KV pool 26.69 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB and '
-         'your headroom 512.00 MiB',
+         "vLLM 0.33.0 per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.15 GiB (CUDA's total) = weights 47.25 GiB + "
+         "profile-run peak 2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 25.65 GiB; the rest holds "
+         "the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
          'the KV pool is cut in 16-token blocks; 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds about '
-         '27',
+         '26',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
          'are estimates (see the assumptions)']),
     ('405b-one-node', 'vllm'): (
@@ -512,17 +529,20 @@ model = AutoModelForCausalLM.from_pretrained(
         ['needs 2 nodes of h100-sxm-x8 (--nodes 1 given): run it on 2',
          'start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
          'others); TP inside each node, PP across nodes',
-         'vLLM per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.65 GiB = weights 47.25 GiB + profile-run peak 2.32 GiB + '
-         'non-torch 1.00 GiB + KV pool 26.69 GiB; the rest holds the CUDA context 500.00 MiB, CUDA graphs 1.00 GiB and '
-         'your headroom 512.00 MiB',
+         "vLLM 0.33.0 per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.15 GiB (CUDA's total) = weights 47.25 GiB + "
+         "profile-run peak 2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 25.65 GiB; the rest holds "
+         "the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
          'the KV pool is cut in 16-token blocks; 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds about '
-         '27',
+         '26',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
          'are estimates (see the assumptions)']),
 }
 
 
-FITS = {"moe-experts-in-ram": {"vllm": False}, "cpu-only": {"vllm": False}, "405b-one-node": {"vllm": False}}
+# vLLM 0.33 has no bitsandbytes: the 70B's 4-bit plans become --quantization mxfp4, which its weight offload cannot
+# take (70b-offloaded) and which does not leave 2 x 24 GB room for 8k at TP 2 (two-gpus): both need more nodes.
+FITS = {"70b-offloaded": {"vllm": False}, "two-gpus": {"vllm": False}, "cpu-only": {"vllm": False},
+        "405b-one-node": {"vllm": False}}
 
 
 @pytest.mark.parametrize("case, engine", list(GOLDEN), ids=lambda x: x)
@@ -785,18 +805,20 @@ def test_vllm_pipeline_partitions_as_get_pp_indices():
 
 def test_vllm_kv_pages_blocks_and_tp_replication():
     m = VLLMModel(LLAMA_8B, RTX4090, Request(context=32768), weight_format("bf16"), "auto")
-    assert m._page(1, 0) == 2 * 16 * 8 * 128 * 2  # K and V, block 16, 8 KV heads x 128, bf16
-    assert m._page(16, 0) == 2 * 16 * 1 * 128 * 2  # TP beyond the KV heads: one replicated head per rank
-    assert m._blocks_per_sequence(0) == 32768 // 16
+    page = 2 * 16 * 8 * 128 * 2  # K and V, block 16, 8 KV heads x 128, bf16
+    assert m.layer_kv(1)[0] == LayerKV(None, page, 16)
+    assert m.layer_kv(16)[0] == LayerKV(None, page // 8, 16)  # TP beyond the KV heads: one replicated head per rank
+    assert m.layer_kv(1)[0].blocks(32768, 4096) == 32768 // 16
     lay = m.layout(1, 1, 1)
-    assert lay.kv_per_sequence_bytes == 4 * 1024**3 and lay.null_block_bytes == 32 * m._page(1, 0)
-    assert lay.gpu_memory_utilization == 0.91  # (24564 MiB - 512 headroom - 500 context - 1024 graphs) / 24564
+    assert lay.kv_per_sequence_bytes == 4 * 1024**3 and lay.null_block_bytes == 32 * page
+    # (24052 MiB CUDA reports - 512 headroom - 500 context) / 24052: CUDA graphs are inside the budget since vLLM 0.21
+    assert lay.gpu_memory_utilization == 0.95
     assert lay.weights_bytes == 8_030_261_248 * 2
 
 
 def test_vllm_search_takes_tp_inside_a_node_then_pp_over_nodes():
     spec = model_spec("llama-3.1-70b")
-    m = VLLMModel(spec, TWO_4090, Request(context=8192), weight_format("bnb-nf4-dq"), "auto")
+    m = VLLMModel(spec, TWO_4090, Request(context=2048), weight_format("bnb-nf4-dq"), "auto")
     lay = search(m, 2)
     assert (lay.tp, lay.pp, lay.nodes) == (2, 1, 1)
     big = VLLMModel(model_spec("llama-3.1-405b"), H100_X8, Request(context=32768), weight_format("bf16"), "auto")
@@ -806,9 +828,9 @@ def test_vllm_search_takes_tp_inside_a_node_then_pp_over_nodes():
 
 def test_vllm_weight_formats():
     assert weight_format("bf16").args == () and weight_format("fp16").args == ("--dtype", "float16")
-    assert weight_format("bnb-int8").args == ("--quantization", "fp8")
-    assert weight_format("quanto-int4").args == ("--quantization", "bitsandbytes")
-    assert "no quanto" in weight_format("quanto-int4").note and weight_format("bnb-nf4-dq").note == ""
+    assert weight_format("bnb-int8").args == ("--quantization", "fp8_per_tensor")
+    assert weight_format("quanto-int4").args == ("--quantization", "mxfp4")
+    assert "no quanto" in weight_format("quanto-int4").note and "no bitsandbytes" in weight_format("bnb-nf4-dq").note
 
 
 # ---------------------------------------------------------------- Ollama tags, transformers, dispatch
