@@ -520,6 +520,13 @@ def run_cmd(
     as_json: JsonOpt = False,
     save: Annotated[Optional[str], typer.Option("--save", help="Write the run report (JSON; YAML for a .yaml "
                                                 "path).")] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Who runs it: vramplan (its torch runtime, "
+                      "default) or llama.cpp (llama-server on a GGUF file, planned by llama.cpp's rules for the "
+                      "file's type; needs --gguf).")] = None,
+    gguf: Annotated[Optional[str], typer.Option("--gguf", help="The GGUF file llama.cpp runs (--engine "
+                    "llama.cpp); --model still names the model it was converted from.")] = None,
+    llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="The llama-server binary (default: "
+                            "$VRAMPLAN_LLAMA_SERVER, else PATH).")] = None,
 ) -> None:
     """Run the model as planned, stream the text, and report predicted versus measured."""
     from planner.plan import load_plan
@@ -544,6 +551,15 @@ def run_cmd(
     path = _save_path(save, inputs={"--plan": _given_files(plan_file), "--hardware": _given_files(hardware),
                                     "--prompt-file": _given_files(prompt_file), "--model": _model_files(model)})
     text = _prompt_text(prompt, prompt_file, prompt_tokens)
+    engine = (engine or "vramplan").lower()
+    if engine not in ("vramplan", "llama.cpp"):
+        raise UsageError(f"--engine {engine!r}: run executes vramplan or llama.cpp")
+    if engine == "llama.cpp":
+        _run_llamacpp(model, revision, plan_file, planning, hardware, gguf, llama_server, text, prompt_tokens,
+                      max_new_tokens, temperature, seed, as_json, path)
+        return
+    if gguf is not None or llama_server is not None:
+        raise UsageError("--gguf and --llama-server go with --engine llama.cpp")
     source, spec = resolve_model(model, revision)
     if not source.has_weights and not dummy_weights:
         raise UsageError(f"{source.id} has no weights here ({source.origin}); add --dummy-weights to measure its "
@@ -588,6 +604,61 @@ def run_cmd(
         raise typer.Exit(EXIT_INTERRUPTED)
     if report.errors:
         raise typer.Exit(EXIT_NOTHING_FITS)
+
+
+def _run_llamacpp(model, revision, plan_file, planning: dict, hardware, gguf, llama_server, text, prompt_tokens,
+                  max_new_tokens, temperature, seed, as_json, path) -> None:
+    """`run --engine llama.cpp`: the llama.cpp plan for the GGUF file's type, run by llama-server."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from planner.engines.llamacpp import plan_llamacpp
+    from runtime.llamacpp_run import find_llama_server, gguf_file_type, run_llamacpp
+
+    if gguf is None:
+        raise UsageError("--engine llama.cpp runs a GGUF file: pass --gguf PATH (the model converted with llama.cpp's "
+                         "convert_hf_to_gguf.py, quantized with llama-quantize)")
+    if plan_file is not None:
+        raise UsageError("--plan holds a vramplan plan; --engine llama.cpp plans for the GGUF file itself")
+    for flag in ("--offload", "--prefill-chunk"):
+        if planning.get(flag) is not None:
+            raise UsageError(f"{flag} is a vramplan runtime setting; llama.cpp places layers by its own rules")
+    file_type = gguf_file_type(gguf)
+    quant = planning.get("--quant")
+    if quant is not None and quant.upper() != file_type:
+        raise UsageError(f"--quant {quant}: {gguf} is {file_type}")
+    server = find_llama_server(llama_server)
+    source, spec = resolve_model(model, revision)
+    hw = resolve_hardware(hardware)
+    req = build_request(planning["--context"], planning["--batch"], prompt_tokens, planning["--prefer"], file_type,
+                        planning["--kv-dtype"], planning["--gpu-layers"], None, planning["--vram-budget"],
+                        planning["--ram-budget"], planning["--headroom"], None, engine="llama.cpp",
+                        allow_context_overflow=bool(planning["--allow-context-overflow"]),
+                        expert_placement=planning["--expert-placement"])
+    req = _fit_default_context(req, planning["--context"], spec)
+    if text is None and prompt_tokens is None:
+        req = replace(req, prompt_tokens=min(128, max(1, req.context - max_new_tokens)))
+    p = plan_llamacpp(spec, hw, req)
+    if not p.fits:
+        render.plan(p.to_dict())
+        raise typer.Exit(EXIT_NOTHING_FITS)
+    report = run_llamacpp(p, spec, hw, Path(gguf), server, prompt_text=text,
+                          prompt_tokens=None if text is not None else (prompt_tokens or req.prompt_tokens),
+                          max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                          on_text=None if as_json else out.raw, say=out.info)
+    d = report.to_dict()
+    if as_json:
+        out.data(d)
+    else:
+        out.raw("\n")
+        render.run_report(d)
+    if path:
+        from runtime.files import save_data
+
+        save_data(path, d, default="json")
+        out.info(f"run report saved to {path}")
+    if report.interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def _interrupt(signum, frame) -> None:
