@@ -132,7 +132,8 @@ GOLDEN = {
          'sized the cache with it',
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
          "the plan leaves free",
-         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
+         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16"]),
     ('dense-8b-24gb', 'ollama'): (
         r"""# ollama pull llama3.1:8b-text-fp16
 FROM llama3.1:8b-text-fp16
@@ -198,7 +199,8 @@ cache = QuantizedCache(backend="fp8", config=model.config)""",
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
          "the plan leaves free",
          'llama.cpp computes the 38 layers left in RAM on the CPU (it does not stream them to the GPU)',
-         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
+         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4"]),
     ('70b-offloaded', 'ollama'): (
         r"""# ollama pull llama3.1:70b-text-q4_K_M
 FROM llama3.1:70b-text-q4_K_M
@@ -273,7 +275,8 @@ model = AutoModelForCausalLM.from_pretrained(
          'sized the cache with it',
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
          "the plan leaves free",
-         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
+         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16"]),
     ('moe-experts-in-ram', 'ollama'): (
         r"""# ollama pull qwen3:30b-a3b-fp16
 FROM qwen3:30b-a3b-fp16
@@ -335,7 +338,8 @@ model = AutoModelForCausalLM.from_pretrained(
          'sized the cache with it',
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
          "the plan leaves free",
-         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
+         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4"]),
     ('two-gpus', 'ollama'): (
         r"""# ollama pull llama3.1:70b-text-q4_K_M
 FROM llama3.1:70b-text-q4_K_M
@@ -490,7 +494,8 @@ def test_llamacpp_plan_uses_planner_gguf_sizes():
     export = emit("llama.cpp", LLAMA_8B, RTX4090, p)
     assert export.details["gguf_file_bytes"] == 4_920_741_088 and export.details["ngl"] == 33
     assert p.to_dict()["choice"]["engine"] == "llama.cpp"
-    assert p.warnings[0] == "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"
+    assert p.warnings[0].startswith("llama.cpp speed on the GPU is predicted with constants fitted to public "
+                                    "measurements (")  # the RTX 4090 profile's public_fit
     assert p.predicted.decode_tokens_per_s > 0
 
 

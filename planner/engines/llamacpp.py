@@ -267,7 +267,7 @@ def _public_fit_for_speed(hw: HardwareProfile, file_type: str, *, gpu_calibrated
     group = fit_group(file_type)
     borrowed = f" ({file_type} borrows the {entry.quant} group's)" if entry.quant != group else ""
     said = (f"llama.cpp speed on the GPU is predicted with constants {entry.source} of llama.cpp's CUDA backend on "
-            f"{hw.public_fit.gpu_class.upper()} GPUs, file types {entry.quant}{borrowed}")
+            f"{hw.public_fit.gpu_class.upper()} GPUs, GGUF file-type group {entry.quant}{borrowed}")
     return replace(hw.public_fit, entries=(entry,)), said
 
 
