@@ -150,3 +150,21 @@ def test_without_matplotlib_the_json_and_markdown_are_written(cases, monkeypatch
     md = (tmp_path / "public-gpu.md").read_text()
     assert "# Public GPU corpus" in md and "public-gpu.png" not in md
     assert out["memory"]["unexplained"] == []
+
+
+def test_plan_explain_names_the_records_behind_the_speed(capsys, tmp_path, monkeypatch):
+    from cli_helpers import isolate, run_cli
+
+    isolate(tmp_path, monkeypatch, offline_hub=True)
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama-3.1-8b", "--hardware", "rtx-4090", "--context", "4k",
+                           "--engine", "llama.cpp", "--quant", "Q4_K_M", "--kv-dtype", "f16", "--explain")
+    assert code == 0
+    text = " ".join(out.split())
+    assert "where the predicted speed's constants come from" in text
+    assert "from: fitted to public measurements (16 records): profile rtx-4090 public_fit llama.cpp Q4" in text
+    assert "records: " in text and "xdai-l3-409024gb-8b-q4_k_m" in text
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama-3.1-8b", "--hardware", "rtx-4090", "--context", "4k",
+                           "--quant", "bnb-nf4", "--explain")
+    text = " ".join(out.split())
+    assert code == 0
+    assert "host.eager_dispatch_per_layer, fitted to public measurements (6 records, desktop hosts)" in text
