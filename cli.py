@@ -369,6 +369,9 @@ def plan_cmd(
     show_all: Annotated[bool, typer.Option("--all", help="Show every candidate and the constants used (by default: "
                                            "the plan, its memory and the best alternatives; --json has "
                                            "everything).")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Say where the predicted speed's constants come from: "
+                                          "calibrated, defaults, or fitted to which public measurements "
+                                          "(tests/data/public_gpu/records.jsonl).")] = False,
 ) -> None:
     """Will it fit, how, and how fast: quantization, KV dtype and GPU/CPU split for a target context."""
     from planner.engines import EMIT_ENGINES, check_emit
@@ -412,6 +415,8 @@ def plan_cmd(
                  f"(the plan itself: `vramplan plan` without --emit)")
     else:
         render.plan(d, full=show_all)
+        if explain:
+            render.speed_sources(d)
     if path and not fmt:
         out.info(f"plan saved to {path}")
     if not (export.fits if export is not None else p.fits):

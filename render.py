@@ -476,6 +476,34 @@ def plan(d: dict, *, full: bool = False) -> None:
                  "add --all (or --json for everything)")
 
 
+# The constants planner.speed.speed_constants names for a plan's speed (their keys end so).
+SPEED_CONSTANT_SUFFIXES = ("_bandwidth_efficiency", "_kv_efficiency", "_per_layer_s", "_per_token_s",
+                           "_eager_dispatch_per_layer_s")
+
+
+def speed_sources(d: dict) -> None:
+    """`plan --explain`: each constant of the predicted speed, its value and where it comes from, with the public
+    records a fitted one rests on (ids in tests/data/public_gpu/records.jsonl of the vramplan repository)."""
+    rows = {k: v for k, v in d["constants"].items() if k.endswith(SPEED_CONSTANT_SUFFIXES)}
+    if not rows:
+        out.line("speed constants: none (nothing fits)")
+        return
+    out.line(styled(("where the predicted speed's constants come from", "bold")))
+    by_source: dict[str, list[str]] = {}
+    for k, v in rows.items():
+        by_source.setdefault(v["from"], []).append(f"{k} = {v['value']:.4g}")
+    for where, names in by_source.items():
+        source, _, records = where.partition("; records ")
+        source, _, host = source.partition("; host records ")
+        out.line(f"  {', '.join(names)}")
+        out.line(f"    from: {source}")
+        for label, ids in (("records", records), ("host records", host)):
+            if ids:
+                out.line(f"    {label}: {ids}")
+    out.info("record ids: tests/data/public_gpu/records.jsonl (each cites its source and quotes it); "
+             "bench/results/public-gpu.md has every record's predicted and measured speed")
+
+
 def _chosen(d: dict) -> dict | None:
     """The candidate the plan chose, or None when nothing fits."""
     c = d["choice"]

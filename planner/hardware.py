@@ -123,18 +123,25 @@ class GPUSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class HostSpec:
-    """The CPU side: RAM, its bandwidth, cores and what a bf16 matmul achieves on them."""
+    """The CPU side: RAM, its bandwidth, cores and what a bf16 matmul achieves on them, and how fast one core
+    dispatches an eager decoder layer to the GPU."""
 
     ram_bytes: int
     ram_bandwidth_bytes_per_s: float
     cpu_cores: int
     cpu_bf16_flops: float  # what a bf16 matmul achieves on all cores
+    # What the host takes to issue one bf16 decoder layer of transformers' eager forward to the GPU (Python, ATen
+    # dispatch, kernel launches) at batch 1: eager decode on a fast GPU waits on it (planner.speed). None: unknown,
+    # the speed model's default (planner.speed.DEFAULT_EAGER_DISPATCH_PER_LAYER_S).
+    eager_dispatch_per_layer_s: float | None = None
 
     def __post_init__(self) -> None:
         _check_int(self, "ram_bytes", minimum=1)
         _check_float(self, "ram_bandwidth_bytes_per_s")
         _check_int(self, "cpu_cores", minimum=1)
         _check_float(self, "cpu_bf16_flops")
+        if self.eager_dispatch_per_layer_s is not None:
+            _check_float(self, "eager_dispatch_per_layer_s", positive=False, maximum=1.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,6 +278,103 @@ class Calibration:
         return None
 
 
+# Engines whose GPU speed constants are fitted to public measurements (tests/data/public_gpu, bench/public_gpu.py):
+# transformers' eager forward (vramplan's runtime), a torch.compile'd decode with CUDA graphs (gpt-fast, torchao), and
+# llama.cpp's CUDA backend.
+FITTED_ENGINES = ("transformers", "compiled", "llama.cpp")
+# GPU classes the fit tells apart: HBM (datacenter: V100, A100, H100, H200, MI250X) and GDDR (GeForce, RTX workstation,
+# T4, L4, L40S, A10G); host classes: the desktop or workstation CPU of a consumer card, the server CPU of a datacenter
+# one (eager dispatch runs on one core: its clock decides).
+GPU_CLASSES = ("hbm", "gddr")
+HOST_CLASSES = ("desktop", "server")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FittedEntry:
+    """The GPU speed constants of one engine x scheme on one GPU class, fitted to public measurements."""
+
+    engine: str  # one of FITTED_ENGINES
+    quant: str  # the engine's scheme: a vramplan scheme, a compiled weight format, a GGUF file-type group
+    bandwidth_efficiency: float  # weights read per token, achieved / peak
+    kv_efficiency: float | None = None  # the KV cache read, achieved / peak; None: the speed model's rule
+    per_layer_s: float = 0.0  # GPU-side fixed cost per decoder layer and token
+    per_token_s: float = 0.0  # fixed cost per token outside the layers
+    # eager only: the host's dispatch of one layer of this scheme, in units of host.eager_dispatch_per_layer (bf16: 1)
+    dispatch_factor: float | None = None
+    records: tuple[str, ...] = ()  # the public records it was fitted to
+
+    def __post_init__(self) -> None:
+        if self.engine not in FITTED_ENGINES:
+            raise _FieldError("engine", f"expected one of {', '.join(FITTED_ENGINES)}, got {self.engine!r}")
+        _check_str(self, "quant")
+        _check_float(self, "bandwidth_efficiency", maximum=MAX_EFFICIENCY)
+        if self.kv_efficiency is not None:
+            _check_float(self, "kv_efficiency", maximum=MAX_EFFICIENCY)
+        _check_float(self, "per_layer_s", positive=False, maximum=1.0)
+        _check_float(self, "per_token_s", positive=False, maximum=60.0)
+        if self.dispatch_factor is not None:
+            _check_float(self, "dispatch_factor", positive=False, maximum=100.0)
+        records = tuple(self.records)
+        if not all(isinstance(r, str) and r for r in records):
+            raise _FieldError("records", f"expected a list of record ids, got {list(records)!r}")
+        object.__setattr__(self, "records", records)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.engine, self.quant)
+
+    @property
+    def source(self) -> str:
+        n = len(self.records)
+        return f"fitted to public measurements ({n} record{'s' if n != 1 else ''})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublicFit:
+    """The GPU speed constants of this profile's GPU and host class, fitted to the public corpus: what the speed model
+    uses where `vramplan calibrate` measured nothing (a calibration overrides them entry by entry)."""
+
+    fitted_at: str  # ISO date
+    corpus: str  # where the records are
+    gpu_class: str  # one of GPU_CLASSES
+    host_class: str  # one of HOST_CLASSES
+    host_records: tuple[str, ...] = ()  # the records host.eager_dispatch_per_layer was fitted to
+    entries: tuple[FittedEntry, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_str(self, "fitted_at")
+        try:
+            _dt.date.fromisoformat(self.fitted_at)
+        except ValueError:
+            raise _FieldError("fitted_at", f'expected an ISO date like "2026-11-26", got {self.fitted_at!r}') from None
+        _check_str(self, "corpus")
+        if self.gpu_class not in GPU_CLASSES:
+            raise _FieldError("gpu_class", f"expected one of {', '.join(GPU_CLASSES)}, got {self.gpu_class!r}")
+        if self.host_class not in HOST_CLASSES:
+            raise _FieldError("host_class", f"expected one of {', '.join(HOST_CLASSES)}, got {self.host_class!r}")
+        object.__setattr__(self, "host_records", tuple(self.host_records))
+        entries = tuple(self.entries)
+        seen: set[tuple[str, str]] = set()
+        for i, e in enumerate(entries):
+            if not isinstance(e, FittedEntry):
+                raise _FieldError("entries", f"entry {i} is not a FittedEntry: {e!r}")
+            if e.key in seen:
+                raise _FieldError("entries", f"two entries for engine={e.engine} quant={e.quant}")
+            seen.add(e.key)
+        object.__setattr__(self, "entries", entries)
+
+    def lookup(self, engine: str, quant: str) -> FittedEntry | None:
+        for e in self.entries:
+            if e.key == (engine, quant):
+                return e
+        return None
+
+    @property
+    def host_source(self) -> str:
+        n = len(self.host_records)
+        return f"fitted to public measurements ({n} record{'s' if n != 1 else ''}, {self.host_class} hosts)"
+
+
 @dataclass(frozen=True, kw_only=True)
 class HardwareProfile:
     """One machine type: everything the planner knows about the hardware."""
@@ -286,6 +390,7 @@ class HardwareProfile:
     unified_memory: bool = False  # Apple silicon, GB10: GPU and CPU share RAM
     measured: bool = False  # True when produced by the probe's measurements
     calibration: Calibration | None = None
+    public_fit: PublicFit | None = None  # GPU speed constants fitted to public measurements
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -318,6 +423,8 @@ class HardwareProfile:
         _check_bool(self, "measured")
         if self.calibration is not None and not isinstance(self.calibration, Calibration):
             raise _FieldError("calibration", f"expected a Calibration or None, got {self.calibration!r}")
+        if self.public_fit is not None and not isinstance(self.public_fit, PublicFit):
+            raise _FieldError("public_fit", f"expected a PublicFit or None, got {self.public_fit!r}")
         notes = tuple(self.notes)
         if not all(isinstance(n, str) for n in notes):
             raise _FieldError("notes", f"expected a list of strings, got {list(notes)!r}")
@@ -334,6 +441,8 @@ class HardwareProfile:
             if reserved >= g.memory_bytes:
                 raise _FieldError("overheads", f"the CUDA context and allocator reserve ({reserved:,} B) leave "
                                   f"nothing of gpus[{i}]'s {g.memory_bytes:,} B")
+        if self.public_fit is not None and not gpus:
+            raise _FieldError("public_fit", "must be null on a machine without GPUs (its constants are the GPU's)")
         if gpus and not self.unified_memory and self.link is None:
             raise _FieldError("link", "a machine with a discrete GPU needs its host link (e.g. PCIe 4.0 x16)")
 

@@ -20,8 +20,8 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from .errors import ProfileError, UnitError
-from .hardware import (SCHEMA_VERSION, Calibration, CalibrationEntry, GPUSpec, HardwareProfile, HostSpec, LinkSpec,
-                       Overheads, _FieldError, _is_number)
+from .hardware import (SCHEMA_VERSION, Calibration, CalibrationEntry, FittedEntry, GPUSpec, HardwareProfile, HostSpec,
+                       LinkSpec, Overheads, PublicFit, _FieldError, _is_number)
 from .textfiles import read_text
 from .units import GiB, KiB, MiB, TiB, OutOfRangeError, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
 from .yaml_strict import safe_load_strict
@@ -179,6 +179,8 @@ BOOL = _Kind("true or false", _parse_bool, _ident)
 OPT_SIZE = _Kind('a size like "700 MiB" (or null)', lambda v: None if v is None else SIZE.parse(v),
                  lambda v: None if v is None else SIZE.format(v))
 OPT_NUMBER = _Kind("a number (or null)", lambda v: None if v is None else _parse_number(v), _ident)
+OPT_TIME = _Kind('a time like "750 us" (or null)', lambda v: None if v is None else TIME.parse(v),
+                 lambda v: None if v is None else TIME.format(v))
 CC = _Kind('a quoted compute capability like "8.9" (or null)', _parse_opt_str, _ident)
 
 # yaml key -> (field, kind, default) ; default _REQUIRED means the key must be present.
@@ -197,6 +199,7 @@ _HOST_KEYS = {
     "ram_bandwidth": ("ram_bandwidth_bytes_per_s", BANDWIDTH, _REQUIRED),
     "cpu_cores": ("cpu_cores", INT, _REQUIRED),
     "cpu_bf16_compute": ("cpu_bf16_flops", COMPUTE, _REQUIRED),
+    "eager_dispatch_per_layer": ("eager_dispatch_per_layer_s", OPT_TIME, None),
 }
 _LINK_KEYS = {
     "name": ("name", STR, _REQUIRED),
@@ -219,6 +222,24 @@ _ENTRY_KEYS = {
     "per_layer_overhead": ("per_layer_overhead_s", TIME, 0.0),
     "per_token_overhead": ("per_token_overhead_s", TIME, 0.0),
 }
+_FITTED_ENTRY_KEYS = {  # records is handled by hand
+    "engine": ("engine", STR, _REQUIRED),
+    "quant": ("quant", STR, _REQUIRED),
+    "bandwidth_efficiency": ("bandwidth_efficiency", NUMBER, _REQUIRED),
+    "kv_efficiency": ("kv_efficiency", OPT_NUMBER, None),
+    "per_layer": ("per_layer_s", TIME, 0.0),
+    "per_token": ("per_token_s", TIME, 0.0),
+    "dispatch_factor": ("dispatch_factor", OPT_NUMBER, None),
+    "records": ("records", None, ()),
+}
+_PUBLIC_FIT_KEYS = {  # host_records/entries are handled by hand
+    "fitted_at": ("fitted_at", STR, _REQUIRED),
+    "corpus": ("corpus", STR, _REQUIRED),
+    "gpu_class": ("gpu_class", STR, _REQUIRED),
+    "host_class": ("host_class", STR, _REQUIRED),
+    "host_records": ("host_records", None, ()),
+    "entries": ("entries", None, []),
+}
 _CALIBRATION_KEYS = {  # versions/entries/residuals are handled by hand
     "measured_at": ("measured_at", STR, _REQUIRED),
     "versions": ("versions", None, {}),
@@ -238,6 +259,7 @@ _PROFILE_KEYS = {
     "link": ("link", None, None),
     "overheads": ("overheads", None, _REQUIRED),
     "calibration": ("calibration", None, None),
+    "public_fit": ("public_fit", None, None),
     "notes": ("notes", None, ()),
 }
 
@@ -339,6 +361,8 @@ def _parse_profile(d: Any, r: _Reader) -> HardwareProfile:
     )
     cal_raw = top.get("calibration")
     kwargs["calibration"] = None if cal_raw is None else _parse_calibration(cal_raw, r)
+    fit_raw = top.get("public_fit")
+    kwargs["public_fit"] = None if fit_raw is None else _parse_public_fit(fit_raw, r)
 
     notes_raw = top.get("notes", [])
     if notes_raw is None:
@@ -379,6 +403,39 @@ def _parse_calibration(raw: Any, r: _Reader) -> Calibration:
     return r.build(Calibration, kwargs, path, _CALIBRATION_KEYS)
 
 
+def _id_list(raw: Any, path: str, r: _Reader) -> tuple[str, ...]:
+    raw = [] if raw is None else raw
+    if not isinstance(raw, list) or not all(isinstance(x, str) and x for x in raw):
+        raise r.fail(path, f"expected a list of record ids, got {_show(raw)}")
+    return tuple(raw)
+
+
+def _parse_public_fit(raw: Any, r: _Reader) -> PublicFit:
+    path = "public_fit"
+    d = r.mapping(raw, path, _PUBLIC_FIT_KEYS)
+    kwargs = r.scalars(d, path, _PUBLIC_FIT_KEYS)
+    kwargs["host_records"] = _id_list(d.get("host_records"), _join(path, "host_records"), r)
+    entries_raw = d.get("entries", []) or []
+    if not isinstance(entries_raw, list):
+        raise r.fail(_join(path, "entries"), f"expected a list, got {_show(entries_raw)}")
+    entries = []
+    for i, e in enumerate(entries_raw):
+        p = _join(_join(path, "entries"), i)
+        ekw = r.scalars(e, p, _FITTED_ENTRY_KEYS)
+        ekw["records"] = _id_list(e.get("records"), _join(p, "records"), r)
+        entries.append(r.build(FittedEntry, ekw, p, _FITTED_ENTRY_KEYS))
+    kwargs["entries"] = tuple(entries)
+    return r.build(PublicFit, kwargs, path, _PUBLIC_FIT_KEYS)
+
+
+def public_fit_to_dict(f: PublicFit | None) -> dict[str, Any] | None:
+    if f is None:
+        return None
+    return {"fitted_at": f.fitted_at, "corpus": f.corpus, "gpu_class": f.gpu_class, "host_class": f.host_class,
+            "host_records": list(f.host_records),
+            "entries": [{**_section_to_dict(e, _FITTED_ENTRY_KEYS), "records": list(e.records)} for e in f.entries]}
+
+
 def profile_from_dict(d: Any, *, origin: str = "<dict>") -> HardwareProfile:
     """Strictly build a HardwareProfile from a loaded YAML/JSON document."""
     return _parse_profile(d, _Reader(origin))
@@ -412,6 +469,7 @@ def profile_to_dict(p: HardwareProfile) -> dict[str, Any]:
         "link": None if p.link is None else _section_to_dict(p.link, _LINK_KEYS),
         "overheads": _section_to_dict(p.overheads, _OVERHEAD_KEYS),
         "calibration": cal,
+        "public_fit": public_fit_to_dict(p.public_fit),
         "notes": list(p.notes),
     }
 

@@ -22,7 +22,7 @@ from .modelspec import ModelSpec, context_limit
 from .plan import Candidate, Plan, hardware_ref, model_ref
 from .quant import KV_SCHEMES, SCHEMES, KVScheme, WeightScheme
 from .request import RUNTIME_BASE_RAM_BYTES, Request
-from .speed import SpeedEstimate, estimate, read_bytes_per_layer
+from .speed import SpeedEstimate, estimate, read_bytes_per_layer, speed_constants
 from .units import format_bytes
 
 # When nothing fits, alternatives are searched with these KV dtypes: full precision and the smallest
@@ -505,6 +505,7 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
         return Plan(**common, chosen=None, reasons=reasons, warnings=warnings, alternatives=alts)
     chosen, reasons = choose_by_preference(cands, req)
     c = chosen.choice
+    common["constants"].update(speed_constants(hw, SCHEMES[c.weight_quant], "gpu" if c.on_gpu else "cpu"))
     if c.offload is not OffloadMode.NONE:
         warnings.append(f"{c.offloaded_layers} of {c.total_layers} layers are offloaded ({c.offload.value}): decode "
                         f"is limited by the {'host link' if c.offload is OffloadMode.STREAM else 'CPU'}")

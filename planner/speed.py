@@ -14,7 +14,16 @@ bandwidth roofline: the bytes a step must read (weights and the cache as stored)
 bandwidth, every efficiency 1, no fixed cost.
 
 Efficiencies and fixed costs are per device x backend x quant: calibrated values from
-the hardware profile when it has them, else the documented defaults below. Pure.
+the hardware profile when it has them, else its GPU constants fitted to public measurements
+(profile.public_fit: tests/data/public_gpu, bench/public_gpu.py), else the documented defaults below.
+
+Eager decode on a GPU (transformers' forward, vramplan's runtime) is also bound by the host: one CPU
+core issues every op of every layer (Python, ATen dispatch, kernel launches) while the GPU runs the ones
+before, so a token takes the longer of the two, max(GPU time, layers x the host's dispatch per layer x
+the scheme's dispatch factor). The dispatch per layer is the host's (host.eager_dispatch_per_layer); the
+public data shows it deciding eager decode on every GPU faster than an RTX 4090 (an H100 decodes
+Llama-3.1-8B in bf16 at 41 tok/s, the 4090 at 47). A torch.compile'd decode with CUDA graphs (engine
+"compiled") and llama.cpp have no such term. Pure.
 """
 
 from __future__ import annotations
@@ -22,10 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .hardware import HardwareProfile
-from .choice import Choice, OffloadMode
-from .memory import LayerCosts
+from .choice import Choice, ComputeDevice, OffloadMode
+from .memory import LayerCosts, layer_costs
 from .modelspec import ModelSpec, Role, dtype_bytes
-from .quant import SCHEMES, KVScheme, WeightScheme, kv_bytes_per_layer
+from .quant import KV_SCHEMES, SCHEMES, KVScheme, QualityCost, WeightScheme, kv_bytes_per_layer
 from .request import Request
 
 
@@ -35,7 +44,11 @@ class Efficiency:
     compute: float  # achieved / peak bf16 FLOP/s during prefill
     per_layer_s: float  # fixed cost per decoder layer per forward (kernel launches, Python)
     per_token_s: float  # fixed cost per forward outside the layers (embedding, lm_head launch, sampling)
-    source: str  # "calibrated <date>" or "default"
+    source: str  # "calibrated <date>", "fitted to public measurements (n records)" or "default"
+    # eager on a GPU: what the host takes to issue one layer of this scheme (0: not host-bound, or inside per_layer_s)
+    dispatch_per_layer_s: float = 0.0
+    dispatch_source: str = ""
+    kv: float | None = None  # the KV cache read's own efficiency (None: the speed model's rule)
 
 
 # Documented defaults, used until `vramplan calibrate` replaces them. They are deliberately
@@ -157,13 +170,107 @@ CROSSING_SYNC_LAUNCHES = 10
 DEFAULT_LINK_EFFICIENCY = 0.85
 
 
+# Eager dispatch on a GPU (see the module docstring). A host whose profile does not say how fast it dispatches gets the
+# public fit's server-class figure (the slower class: an H100 SXM's host in the bitsandbytes 0.45 benchmarks,
+# optimum-benchmark with transformers 4.46: 0.76 ms per Llama layer in bf16), and each scheme the fit's dispatch factor:
+# bitsandbytes' Python wrappers and its int8 outlier decomposition issue more work per layer than bf16's matmuls.
+# bench/public_gpu.py fits them; a profile's public_fit and host.eager_dispatch_per_layer carry the fitted values.
+DEFAULT_EAGER_DISPATCH_PER_LAYER_S = 760e-6
+DEFAULT_DISPATCH_FACTOR = {"bf16": 1.0, "fp16": 1.0, "bnb-nf4": 1.37, "bnb-nf4-dq": 1.6, "bnb-fp4": 1.37,
+                           "bnb-fp4-dq": 1.6, "bnb-int8": 2.1, "quanto-int8": 1.5, "quanto-int4": 1.5}
+# Which fitted engine a scheme runs on: its backend names llama.cpp or a compiled decode, else transformers' eager.
+COMPILED_BACKEND = "compiled"
+LLAMA_CPP_BACKEND = "llama.cpp"
+EAGER_ENGINE = "transformers"
+
+
+def fitted_engine(scheme: WeightScheme) -> str:
+    return scheme.backend if scheme.backend in (COMPILED_BACKEND, LLAMA_CPP_BACKEND) else EAGER_ENGINE
+
+
+# A torch.compile'd decode (static KV cache, CUDA graphs: gpt-fast, torchao's generate.py) reads the same bytes without
+# the eager dispatch; its weight formats are torchao's weight-only ones (int8 with a bf16 scale per row; int4 packed
+# with a bf16 scale and zero per group, tinygemm). vramplan's runtime does not compile yet, so the search never picks
+# these: bench/public_gpu.py predicts the published compiled runs with them, and the profiles keep their fitted
+# constants (engine "compiled") for when it does.
+_TORCHAO = QualityCost(ppl_increase_pct=0.0, source="not planned: speed only")
+
+
+def compiled_scheme(bits: int, group_size: int | None = None) -> WeightScheme:
+    """A compiled decode's weights: bf16 (16), int8 weight-only (8) or int4 weight-only with `group_size` (4)."""
+    if bits == 16:
+        return WeightScheme(name="bf16", backend=COMPILED_BACKEND, description="bf16, compiled decode",
+                            devices=("cuda",), quality=_TORCHAO)
+    if bits == 8:
+        return WeightScheme(name="int8-wo", backend=COMPILED_BACKEND, bits=8, row_scales=True, row_scale_bytes=2.0,
+                            description="int8 weight-only, bf16 scale per row, compiled decode", devices=("cuda",),
+                            quality=_TORCHAO)
+    if bits == 4 and group_size:
+        return WeightScheme(name="int4-wo", backend=COMPILED_BACKEND, bits=4, group_size=group_size, scale_bytes=4.0,
+                            description=f"int4 weight-only, group {group_size} (bf16 scale + zero), compiled decode",
+                            devices=("cuda",), quality=_TORCHAO)
+    raise ValueError(f"no compiled weight format of {bits} bits (group {group_size})")
+
+
+def _default(device: str, scheme: WeightScheme) -> tuple[float, float, float, float]:
+    """The documented defaults; a compiled or llama.cpp scheme takes the unquantized weights' on that device."""
+    key = (device, scheme.name)
+    if scheme.backend in (COMPILED_BACKEND, LLAMA_CPP_BACKEND) and key not in _DEFAULTS:
+        return _DEFAULTS[(device, "bf16")]
+    return _DEFAULTS[key]
+
+
+def host_dispatch_per_layer(hw: HardwareProfile) -> tuple[float, str]:
+    """The host's eager dispatch of one bf16 layer, and where the figure comes from."""
+    if hw.host.eager_dispatch_per_layer_s is not None:
+        fit = hw.public_fit
+        return hw.host.eager_dispatch_per_layer_s, (f"profile {hw.name}: host.eager_dispatch_per_layer, "
+                                                    + (fit.host_source if fit is not None else "as given"))
+    return DEFAULT_EAGER_DISPATCH_PER_LAYER_S, "default: planner.speed.DEFAULT_EAGER_DISPATCH_PER_LAYER_S"
+
+
+def _dispatch(hw: HardwareProfile, device: str, scheme: WeightScheme, factor: float | None) -> tuple[float, str]:
+    """Eager dispatch per layer of this scheme on a GPU (0 elsewhere, compiled or llama.cpp)."""
+    if device != "gpu" or fitted_engine(scheme) != EAGER_ENGINE:
+        return 0.0, ""
+    per_layer, where = host_dispatch_per_layer(hw)
+    if factor is None:
+        factor = DEFAULT_DISPATCH_FACTOR.get(scheme.name, 1.0)
+        return per_layer * factor, f"{where} x {factor:g} (planner.speed.DEFAULT_DISPATCH_FACTOR[{scheme.name}])"
+    return per_layer * factor, f"{where} x {factor:g} (profile {hw.name}: public_fit {scheme.name} dispatch_factor)"
+
+
+def fitted_entry(hw: HardwareProfile, device: str, scheme: WeightScheme):
+    """The profile's public_fit entry for this scheme on a GPU (None: none). llama.cpp's speed view of a profile
+    (engines.llamacpp.speed_hardware) holds the one entry of the plan's file type, under its file-type group."""
+    if device != "gpu" or hw.public_fit is None:
+        return None
+    engine = fitted_engine(scheme)
+    e = hw.public_fit.lookup(engine, scheme.name)
+    if e is None and engine == LLAMA_CPP_BACKEND:
+        mine = [x for x in hw.public_fit.entries if x.engine == engine]
+        e = mine[0] if len(mine) == 1 else None
+    return e
+
+
 def efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> Efficiency:
-    """The weights' efficiencies and fixed costs on `device` ("gpu" or "cpu"): calibrated, else the defaults
-    (field by field: a calibration that did not measure prefill keeps the default compute efficiency)."""
-    bw, comp, per_layer, per_token = _DEFAULTS[(device, scheme.name)]
+    """The weights' efficiencies and fixed costs on `device` ("gpu" or "cpu"): calibrated, else fitted to public
+    measurements (the profile's public_fit, GPU only), else the defaults (field by field: a calibration that did not
+    measure prefill keeps the default compute efficiency). A calibration's per-layer cost was measured with the
+    host's dispatch in it: no dispatch term is added to it."""
+    bw, comp, per_layer, per_token = _default(device, scheme)
     e, stand_in = _calibrated_entry(hw, device, scheme)
     if e is None:
-        return Efficiency(bandwidth=bw, compute=comp, per_layer_s=per_layer, per_token_s=per_token, source="default")
+        fitted = fitted_entry(hw, device, scheme)
+        if fitted is not None:
+            d, d_source = _dispatch(hw, device, scheme, fitted.dispatch_factor)
+            return Efficiency(bandwidth=fitted.bandwidth_efficiency, compute=comp, per_layer_s=fitted.per_layer_s,
+                              per_token_s=fitted.per_token_s, kv=fitted.kv_efficiency,
+                              source=f"{fitted.source}: profile {hw.name} public_fit {fitted.engine} {fitted.quant}",
+                              dispatch_per_layer_s=d, dispatch_source=d_source)
+        d, d_source = _dispatch(hw, device, scheme, None)
+        return Efficiency(bandwidth=bw, compute=comp, per_layer_s=per_layer, per_token_s=per_token, source="default",
+                          dispatch_per_layer_s=d, dispatch_source=d_source)
     return Efficiency(bandwidth=e.bandwidth_efficiency,
                       compute=e.compute_efficiency if e.compute_efficiency is not None else comp,
                       per_layer_s=e.per_layer_overhead_s, per_token_s=e.per_token_overhead_s,
@@ -188,6 +295,25 @@ def _calibrated_entry(hw: HardwareProfile, device: str, scheme: WeightScheme):
             if e is not None and e.bandwidth_efficiency is not None:
                 return e, other.name
     return None, None
+
+
+def speed_constants(hw: HardwareProfile, scheme: WeightScheme, device: str = "gpu") -> dict:
+    """The speed constants a prediction of `scheme` on `device` uses, by name, each with where it comes from; for
+    constants fitted to public measurements, the records they were fitted to (tests/data/public_gpu/records.jsonl)."""
+    eff = efficiency(hw, device, scheme)
+    fitted = fitted_entry(hw, device, scheme) if eff.source.startswith("fitted") else None
+    where = eff.source + (f"; records {', '.join(fitted.records)}" if fitted is not None else "")
+    prefix = f"{device}_{fitted_engine(scheme)}_{fitted.quant if fitted is not None else scheme.name}"
+    out = {f"{prefix}_bandwidth_efficiency": {"value": eff.bandwidth, "from": where},
+           f"{prefix}_per_layer_s": {"value": eff.per_layer_s, "from": where},
+           f"{prefix}_per_token_s": {"value": eff.per_token_s, "from": where}}
+    if eff.kv is not None:
+        out[f"{prefix}_kv_efficiency"] = {"value": eff.kv, "from": where}
+    if eff.dispatch_per_layer_s:
+        out[f"{prefix}_eager_dispatch_per_layer_s"] = {"value": eff.dispatch_per_layer_s, "from": eff.dispatch_source
+                                                       + (f"; host records {', '.join(hw.public_fit.host_records)}"
+                                                          if hw.public_fit is not None and fitted is not None else "")}
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,6 +346,8 @@ def kv_efficiency(hw: HardwareProfile, device: str, spec: ModelSpec, kv: KVSchem
     """The attention kernel's efficiencies (per device x attention implementation) and the KV dtype's update one."""
     read, compute = weights.bandwidth / KV_PASSES_DEFAULT, weights.compute
     source = f"default (KV reads at the weights' efficiency / {KV_PASSES_DEFAULT:g})"
+    if weights.kv is not None:
+        read, source = weights.kv, f"{weights.source} (its kv_efficiency)"
     cal = hw.calibration
     if cal is not None:
         for impl in (spec.attention_impl, "sdpa"):  # an uncalibrated kernel borrows the calibrated SDPA figure
@@ -488,18 +616,26 @@ class _Model:
                                                self.read)
         return self._works[context]
 
+    def host_dispatch_s(self) -> float:
+        """Eager on a GPU: what the host takes to issue one forward of the layers the GPUs run (resident and streamed;
+        layers the CPU computes are its own work, inside their per-layer cost)."""
+        if not self.c.on_gpu:
+            return 0.0
+        gpu_layers = sum(1 for d in self.device if d != CPU_DEVICE)
+        return gpu_layers * self.main.weights.dispatch_per_layer_s
+
     def decode_s(self, context: int) -> tuple[float, dict]:
         w = self._work(context)
-        resident_s = offloaded_s = experts_s = 0.0
+        resident_s = streamed_s = cpu_layers_s = experts_s = 0.0
         cpu = self.rates[CPU_DEVICE]
         for i, dev in enumerate(self.device):
             rates = self.rates[dev]
             if i in self.streamed:
                 # prefetch overlaps the copy of layer i+1 with the compute of layer i: a max, not a sum;
                 # the whole layer (every expert) crosses the link
-                offloaded_s += max(self.costs.weights[i] / self.link_bytes_per_s, rates.layer_decode_s(w, i))
+                streamed_s += max(self.costs.weights[i] / self.link_bytes_per_s, rates.layer_decode_s(w, i))
             elif dev == CPU_DEVICE and self.c.on_gpu:
-                offloaded_s += rates.layer_decode_s(w, i)
+                cpu_layers_s += rates.layer_decode_s(w, i)
             elif i in self.experts_on_cpu:
                 resident_s += rates.layer_decode_s(w, i, without_experts=True)
                 experts_s += cpu.experts_s(w.expert_bytes[i], w.expert_calls[i])
@@ -507,11 +643,15 @@ class _Model:
                 resident_s += rates.layer_decode_s(w, i)
         head_s = self.main.weights_s(w.head_bytes)
         fixed_s = self.main.weights.per_token_s + self.crossings * self.crossing_s
-        terms = {"resident_s": resident_s, "offloaded_s": offloaded_s, "experts_on_cpu_s": experts_s,
+        # the GPUs' share runs behind the host's dispatch of it: the longer of the two
+        gpu_s = resident_s + streamed_s + head_s + fixed_s
+        host_s = self.host_dispatch_s()
+        terms = {"resident_s": resident_s, "offloaded_s": streamed_s + cpu_layers_s, "experts_on_cpu_s": experts_s,
                  "lm_head_s": head_s, "fixed_s": fixed_s, "crossings": self.crossings,
                  "kv_update_s": sum(self.rates[d].kv_update_s(w, i) for i, d in enumerate(self.device)),
-                 "mla_expand_s": sum(self.rates[d].expand_s(w, i) for i, d in enumerate(self.device))}
-        return resident_s + offloaded_s + experts_s + head_s + fixed_s, terms
+                 "mla_expand_s": sum(self.rates[d].expand_s(w, i) for i, d in enumerate(self.device)),
+                 "host_dispatch_s": host_s, "decode_bound": "host dispatch" if host_s > gpu_s else "device"}
+        return max(gpu_s, host_s) + cpu_layers_s + experts_s, terms
 
     def ceiling_s(self, context: int) -> float:
         """The bytes a step must read over the bandwidth where they live; streamed layers over the link."""
@@ -570,7 +710,8 @@ class _Model:
         main = self.main.weights
         per_chunk_fixed_s = (self.spec.num_layers * main.per_layer_s + main.per_token_s
                              + self.crossings * self._crossing_s(min(req.prefill_chunk, prompt)))
-        return total + chunks * per_chunk_fixed_s
+        # each chunk is one eager forward the host dispatches: never faster than that
+        return max(total + chunks * per_chunk_fixed_s, chunks * self.host_dispatch_s())
 
     def _expert_flop_share(self) -> list[float]:
         """Of each layer's prefill FLOPs, the routed experts' share (their matmuls; attention stays with the layer)."""
@@ -607,5 +748,17 @@ def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightS
                "compute_efficiency": main.weights.compute, "per_layer_s": main.weights.per_layer_s,
                "per_token_s": main.weights.per_token_s, "experts_bandwidth_efficiency": main.experts.bandwidth,
                "per_expert_call_s": main.experts.per_call_s, "experts_efficiency_source": main.experts.source,
+               "dispatch_per_layer_s": main.weights.dispatch_per_layer_s,
+               "dispatch_source": main.weights.dispatch_source,
                "link_efficiency": DEFAULT_LINK_EFFICIENCY if c.offload is OffloadMode.STREAM else None},
     )
+
+
+def estimate_compiled(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme) -> SpeedEstimate:
+    """A compiled decode (`compiled_scheme`) with every layer on GPU 0 and a bf16 cache: the setting of the public
+    compiled runs. The choice names bf16 as a stand-in: the scheme's own bytes and constants are what count."""
+    kv = KV_SCHEMES["bf16"]
+    L = spec.num_layers
+    c = Choice(weight_quant="bf16", kv_dtype="bf16", gpu_layers=L, total_layers=L, offload=OffloadMode.NONE,
+               compute_device=ComputeDevice.CUDA, embeddings_on_gpu=True, gpu_layers_per_device=(L,))
+    return estimate(spec, hw, req, scheme, kv, c, layer_costs(spec, scheme, kv, req))

@@ -133,7 +133,8 @@ GOLDEN = {
          'sized the cache with it',
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
          "the plan leaves free",
-         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
+         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16"]),
     ('dense-8b-24gb', 'ollama'): (
         r"""# ollama pull llama3.1:8b-text-fp16
 FROM llama3.1:8b-text-fp16
@@ -157,7 +158,8 @@ PARAMETER num_ctx 32768""",
          "turns flash attention on for a quantized V cache: llama.cpp's llama_init_from_model)",
          "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
          'passes no --cache-ram',
-         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
+         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16",
          'ollama pull llama3.1:8b-text-fp16']),
     ('dense-8b-24gb', 'transformers'): (
         r"""import torch
@@ -221,10 +223,11 @@ cache = QuantizedCache(backend="fp8", config=model.config)""",
          'the plan leaves free',
          "llama.cpp decodes the 38 layers left in RAM on the CPU; a prompt's ubatches of 32+ tokens copy their "
          'weights to the GPU (op offload)',
-         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
+         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
-         'offload), copying 18.16 GiB of weights from RAM for each of its 16 ubatches: TTFT 42.67 s = GPU 16.66 s + '
-         'link 26.00 s at 12 GB/s (pageable: mmapped weights), not the 533.29 s the CPU would take; the KV rows of '
+         'offload), copying 18.16 GiB of weights from RAM for each of its 16 ubatches: TTFT 42.72 s = GPU 16.72 s + '
+         'link 26.00 s at 12 GB/s (pageable: mmapped weights), not the 533.35 s the CPU would take; the KV rows of '
          'layers in RAM crossing the link are not counted']),
     ('70b-offloaded', 'ollama'): (
         r"""# ollama pull llama3.1:70b-text-q4_K_M
@@ -246,10 +249,11 @@ PARAMETER num_ctx 8192""",
          '512 -ub 512',
          "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
          'passes no --cache-ram',
-         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
+         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
-         'offload), copying 18.16 GiB of weights from RAM for each of its 16 ubatches: TTFT 42.67 s = GPU 16.66 s + '
-         'link 26.00 s at 12 GB/s (pageable: mmapped weights), not the 533.29 s the CPU would take; the KV rows of '
+         'offload), copying 18.16 GiB of weights from RAM for each of its 16 ubatches: TTFT 42.72 s = GPU 16.72 s + '
+         'link 26.00 s at 12 GB/s (pageable: mmapped weights), not the 533.35 s the CPU would take; the KV rows of '
          'layers in RAM crossing the link are not counted',
          'ollama pull llama3.1:70b-text-q4_K_M']),
     ('70b-offloaded', 'transformers'): (
@@ -313,10 +317,11 @@ model = AutoModelForCausalLM.from_pretrained(
          'sized the cache with it',
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
          'the plan leaves free',
-         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
+         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
-         'offload), copying 36.00 GiB of weights from RAM for each of its 32 ubatches: TTFT 108.43 s = GPU 5.35 s + '
-         'link 103.08 s at 12 GB/s (pageable: mmapped weights), not the 37.32 s the CPU would take; the KV rows of '
+         'offload), copying 36.00 GiB of weights from RAM for each of its 32 ubatches: TTFT 107.05 s = GPU 3.97 s + '
+         'link 103.08 s at 12 GB/s (pageable: mmapped weights), not the 35.94 s the CPU would take; the KV rows of '
          'layers in RAM crossing the link are not counted']),
     ('moe-experts-in-ram', 'ollama'): (
         r"""# ollama pull qwen3:30b-a3b-fp16
@@ -341,10 +346,11 @@ PARAMETER num_ctx 16384""",
          '-ub 512',
          "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
          'passes no --cache-ram',
-         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
+         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
-         'offload), copying 36.00 GiB of weights from RAM for each of its 32 ubatches: TTFT 108.43 s = GPU 5.35 s + '
-         'link 103.08 s at 12 GB/s (pageable: mmapped weights), not the 37.32 s the CPU would take; the KV rows of '
+         'offload), copying 36.00 GiB of weights from RAM for each of its 32 ubatches: TTFT 107.05 s = GPU 3.97 s + '
+         'link 103.08 s at 12 GB/s (pageable: mmapped weights), not the 35.94 s the CPU would take; the KV rows of '
          'layers in RAM crossing the link are not counted',
          'ollama pull qwen3:30b-a3b-fp16']),
     ('moe-experts-in-ram', 'transformers'): (
@@ -404,7 +410,8 @@ model = AutoModelForCausalLM.from_pretrained(
          'sized the cache with it',
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
          "the plan leaves free",
-         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
+         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4"]),
     ('two-gpus', 'ollama'): (
         r"""# ollama pull llama3.1:70b-text-q4_K_M
 FROM llama3.1:70b-text-q4_K_M
@@ -426,7 +433,8 @@ PARAMETER num_ctx 8192""",
          '512 -ub 512',
          "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
          'passes no --cache-ram',
-         "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
+         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4",
          'ollama pull llama3.1:70b-text-q4_K_M']),
     ('two-gpus', 'transformers'): (
         r"""import torch
@@ -582,7 +590,8 @@ def test_llamacpp_plan_uses_planner_gguf_sizes():
     export = emit("llama.cpp", LLAMA_8B, RTX4090, p)
     assert export.details["gguf_file_bytes"] == 4_920_741_088 and export.details["ngl"] == 33
     assert p.to_dict()["choice"]["engine"] == "llama.cpp"
-    assert p.warnings[0] == "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"
+    assert p.warnings[0].startswith("llama.cpp speed on the GPU is predicted with constants fitted to public "
+                                    "measurements (")  # the RTX 4090 profile's public_fit
     assert p.predicted.decode_tokens_per_s > 0
 
 
@@ -719,7 +728,8 @@ def test_llamacpp_prompt_processing_with_layers_in_ram_runs_on_the_gpu():
     fp = llamacpp.footprint(spec, RTX4090, req, model, "f16")
     from planner.speed import estimate
 
-    gpu = estimate(rules.as_run(spec), RTX4090, replace(req, prefill_chunk=512), llamacpp.SPEED_SCHEME,
+    fast_hw = llamacpp.speed_hardware(RTX4090, spec, "Q4_K_M", "f16")[0]  # the constants llama.cpp's plans use
+    gpu = estimate(rules.as_run(spec), fast_hw, replace(req, prefill_chunk=512), llamacpp.SPEED_SCHEME,
                    llamacpp.kv_scheme("f16"), resident, llamacpp._costs(fp), llamacpp._read_bytes(spec, model, 1))
     assert t["op_offload_gpu_s"] == pytest.approx(gpu.ttft_s)
     assert p.chosen.speed.ttft_s == pytest.approx(gpu.ttft_s + t["op_offload_link_s"])

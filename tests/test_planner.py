@@ -47,7 +47,8 @@ def toy_hw(gpu_bytes: int, *, ram_bytes: int = 1 << 30, ram_bw="1 GB/s", link_bw
         "unified_memory": False,
         "gpus": [{"name": "Toy GPU", "count": 1, "memory": f"{gpu_bytes} B", "memory_bandwidth": "1000 GB/s",
                   "bf16_compute": "100 TFLOPS", "compute_capability": "9.0"}] if gpu else [],
-        "host": {"ram": f"{ram_bytes} B", "ram_bandwidth": ram_bw, "cpu_cores": 8, "cpu_bf16_compute": cpu},
+        "host": {"ram": f"{ram_bytes} B", "ram_bandwidth": ram_bw, "cpu_cores": 8, "cpu_bf16_compute": cpu,
+                 "eager_dispatch_per_layer": "0 us"},  # toy arithmetic: no host-bound decode
         "link": {"name": "toy link", "h2d_pinned": link_bw, "h2d_pageable": link_bw, "d2h_pinned": link_bw,
                  "d2h_pageable": link_bw} if gpu else None,
         "overheads": {"cuda_context": "0 B", "allocator_reserve": "0 B", "kernel_launch": "0 us"} if gpu else

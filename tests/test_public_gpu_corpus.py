@@ -1,5 +1,7 @@
 """The public GPU corpus (tests/data/public_gpu/records.jsonl, issue 25) is data a test set can stand on: every record
-names its source and quotes it, and every number it says was measured is in its quote, as written there."""
+names its source and quotes it, and every number it says was measured is in its quote, as written there. Records of
+kind "own_measurement" are this project's own runs: their source is a result file in this repository, and their quote
+is lines of it, verbatim."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ from pathlib import Path
 import pytest
 
 RECORDS = Path(__file__).resolve().parent / "data" / "public_gpu" / "records.jsonl"
-KINDS = {"llamacpp_buffers", "llamabench", "hf_transformers", "vllm_startup"}
+ROOT = Path(__file__).resolve().parents[1]
+PUBLIC_KINDS = {"llamacpp_buffers", "llamabench", "hf_transformers", "vllm_startup"}
+OWN = "own_measurement"
+KINDS = PUBLIC_KINDS | {OWN}
 REQUIRED = {"id", "kind", "source", "quote", "gpu", "engine", "model", "measured", "complete"}
 
 
@@ -30,7 +35,19 @@ def test_records_are_unique_and_cover_the_four_kinds():
     ids = [r["id"] for r in records]
     assert len(ids) == len(set(ids))
     assert {r["kind"] for r in records} == KINDS
-    assert len({r["gpu"] for r in records}) >= 10
+    assert len({r["gpu"] for r in records if r["kind"] in PUBLIC_KINDS}) >= 10
+
+
+@pytest.mark.parametrize("record", [r for r in _records() if r["kind"] == OWN], ids=lambda r: r["id"])
+def test_an_own_measurement_quotes_a_result_file_of_this_repository(record):
+    source = record["source"]
+    path = ROOT / source["path"]
+    assert path.is_file() and not Path(source["path"]).is_absolute(), source
+    assert source["row"] and len(source["commit"]) == 40, source
+    text = path.read_text(encoding="utf-8").splitlines()
+    lines = [ln for ln in record["quote"].splitlines() if ln != "[...]"]
+    assert all(any(t.strip() == ln for t in text) for ln in lines), [ln for ln in lines
+                                                                     if not any(t.strip() == ln for t in text)]
 
 
 @pytest.mark.parametrize("record", _records(), ids=lambda r: r["id"])

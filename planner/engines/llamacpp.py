@@ -26,10 +26,10 @@ from ..search import check_context, check_experts, check_request
 from ..search import choose_by_preference  # the --prefer rule, applied to any engine's candidates
 from ..search import bisect_max
 from ..speed import (EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, ReadBytes, SpeedEstimate, decode_work, estimate,
-                     experts_touched, prefill_attention_flop, prefill_flop)
+                     experts_touched, prefill_attention_flop, prefill_flop, speed_constants)
 from ..units import MiB, format_bytes
 from . import llamacpp_rules as rules
-from .common import Export, assumption_notes, commented, first_moe_layers, shell_command
+from .common import EngineConstant, Export, assumption_notes, commented, first_moe_layers, shell_command
 
 ENGINE = "llama.cpp"
 SPEED_LABEL = "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"
@@ -45,6 +45,61 @@ ATTENTION_IMPL = "llama.cpp"
 # calibration's own measured_at is that of vramplan's runtime.
 MEASURED_AT_VERSION = "llama.cpp measured_at"
 LLAMA_CPP_BACKENDS = (SPEED_SCHEME.backend, f"attn-{ATTENTION_IMPL}", f"{PREFILL_ATTENTION_BACKEND}-{ATTENTION_IMPL}")
+# On a GPU without llama.cpp calibration entries its speed takes the profile's public_fit (engine "llama.cpp"), fitted
+# to published llama.cpp CUDA runs (tests/data/public_gpu, bench/public_gpu.py) per group of file types: the decode
+# kernels of one group run at one efficiency (dequantizing fewer bits costs more per byte read: Q2_K decoded slower
+# than Q4_0 on the same V100). A group without a fitted entry borrows the nearest fitted one's (FIT_GROUPS runs widest
+# to narrowest).
+FIT_GROUPS = {"F16": ("F16", "BF16"), "Q8_0": ("Q8_0",), "Q5-Q6": ("Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0"),
+              "Q4": ("Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0", "IQ4_NL", "IQ4_XS"),
+              "Q2-Q3": ("Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K")}
+
+
+def fit_group(file_type: str) -> str:
+    """The FIT_GROUPS group of a GGUF file type."""
+    return next(g for g, types in FIT_GROUPS.items() if file_type in types)
+
+
+def fitted_entry(hw: HardwareProfile, file_type: str):
+    """The profile's public_fit entry for this file type's group, else the nearest fitted group's (None: none)."""
+    fit = hw.public_fit
+    if fit is None:
+        return None
+    order = list(FIT_GROUPS)
+    mine = order.index(fit_group(file_type))
+    fitted = [(abs(order.index(e.quant) - mine), order.index(e.quant), e) for e in fit.entries
+              if e.engine == ENGINE and e.quant in FIT_GROUPS]
+    return min(fitted, key=lambda x: x[:2])[2] if fitted else None
+
+
+# The perplexity table (llamacpp_rules.FILE_TYPE_DELTA_PPL) lists the file types llama.cpp plans choose among; a file
+# type asked for by name beyond them (--quant Q4_0) borrows the quality cost of the listed type of its size and says so
+# (an assumption: the table has no row for it).
+QUALITY_STAND_IN = {"Q4_0": "Q4_K_M", "Q4_1": "Q4_K_M", "Q4_K_S": "Q4_K_M", "IQ4_NL": "IQ4_XS", "Q5_0": "Q5_K_M",
+                    "Q5_1": "Q5_K_M", "Q5_K_S": "Q5_K_M", "Q3_K_L": "Q3_K_M", "Q3_K_S": "Q3_K_M"}
+
+
+def quality_cost_pct(file_type: str, kv_type: str) -> float:
+    """llama.cpp's quality cost of a file type and cache type, through its stand-in where the table has no row."""
+    return rules.quality_cost_pct(QUALITY_STAND_IN.get(file_type, file_type)
+                                  if file_type not in rules.FILE_TYPE_DELTA_PPL else file_type, kv_type)
+
+
+def engine_constants(hw: HardwareProfile, file_types=(), kv_types=()) -> dict:
+    """rules.constants for these file and cache types, a stand-in's quality row in place of a file type the
+    perplexity table lacks, each stand-in named as the assumption it is."""
+    listed = tuple(dict.fromkeys(t if t in rules.FILE_TYPE_DELTA_PPL else QUALITY_STAND_IN[t] for t in file_types))
+    out = rules.constants(hw.name, hw.overheads.cuda_context_bytes if hw.has_gpu else 0, listed, kv_types,
+                          has_gpu=hw.has_gpu)
+    for t in file_types:
+        if t not in rules.FILE_TYPE_DELTA_PPL:
+            out[f"quality_stand_in_{t}"] = EngineConstant(QUALITY_STAND_IN[t], f"{t} has no row in the perplexity "
+                                                          "table: the quality cost of this listed type of its size "
+                                                          "(planner/engines/llamacpp.py QUALITY_STAND_IN)",
+                                                          assumption=True)
+    return out
+
+
 # Closest GGUF file type and llama.cpp cache type to each of vramplan's schemes.
 GGUF_FOR_SCHEME = {"bf16": "BF16", "fp16": "F16", "bnb-int8": "Q8_0", "quanto-int8": "Q8_0", "bnb-nf4": "Q4_K_M",
                    "bnb-nf4-dq": "Q4_K_M", "bnb-fp4": "Q4_K_M", "bnb-fp4-dq": "Q4_K_M", "quanto-int4": "Q4_K_M"}
@@ -206,13 +261,29 @@ def speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_type
                     said.append(f"the {kv_type} cache's {kind} borrows f16's on the {device.upper()}")
             if e is not None:
                 entries.append(replace(e, backend=f"{kind}-{spec.attention_impl}", quant="bf16"))
+    public, said_fit = _public_fit_for_speed(hw, file_type, gpu_calibrated=any(e.device == "gpu" for e in entries))
     if not entries:
-        return replace(hw, calibration=None), SPEED_LABEL
+        return replace(hw, calibration=None, public_fit=public), (said_fit or SPEED_LABEL)
     versions = cal.versions_dict
     when = versions.get(MEASURED_AT_VERSION, cal.measured_at)
     label = (f"llama.cpp speed is predicted with efficiencies calibrated on llama.cpp ({when}, build "
              f"{versions.get('llama.cpp', 'unknown')[:9]})")
-    return replace(hw, calibration=replace(cal, entries=tuple(entries), measured_at=when)), "; ".join([label, *said])
+    return (replace(hw, calibration=replace(cal, entries=tuple(entries), measured_at=when), public_fit=public),
+            "; ".join([label, *said, *([said_fit] if said_fit else [])]))
+
+
+def _public_fit_for_speed(hw: HardwareProfile, file_type: str, *, gpu_calibrated: bool):
+    """The profile's public_fit reduced to the llama.cpp entry for this file type (the one the speed model then finds
+    for SPEED_SCHEME: speed.fitted_entry), and what the GPU's speed rests on; (None, "") where a calibration measured
+    llama.cpp on the GPU or nothing was fitted."""
+    entry = None if gpu_calibrated or not hw.has_gpu else fitted_entry(hw, file_type)
+    if entry is None:
+        return None, ""
+    group = fit_group(file_type)
+    borrowed = f" ({file_type} borrows the {entry.quant} group's)" if entry.quant != group else ""
+    said = (f"llama.cpp speed on the GPU is predicted with constants {entry.source} of llama.cpp's CUDA backend on "
+            f"{hw.public_fit.gpu_class.upper()} GPUs, GGUF file-type group {entry.quant}{borrowed}")
+    return replace(hw.public_fit, entries=(entry,)), said
 
 
 def cache_entry(kv_type: str) -> str:
@@ -351,7 +422,7 @@ def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str, server: Serv
     p = placement or closest
     choice, mem = _choice(spec, hw, fp, p), _breakdown(hw, fp, p)
     base = dict(weight_quant=model.file_type, kv_dtype=kv_type,
-                quality_cost_pct=rules.quality_cost_pct(model.file_type, kv_type), choice=choice, memory=mem,
+                quality_cost_pct=quality_cost_pct(model.file_type, kv_type), choice=choice, memory=mem,
                 max_context_tokens=_max_resident_context(spec, hw, req, model, kv_type, server))
     if placement is None:
         return Candidate(**base, fits=False, reason=_overflow_reason(fp, p, req.gpu_layers))
@@ -481,8 +552,7 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request, server: Se
     for ft in types:
         model = rules.gguf_model(spec, ft)
         cands.extend(_candidate(spec, hw, req, model, kv, server) for kv in caches)
-    consts = {**rules.constants(hw.name, hw.overheads.cuda_context_bytes if hw.has_gpu else 0, types, caches,
-                                has_gpu=hw.has_gpu), **server.constants}
+    consts = {**engine_constants(hw, types, caches), **server.constants}
     common = dict(model=model_ref(spec), hardware=hardware_ref(hw), request=req, candidates=cands,
                   constants={k: {"value": c.value, "from": c.source + (" (assumption)" if c.assumption else "")}
                              for k, c in consts.items()})
@@ -494,8 +564,9 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request, server: Se
                     reasons=[f"nothing fits llama.cpp's rules: {first.weight_quant} + {first.kv_dtype} KV: "
                              f"{first.reason}"])
     chosen, reasons = choose_by_preference(cands, req)
-    warnings = [*context_warnings, speed_hardware(hw, spec, chosen.weight_quant, chosen.kv_dtype)[1],
-                *op_offload_notes(hw, chosen.speed), *assumption_notes(consts)]
+    fast_hw, speed_label = speed_hardware(hw, spec, chosen.weight_quant, chosen.kv_dtype)
+    common["constants"].update(speed_constants(fast_hw, SPEED_SCHEME, "gpu" if chosen.choice.on_gpu else "cpu"))
+    warnings = [*context_warnings, speed_label, *op_offload_notes(hw, chosen.speed), *assumption_notes(consts)]
     file_bytes = gguf_file_bytes(spec, chosen.weight_quant)
     reasons.append(f"GGUF {chosen.weight_quant}: {file_bytes:,} B file ({format_bytes(file_bytes)}; planner/gguf.py, "
                    "llama-quantize's tensor types)")
@@ -537,9 +608,7 @@ def prompt_cache_mib(p: Plan) -> int:
 
 def export_from_llamacpp_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, extra_notes=()) -> Export:
     """The llama-server command for a plan made by llama.cpp's rules."""
-    consts = rules.constants(hw.name, hw.overheads.cuda_context_bytes if hw.has_gpu else 0,
-                             (p.choice.weight_quant,) if p.fits else (), (p.choice.kv_dtype,) if p.fits else (),
-                             has_gpu=hw.has_gpu)
+    consts = engine_constants(hw, (p.choice.weight_quant,) if p.fits else (), (p.choice.kv_dtype,) if p.fits else ())
     if not p.fits:
         text = commented([*extra_notes, f"llama.cpp: {p.reasons[0]}"], "# no llama-server command: nothing fits")
         return Export(engine=ENGINE, fits=False, text=text, notes=tuple([*extra_notes, *p.reasons]), constants=consts)
