@@ -344,6 +344,15 @@ def _llamacpp_memory(r: dict) -> list[dict]:
             for q, v, miss in rows if q in m]
 
 
+def _before_033(version: str | None) -> bool:
+    """Whether a record's vLLM version (as the record states it: "0.10.1.1", "0.26.1rc1.dev608+g..", "vllm") is older
+    than 0.33; an unstated one counts as older (every record predates 0.33)."""
+    import re
+
+    m = re.match(r"\D*(\d+)\.(\d+)", version or "")
+    return m is None or (int(m.group(1)), int(m.group(2))) < (0, 33)
+
+
 def _vllm_memory(r: dict) -> list[dict]:
     """vLLM's start-up figures from planner/engines/vllm.py's rules at the record's gpu_memory_utilization, TP and
     max_model_len: weights, the KV pool, its tokens and the concurrency it gives, the CUDA graphs, and whether it
@@ -355,24 +364,30 @@ def _vllm_memory(r: dict) -> list[dict]:
     key = gpu_key(r["gpu"])
     hw = base_profile(key, r.get("gpu_count") or 1)
     seen = GPUS[key].get("memory_seen_by_cuda")
-    if seen:  # the total the record states (what vLLM's worker sees), not nvidia-smi's
-        hw = replace(hw, gpus=(replace(hw.gpus[0], memory_bytes=int(float(seen.split()[0]) * GiB)),))
+    if seen:  # the total the record states (what vLLM's worker sees), not nvidia-smi's: VLLMModel takes its CUDA
+        # shortfall off a profile's NVML total, so the stated total is given back with it
+        hw = replace(hw, gpus=(replace(hw.gpus[0], memory_bytes=int(float(seen.split()[0]) * GiB)
+                                       + V.CUDA_HIDDEN_BYTES_ASSUMED),))
     q = (r["quant"] or "").lower()
     fmt = V.weight_format("bnb-int8") if "fp8" in q else V.weight_format("bf16")
     tp = r.get("tp") or 1
     m = V.VLLMModel(spec, hw, Request(context=r["max_model_len"]), fmt, "auto")
-    m.utilization = r["gpu_memory_utilization"]  # as launched, not as vramplan would choose it
+    launched = r["gpu_memory_utilization"]
+    m.utilization = lambda distributed: launched  # as launched, not as vramplan would choose it
     lay = m.layout(tp, 1, 1)
+    # vLLM 0.33 (the rules' version) takes its CUDA-graph estimate out of the KV pool; the records' older vLLM did
+    # not (they log the graphs after the pool is sized): given back for them
+    pool = lay.kv_pool_bytes + (lay.cudagraph_bytes if _before_033(r.get("engine_version")) else 0)
     block = r["measured"].get("block_size") or V.BLOCK_SIZE
-    per_block = sum(m._page(tp, i) for i in range(spec.num_layers)) * block // V.BLOCK_SIZE
-    tokens = max(0, lay.kv_pool_bytes) // per_block * block
+    per_token = sum(kv.page_bytes / kv.block_size for kv in m.layer_kv(tp))
+    tokens = int(max(0, pool) // (per_token * block) * block)
     mxfp4 = spec.model_type == "gpt_oss"
     meas = r["measured"]
     rows = [("weights_gib", lay.weights_bytes / GiB, "mxfp4" if mxfp4 else None),
             ("weights_gib_per_gpu", lay.weights_bytes / GiB, "mxfp4" if mxfp4 else None),
-            ("kv_cache_gib", lay.kv_pool_bytes / GiB, "mxfp4" if mxfp4 else
+            ("kv_cache_gib", pool / GiB, "mxfp4" if mxfp4 else
              "vllm_activation" if "activation_peak_gib" in meas else None),
-            ("kv_cache_gib_per_gpu", lay.kv_pool_bytes / GiB, "mxfp4" if mxfp4 else None),
+            ("kv_cache_gib_per_gpu", pool / GiB, "mxfp4" if mxfp4 else None),
             ("kv_tokens", tokens, "mxfp4" if mxfp4 else None),
             ("max_concurrency", tokens / r["max_model_len"], "mxfp4" if mxfp4 else None),
             ("cuda_graph_gib", V.CUDAGRAPH_BYTES_ASSUMED / GiB, "cudagraph"),
