@@ -525,12 +525,10 @@ def run_cmd(
     as_json: JsonOpt = False,
     save: Annotated[Optional[str], typer.Option("--save", help="Write the run report (JSON; YAML for a .yaml "
                                                 "path).")] = None,
-    engine: Annotated[Optional[str], typer.Option("--engine", help="Who runs it: vramplan (its torch runtime, "
-                      "default) or llama.cpp (llama-server on a GGUF file, planned by llama.cpp's rules for the "
-                      "file's type; needs --gguf).")] = None,
-    gguf: Annotated[Optional[str], typer.Option("--gguf", help="The GGUF file llama.cpp runs (--engine "
-                    "llama.cpp); --model still names the model it was converted from.")] = None,
-    llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="The llama-server binary (default: "
+    engine: Annotated[Optional[str], typer.Option("--engine", help="vramplan (its torch runtime, default) or "
+                      "llama.cpp (llama-server on --gguf, planned by llama.cpp's rules for the file's type).")] = None,
+    gguf: Annotated[Optional[str], typer.Option("--gguf", help="The GGUF file (of --model) llama.cpp runs.")] = None,
+    llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="llama-server (default: "
                             "$VRAMPLAN_LLAMA_SERVER, else PATH).")] = None,
 ) -> None:
     """Run the model as planned, stream the text, and report predicted versus measured."""
@@ -556,13 +554,11 @@ def run_cmd(
     path = _save_path(save, inputs={"--plan": _given_files(plan_file), "--hardware": _given_files(hardware),
                                     "--prompt-file": _given_files(prompt_file), "--model": _model_files(model)})
     text = _prompt_text(prompt, prompt_file, prompt_tokens)
-    engine = (engine or "vramplan").lower()
-    if engine not in ("vramplan", "llama.cpp"):
+    if (engine := (engine or "vramplan").lower()) not in ("vramplan", "llama.cpp"):
         raise UsageError(f"--engine {engine!r}: run executes vramplan or llama.cpp")
     if engine == "llama.cpp":
-        _run_llamacpp(model, revision, plan_file, planning, hardware, gguf, llama_server, text, prompt_tokens,
-                      max_new_tokens, temperature, seed, as_json, path)
-        return
+        return _report_run(_run_llamacpp(model, revision, plan_file, planning, hardware, gguf, llama_server, text,
+                                         prompt_tokens, max_new_tokens, temperature, seed, as_json), as_json, path)
     if gguf is not None or llama_server is not None:
         raise UsageError("--gguf and --llama-server go with --engine llama.cpp")
     source, spec = resolve_model(model, revision)
@@ -594,6 +590,11 @@ def run_cmd(
                      prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, temperature=temperature,
                      seed=seed, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
                      on_text=None if as_json else out.raw, progress=out.info, track=out.progress)
+    _report_run(report, as_json, path)
+
+
+def _report_run(report, as_json: bool, path) -> None:
+    """A run's report printed (or its JSON), saved with --save, and its exit code."""
     d = report.to_dict()
     if as_json:
         out.data(d)
@@ -605,65 +606,35 @@ def run_cmd(
 
         save_data(path, d, default="json")
         out.info(f"run report saved to {path}")
-    if report.interrupted:
-        raise typer.Exit(EXIT_INTERRUPTED)
-    if report.errors:
-        raise typer.Exit(EXIT_NOTHING_FITS)
+    if report.interrupted or report.errors:
+        raise typer.Exit(EXIT_INTERRUPTED if report.interrupted else EXIT_NOTHING_FITS)
 
 
 def _run_llamacpp(model, revision, plan_file, planning: dict, hardware, gguf, llama_server, text, prompt_tokens,
-                  max_new_tokens, temperature, seed, as_json, path) -> None:
-    """`run --engine llama.cpp`: the llama.cpp plan for the GGUF file's type, run by llama-server."""
-    from dataclasses import replace
-    from pathlib import Path
-
-    from planner.engines.llamacpp import plan_llamacpp
-    from runtime.llamacpp_run import find_llama_server, gguf_file_type, run_llamacpp
+                  max_new_tokens, temperature, seed, as_json):
+    """`run --engine llama.cpp`: llama.cpp's plan for the GGUF file's type, run by llama-server; the report."""
+    from runtime.llamacpp_run import find_llama_server, plan_for_file, run_llamacpp
 
     if gguf is None:
-        raise UsageError("--engine llama.cpp runs a GGUF file: pass --gguf PATH (the model converted with llama.cpp's "
-                         "convert_hf_to_gguf.py, quantized with llama-quantize)")
-    if plan_file is not None:
-        raise UsageError("--plan holds a vramplan plan; --engine llama.cpp plans for the GGUF file itself")
-    for flag in ("--offload", "--prefill-chunk"):
-        if planning.get(flag) is not None:
-            raise UsageError(f"{flag} is a vramplan runtime setting; llama.cpp places layers by its own rules")
-    file_type = gguf_file_type(gguf)
-    quant = planning.get("--quant")
-    if quant is not None and quant.upper() != file_type:
-        raise UsageError(f"--quant {quant}: {gguf} is {file_type}")
-    server = find_llama_server(llama_server)
-    source, spec = resolve_model(model, revision)
-    hw = resolve_hardware(hardware)
-    req = build_request(planning["--context"], planning["--batch"], prompt_tokens, planning["--prefer"], file_type,
-                        planning["--kv-dtype"], planning["--gpu-layers"], None, planning["--vram-budget"],
-                        planning["--ram-budget"], planning["--headroom"], None, engine="llama.cpp",
-                        allow_context_overflow=bool(planning["--allow-context-overflow"]),
+        raise UsageError("--engine llama.cpp runs a GGUF file: pass --gguf PATH (convert_hf_to_gguf.py's output)")
+    for flag in ("--plan", "--offload", "--prefill-chunk"):
+        if (plan_file if flag == "--plan" else planning.get(flag)) is not None:
+            raise UsageError(f"{flag} is vramplan's runtime's; llama.cpp plans and places by its own rules")
+    _, spec = resolve_model(model, revision)
+    req = build_request(*(planning[f] for f in ("--context", "--batch")), prompt_tokens,
+                        *(planning[f] for f in ("--prefer", "--quant", "--kv-dtype", "--gpu-layers")), None,
+                        *(planning[f] for f in ("--vram-budget", "--ram-budget", "--headroom")), None,
+                        engine="llama.cpp", allow_context_overflow=bool(planning["--allow-context-overflow"]),
                         expert_placement=planning["--expert-placement"])
-    req = _fit_default_context(req, planning["--context"], spec)
-    if text is None and prompt_tokens is None:
-        req = replace(req, prompt_tokens=min(128, max(1, req.context - max_new_tokens)))
-    p = plan_llamacpp(spec, hw, req)
+    p = plan_for_file(spec, hw := resolve_hardware(hardware), _fit_default_context(req, planning["--context"], spec),
+                      gguf, max_new_tokens, prompt_given=text is not None)
     if not p.fits:
         render.plan(p.to_dict())
         raise typer.Exit(EXIT_NOTHING_FITS)
-    report = run_llamacpp(p, spec, hw, Path(gguf), server, prompt_text=text,
-                          prompt_tokens=None if text is not None else (prompt_tokens or req.prompt_tokens),
-                          max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                          on_text=None if as_json else out.raw, say=out.info)
-    d = report.to_dict()
-    if as_json:
-        out.data(d)
-    else:
-        out.raw("\n")
-        render.run_report(d)
-    if path:
-        from runtime.files import save_data
-
-        save_data(path, d, default="json")
-        out.info(f"run report saved to {path}")
-    if report.interrupted:
-        raise typer.Exit(EXIT_INTERRUPTED)
+    return run_llamacpp(p, spec, hw, gguf, find_llama_server(llama_server), prompt_text=text,
+                        prompt_tokens=None if text is not None else p.request.prompt_tokens,
+                        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                        on_text=None if as_json else out.raw, say=out.info)
 
 
 def _interrupt(signum, frame) -> None:

@@ -83,6 +83,20 @@ def _skip(f, kind: int) -> None:
         raise struct.error(f"unknown GGUF value type {kind}")
 
 
+def plan_for_file(spec, hw, req, gguf: str | os.PathLike, max_new_tokens: int, *, prompt_given: bool):
+    """llama.cpp's plan (planner/engines/llamacpp.py) for the GGUF file's own type; a synthetic prompt of 128 tokens
+    (fewer when the context is short) where neither a prompt nor a prompt length is given."""
+    from planner.engines.llamacpp import plan_llamacpp
+
+    file_type = gguf_file_type(gguf)
+    if req.quant and req.quant != (file_type,) and tuple(q.upper() for q in req.quant) != (file_type,):
+        raise VramplanError(f"--quant {','.join(req.quant)}: {gguf} is {file_type}")
+    req = replace(req, quant=(file_type,), engine="llama.cpp")
+    if not prompt_given and req.prompt_tokens is None:
+        req = replace(req, prompt_tokens=min(128, max(1, req.context - max_new_tokens)))
+    return plan_llamacpp(spec, hw, req)
+
+
 def find_llama_server(explicit: str | None) -> Path:
     candidate = explicit or os.environ.get(SERVER_ENV) or shutil.which("llama-server")
     if not candidate or not Path(candidate).is_file() or not os.access(candidate, os.X_OK):
@@ -109,14 +123,15 @@ def _vm_hwm(pid: int) -> int | None:
     return None
 
 
-def run_llamacpp(p, spec, hw, gguf: Path, server: Path, *, prompt_text: str | None, prompt_tokens: int | None,
-                 max_new_tokens: int, temperature: float, seed: int, threads: int | None = None,
+def run_llamacpp(p, spec, hw, gguf: str | os.PathLike, server: Path, *, prompt_text: str | None,
+                 prompt_tokens: int | None, max_new_tokens: int, temperature: float, seed: int,
+                 threads: int | None = None,
                  on_text: Callable[[str], None] | None = None,
                  say: Callable[[str], None] = lambda _: None) -> RunReport:
     """Start llama-server with the plan's command on `gguf`, stream one completion, stop it; the report."""
     from planner.engines.llamacpp import llama_server_command, plan_llamacpp
 
-    report = RunReport(plan=p, device="cuda" if p.choice.on_gpu else "cpu")
+    report, gguf = RunReport(plan=p, device="cuda" if p.choice.on_gpu else "cpu"), Path(gguf)
     n_prompt = prompt_tokens if prompt_text is None else None
     argv = llama_server_command(spec, p)
     port = _free_port()
