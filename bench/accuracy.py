@@ -205,24 +205,24 @@ def main() -> None:
     split_quants = set(args.split_quants.split(",")) if args.split_quants else None
     meta = {"benchmark": "accuracy", "machine": args.machine, "hardware": args.hardware,
             "date": time.strftime("%Y-%m-%d"), "versions": versions(), "platform": platform.platform()}
-    for model in args.models.split(","):
-        for quant in args.quants.split(","):
-            splits = [(None, None)]
-            if offloaded and (split_quants is None or quant in split_quants):
-                splits += [(args.vram_budget, m) for m in args.offload_modes.split(",")]
-            for kv_dtype in args.kv_dtypes.split(","):
-                for context in args.contexts.split(","):
-                    for prompt in args.prompts.split(","):
-                        for budget, offload in splits:
-                            n = parse_context(context) - args.new_tokens if prompt == "context" else int(prompt)
-                            print(f"{model} {quant} {kv_dtype} KV ctx {context} prompt {n} budget {budget} {offload}",
-                                  flush=True)
-                            row = best_row([run_row(model, quant, kv_dtype, context, n, args.new_tokens, hw, budget,
-                                                    offload, args.gpu_layers if offload else None)
-                                            for _ in range(args.repeats)])
-                            print("   ", {k: row.get(k) for k in ("error_pct", "error", "wall_s")}, flush=True)
-                            rows.append(row)
-                            out = write(results, meta, rows)  # after every row: a cut run keeps what it measured
+    # every scheme's resident rows first, then the offloaded ones: a run cut by its time limit (a GPU call's budget)
+    # has measured each scheme once before it spends minutes on the slower offloaded builds
+    splits = [(None, None)] + ([(args.vram_budget, m) for m in args.offload_modes.split(",")] if offloaded else [])
+    order = [(budget, offload, model, quant, kv_dtype, context, prompt) for budget, offload in splits
+             for model in args.models.split(",") for quant in args.quants.split(",")
+             if offload is None or split_quants is None or quant in split_quants
+             for kv_dtype in args.kv_dtypes.split(",") for context in args.contexts.split(",")
+             for prompt in args.prompts.split(",")]
+    for budget, offload, model, quant, kv_dtype, context, prompt in order:
+        n = parse_context(context) - args.new_tokens if prompt == "context" else int(prompt)
+        print(f"{model} {quant} {kv_dtype} KV ctx {context} prompt {n} budget {budget} {offload}",
+              flush=True)
+        row = best_row([run_row(model, quant, kv_dtype, context, n, args.new_tokens, hw, budget,
+                                offload, args.gpu_layers if offload else None)
+                        for _ in range(args.repeats)])
+        print("   ", {k: row.get(k) for k in ("error_pct", "error", "wall_s")}, flush=True)
+        rows.append(row)
+        out = write(results, meta, rows)  # after every row: a cut run keeps what it measured
     if not rows:
         return
     plot(rows, results / f"accuracy-{args.machine}.png", f"vramplan predicted vs measured - {args.machine}")
