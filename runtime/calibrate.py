@@ -349,13 +349,15 @@ def _run_model(config: dict, spec, quant: str, runs: list[tuple[int, str, str]],
 
 
 def measure_runtime_ram(hw: HardwareProfile, matrix: Matrix, *,
-                        progress: Callable[[str], None] | None = None) -> tuple[int | None, list[str]]:
-    """Host RSS of a fresh run process beyond what its plan counts (weights, KV, workspace): the median over the
-    matrix's models (bf16, longest prompt), or None (with the reasons) when no such run worked."""
+                        progress: Callable[[str], None] | None = None) -> tuple[int | None, int | None, list[str]]:
+    """What a fresh run process holds beyond what its plan counts, from one such run per model of the matrix (bf16,
+    longest prompt): host RSS beyond weights, KV and workspace (the runtime's base RAM), and on a GPU the peak VRAM
+    beyond weights, KV, workspace and the CUDA context (the caching allocator's reserve); each the median over the
+    models, or None (with the reasons) when no such run worked or, for VRAM, ran on a GPU."""
     from .worker import RunFailed, RunJob, run_fresh
 
     bare = replace(hw, calibration=None)  # plan with the default base RAM, which the difference then replaces
-    extras, warnings = [], []
+    extras, vram_extras, warnings = [], [], []
     for name in matrix.models:
         if (name, "bf16") in matrix.skip:
             continue  # bf16 does not fit here (check_fits said so)
@@ -370,9 +372,25 @@ def measure_runtime_ram(hw: HardwareProfile, matrix: Matrix, *,
         base = report.plan.constants["runtime_base_ram_bytes"]["value"]
         extra = report.measured.peak_ram_bytes - (report.predicted.peak_ram_bytes - base)
         extras.append(extra)
+        vram = allocator_excess(report.measured.peak_vram_bytes, report.predicted.peak_vram_bytes,
+                                bare.overheads.allocator_reserve_bytes)
+        if vram is not None:
+            vram_extras.append(vram)
         if progress:
-            progress(f"  fresh run of {name}: {extra / 2**20:.0f} MiB beyond the plan's bytes")
-    return (max(0, int(statistics.median(extras))) if extras else None), warnings
+            progress(f"  fresh run of {name}: {extra / 2**20:.0f} MiB of RAM beyond the plan's bytes"
+                     + (f", {vram / 2**20:.0f} MiB of VRAM beyond them and the CUDA context" if vram is not None
+                        else ""))
+    ram = max(0, int(statistics.median(extras))) if extras else None
+    return ram, (max(0, int(statistics.median(vram_extras))) if vram_extras else None), warnings
+
+
+def allocator_excess(measured_vram: int | None, predicted_vram: int | None, reserve_planned: int) -> int | None:
+    """A run's peak VRAM beyond its plan's counted bytes (weights, KV, workspace, CUDA context): the prediction less
+    the allocator reserve it was planned with. On an H200, Llama-3.1-8B bnb-nf4 peaked at 7,298,088,960 B against
+    7,672,829,440 predicted with the default 512 MiB reserve: 162,130,432 B (155 MiB) of the reserve was used."""
+    if measured_vram is None or predicted_vram is None:
+        return None
+    return measured_vram - (predicted_vram - reserve_planned)
 
 
 # The experts micro-benchmark: one MoE layer's routed experts (transformers' fused Qwen3-MoE experts, quantized per
@@ -456,16 +474,22 @@ def calibrate(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str], 
     records = list(earlier) + records
     fitted = fit([r.sample for r in records], measured_at=dt.date.today().isoformat(), versions=versions())
     warnings.extend(fitted.warnings)
-    runtime_ram, ram_warnings = measure_runtime_ram(hw, matrix, progress=progress)
+    runtime_ram, reserve, ram_warnings = measure_runtime_ram(hw, matrix, progress=progress)
     warnings.extend(ram_warnings)
     cal = replace(fitted.calibration, runtime_ram_bytes=runtime_ram)
+    notes = tuple(n for n in hw.notes if not n.startswith("calibrated by"))
+    if reserve is not None:  # measured: it replaces the default (and the probe's note that it is one)
+        hw = replace(hw, overheads=replace(hw.overheads, allocator_reserve_bytes=reserve))
+        notes = tuple(n for n in notes if not n.startswith("allocator reserve")) + (
+            f"allocator reserve {reserve / 2**20:.2f} MiB measured by vramplan calibrate: the median over fresh runs "
+            "of the peak VRAM beyond the plan's weights, KV cache, workspace and CUDA context",)
     if matrix.experts:
         cal = _with_experts(cal, hw, matrix, progress, warnings)
     note = (f"calibrated by vramplan calibrate on {cal.measured_at}: {len(records)} runs of "
             f"{', '.join(matrix.models)} x {', '.join(matrix.quants)} x prompts {', '.join(map(str, matrix.prompts))}"
             + (f"; KV caches {', '.join(sorted({r.kv_dtype for r in records} - {'bf16'}))}"
                if any(r.kv_dtype != "bf16" for r in records) else ""))
-    notes = tuple(n for n in hw.notes if not n.startswith("calibrated by")) + (note,)
+    notes = notes + (note,)
     return CalibrationResult(profile=replace(hw, calibration=cal, notes=notes), records=records, warnings=warnings)
 
 

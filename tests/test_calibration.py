@@ -352,3 +352,33 @@ def test_the_warm_up_runs_at_the_shortest_timed_prompt_so_the_first_timed_prefil
     results, _ = _run_model(config, spec, "bf16", [(24, "bf16", "sdpa"), (40, "bf16", "sdpa")], matrix, "cpu", 0,
                             lambda _: None)
     assert lengths == [24, 24, 40] and len(results) == 2
+
+
+def test_the_allocator_reserve_a_run_used_is_its_peak_vram_beyond_the_counted_bytes():
+    """The H200's Llama-3.1-8B bnb-nf4 run: 7,298,088,960 B at its peak against 7,672,829,440 predicted with the
+    default 512 MiB reserve, so 155 MiB of the reserve was used; no VRAM (a CPU run): nothing measured."""
+    from runtime.calibrate import allocator_excess
+
+    assert allocator_excess(7_298_088_960, 7_672_829_440, 512 * 2**20) == 162_130_432
+    assert allocator_excess(None, 7_672_829_440, 512 * 2**20) is None
+    assert allocator_excess(5 * 2**30, None, 0) is None
+
+
+def test_a_measured_allocator_reserve_replaces_the_default_and_its_note(monkeypatch):
+    """calibrate() on a machine whose fresh runs measured the allocator's reserve (a GPU's, given here: this machine
+    has none) stores it in the profile's overheads and replaces the probe's "not measured" note; the real matrix runs
+    (one tiny model on the CPU)."""
+    import runtime.calibrate as calibrate_module
+
+    hw = resolve_profile("cpu-ddr5-desktop")[0]
+    hw = dataclasses.replace(hw, notes=hw.notes + ("allocator reserve 512.00 MiB is vramplan's default, not measured",))
+    monkeypatch.setattr(calibrate_module, "measure_runtime_ram", lambda hw, matrix, progress=None: (300 << 20,
+                                                                                                   155 << 20, []))
+    matrix = calibrate_module.Matrix(models=("qwen2.5-0.5b",), quants=("bf16",), prompts=(16, 32), new_tokens=3,
+                                     repeats=1, experts=False, eager=False)
+    result = calibrate_module.calibrate(hw, matrix)
+    assert result.profile.overheads.allocator_reserve_bytes == 155 << 20
+    assert result.profile.calibration.runtime_ram_bytes == 300 << 20
+    reserve_notes = [n for n in result.profile.notes if n.startswith("allocator reserve")]
+    assert reserve_notes == ["allocator reserve 155.00 MiB measured by vramplan calibrate: the median over fresh runs "
+                             "of the peak VRAM beyond the plan's weights, KV cache, workspace and CUDA context"]
