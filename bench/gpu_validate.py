@@ -62,7 +62,7 @@ def gpu_steps() -> list[Step]:
                                "--attn sdpa,eager --machine gpu --out {work}", 90,
              ("decode-profile-gpu.json", "decode-profile-gpu.md")),
         Step("calibrate", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml "
-                          "--models llama-3.2-1b,llama-3.2-3b --quants bf16,bnb-nf4,bnb-int8,quanto-int4 "
+                          "--models llama-3.2-1b,llama-3.2-3b --quants bf16,bnb-nf4,bnb-int8,quanto-int8,quanto-int4 "
                           "--prompts 512,2048 --new-tokens 24 --repeats 1 --kv-dtypes none "
                           "--save-runs {work}/calibration-runs.json --save {work}/profile-calibrated.yaml "
                           "--json > {work}/calibrate.json", 160,
