@@ -468,12 +468,29 @@ def plan(d: dict, *, full: bool = False) -> None:
     for a in d["alternatives"][:5]:
         out.line(styled(("would fit:", "yellow"), f" {a['weight_quant']} + {a['kv_dtype']} KV up to "
                         f"{format_tokens(a['max_context_tokens'])} tokens of context"))
+    for e in d.get("engines", []):
+        out.line(_other_engine(e))
     for w in d["warnings"]:
         out.warn(w)
     if not full:
         hidden = len(cands) - len(shown)
         out.info(f"{hidden} more candidate{'s' if hidden != 1 else ''} and the {len(d['constants'])} constants used: "
                  "add --all (or --json for everything)")
+
+
+def _other_engine(e: dict) -> Any:
+    """One line for another engine's plan of the same request (planner.engines.other_engines)."""
+    head = f"{e['engine']} ({e['weight_quant']} + {e['kv_dtype']} KV, by its own rules):"
+    if not e["fits"]:
+        return styled(("other engine", "cyan"), f" {head} does not fit: {e.get('reason', '')}")
+    where = (f"all {e['total_layers']} layers on the GPU" if e["gpu_layers"] == e["total_layers"]
+             else f"{e['gpu_layers']}/{e['total_layers']} layers on the GPU")
+    if e.get("expert_layers_in_ram"):
+        where += f", experts of {e['expert_layers_in_ram']} layers in RAM"
+    ratio = e.get("decode_vs_plan")
+    vs = f" ({ratio:.2f}x this plan)" if ratio else ""
+    return styled(("other engine", "cyan"), f" {head} {where}, decode {e['decode_tokens_per_s']:.2f} tok/s{vs}, TTFT "
+                  f"{e['ttft_s']:.2f} s: `{e['how']}`")
 
 
 # The constants planner.speed.speed_constants names for a plan's speed (their keys end so).

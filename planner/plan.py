@@ -123,6 +123,8 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     alternatives: list[dict] = field(default_factory=list)
     constants: dict = field(default_factory=dict)
+    # the same request by other engines' own rules (planner.engines.other_engines): one summary each
+    engines: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         c = self.chosen
@@ -164,6 +166,8 @@ class Plan:
             "reason": c.reason if c else None,
             # the long list before the short ones: a file cut short inside it lacks the keys after it
             "candidates": [x.to_dict() for x in self.candidates],
+            # optional (plans saved before it lack it), so before the keys a complete file must end with
+            "engines": list(self.engines),
             "constants": self.constants,
             "warnings": list(self.warnings),
             "alternatives": list(self.alternatives),
@@ -193,7 +197,8 @@ class Plan:
                        chosen=chosen, reasons=[str(r) for r in d.get("reasons", [])],
                        candidates=[Candidate.from_dict(x) for x in d.get("candidates", [])],
                        warnings=[str(w) for w in d.get("warnings", [])],
-                       alternatives=list(d.get("alternatives", [])), constants=dict(d.get("constants", {})))
+                       alternatives=list(d.get("alternatives", [])), constants=dict(d.get("constants", {})),
+                       engines=list(d.get("engines", [])))
         except PlanError as e:
             raise PlanError(f"plan file: {e}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as e:
