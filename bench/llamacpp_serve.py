@@ -31,7 +31,6 @@ import json
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,6 +56,7 @@ from planner.profile_yaml import dumps_profile  # noqa: E402
 from planner.profile_yaml import load_profile  # noqa: E402
 from planner.request import Request  # noqa: E402
 from planner.units import MiB  # noqa: E402
+from runtime.llamacpp_run import free_port, proc_memory, wait_healthy  # noqa: E402
 
 REFERENCE = ROOT.parent / "shared" / "reference" / "hf-configs"
 # A small MoE of our own (no catalog MoE converts and runs in minutes on 2 cores): Qwen3-MoE rules.
@@ -147,25 +147,10 @@ def make_gguf(llama_cpp: Path, bin_dir: Path, config: dict, file_type: str, work
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _proc_memory(pid: int) -> dict:
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
-            out[key] = int(value.split()[0]) * 1024
-    return out
-
-
 def serve(argv: list[str], gguf: Path, prompts: list[int], vocab: int, threads: int, repeats: int) -> dict:
     """Run the exported llama-server command on `gguf`, send prompts of random token ids (each a fresh sequence, then
     N_PREDICT tokens; `repeats` of each length), return what was measured."""
-    port = _free_port()
+    port = free_port()
     cmd = [*argv, "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads), "-lv", "4"]
     cmd[cmd.index("-m") + 1] = str(gguf)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -174,16 +159,9 @@ def serve(argv: list[str], gguf: Path, prompts: list[int], vocab: int, threads: 
     out: dict = {"command": cmd}
     try:
         t0 = time.monotonic()
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() - t0 > 300:
-                    raise RuntimeError("llama-server did not come up:\n" + "".join(log[-30:]))
-                time.sleep(0.3)
+        wait_healthy(proc, port, log, timeout_s=300)
         out["load_s"] = time.monotonic() - t0
-        out["rss_loaded"] = _proc_memory(proc.pid)
+        out["rss_loaded"] = proc_memory(proc.pid)
         rng = random.Random(0)
         out["runs"] = []
         for n in prompts:
@@ -194,12 +172,12 @@ def serve(argv: list[str], gguf: Path, prompts: list[int], vocab: int, threads: 
                 req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(),
                                              {"Content-Type": "application/json"})
                 timings.append(json.load(urllib.request.urlopen(req, timeout=1800))["timings"])
-                rss = rss or _proc_memory(proc.pid)  # after the first: before the prompt cache holds anything
+                rss = rss or proc_memory(proc.pid)  # after the first: before the prompt cache holds anything
             # the fastest of the repeats: on a shared machine interference only ever slows a run down
             best = dict(min(timings, key=lambda t: t["predicted_ms"] / t["predicted_n"]))
             best["prompt_ms"] = min(t["prompt_ms"] for t in timings)
             out["runs"].append({"prompt_tokens": n, "timings": best, "repeats": timings, "rss": rss})
-        out["rss_after"] = _proc_memory(proc.pid)
+        out["rss_after"] = proc_memory(proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=60)

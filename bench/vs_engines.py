@@ -7,11 +7,13 @@ each engine, each in a fresh process, one after the other:
 - transformers: `AutoModelForCausalLM.from_pretrained` (quanto through `QuantoConfig` for 8 and 4 bits) and
   `generate(do_sample=False)` with a streamer stamping each token; peak RSS of that process;
 - llama.cpp: the checkpoint converted with llama.cpp's convert_hf_to_gguf.py (BF16) and quantized with llama-quantize
-  (Q8_0, Q4_0), served by the llama-server command vramplan's llama.cpp plan writes; its own timings and peak RSS.
+  (Q8_0, Q4_0), then `vramplan run --engine llama.cpp` on the file: llama-server started with the command vramplan's
+  llama.cpp plan writes; its own timings and its peak RSS.
 
 Every engine gets the same prompt length (random token ids) and the same number of new tokens, and the host's threads.
-Writes bench/results/vs-engines-<machine>.json and .md (and a PNG when matplotlib is there): decode tok/s, TTFT and
-peak RAM per model, bit width and engine, and each engine's decode against the fastest at that width.
+Decode is the tokens after the first over the time from the first to the last, for every engine. Writes
+bench/results/vs-engines-<machine>.json and .md: decode tok/s, TTFT and peak RAM per model, bit width and engine, and
+each engine's decode against the fastest at that width.
 
     python bench/vs_engines.py --llama-cpp /tmp/llama_cpp_python-0.3.36/vendor/llama.cpp \
         --bin /tmp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin --machine cpu-dev
@@ -62,17 +64,18 @@ print(json.dumps({"ttft_s": t[0] - t0, "decode_tokens_per_s": (len(t) - 1) / (t[
 '''
 
 
-def run_vramplan(model_dir: Path, scheme: str, hw_name: str, prompt: int, new: int) -> dict:
-    """`vramplan run` of the checkpoint, forced to `scheme`, as a user runs it (its JSON report)."""
-    cmd = [sys.executable, str(ROOT / "cli.py"), "run", "--model", str(model_dir), "--quant", scheme,
+def run_cli(model_dir: Path, args: list[str], hw_name: str | None, prompt: int, new: int) -> dict:
+    """`vramplan run` of the checkpoint as a user runs it (`args`: the scheme, or llama.cpp and its GGUF file); its
+    JSON report reduced to the compared numbers."""
+    cmd = [sys.executable, str(ROOT / "cli.py"), "run", "--model", str(model_dir), *args,
            "--context", str(prompt + new + 16), "--prompt-tokens", str(prompt), "--max-new-tokens", str(new),
            "--json"] + (["--hardware", hw_name] if hw_name else [])
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1800, stdin=subprocess.DEVNULL)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["no output"])[-1][:300]}
     d = json.loads(r.stdout)
     m, p = d["measured"], d["predicted"]
-    return {"decode_tokens_per_s": m["decode_tokens_per_s_median"] or m["decode_tokens_per_s"],
+    return {"decode_tokens_per_s": m["decode_tokens_per_s"],
             "ttft_s": m["ttft_s"], "peak_ram_bytes": m["peak_ram_bytes"],
             "predicted": {"decode_tokens_per_s": p["decode_tokens_per_s"], "ttft_s": p["ttft_s"],
                           "peak_ram_bytes": p["peak_ram_bytes"]}}
@@ -84,38 +87,6 @@ def run_transformers(model_dir: Path, bits: int, prompt: int, new: int) -> dict:
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["no output"])[-1][:300]}
     return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def run_llamacpp(args, config: dict, spec, file_type: str, prompt: int, new: int, work: Path, key: str) -> dict:
-    import llamacpp_serve as ls
-    from planner.engines.llamacpp import llama_server_command, plan_llamacpp
-    from planner.profiles import resolve_profile
-    from planner.request import Request
-
-    if args.hardware:
-        hw = resolve_profile(args.hardware)[0]
-    else:
-        from runtime.this_machine import this_machine_profile
-
-        hw = this_machine_profile()
-    req = Request(context=prompt + new + 16, prompt_tokens=prompt, engine="llama.cpp", quant=(file_type,),
-                  kv_dtype=("f16",))
-    try:
-        plan = plan_llamacpp(spec, hw, req)
-        argv = llama_server_command(spec, plan)
-    except Exception as e:  # noqa: BLE001 - the planner's failure is this row's result
-        return {"error": f"plan: {type(e).__name__}: {e}"[:300]}
-    gguf = ls.make_gguf(args.llama_cpp, args.bin, config, file_type, work, key)
-    ls.N_PREDICT = new
-    served = ls.serve([str(args.bin / "llama-server"), *argv[1:]], gguf, [prompt], config["vocab_size"],
-                      args.threads, 1)
-    t = served["runs"][0]["timings"]
-    peak = max(served["rss_after"].get("VmHWM", 0), served["runs"][0]["rss"].get("VmHWM", 0))
-    speed = plan.chosen.speed
-    ttft = t["prompt_ms"] / 1e3  # the prompt's evaluation, whose logits give the first token
-    return {"decode_tokens_per_s": t["predicted_per_second"], "ttft_s": ttft, "peak_ram_bytes": peak,
-            "predicted": {"decode_tokens_per_s": speed.decode_tokens_per_s, "ttft_s": speed.ttft_s},
-            "command": served["command"]}
 
 
 def markdown(out: dict) -> str:
@@ -145,7 +116,6 @@ def main(argv=None) -> int:
     ap.add_argument("--bits", default="16,8,4")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--hardware", default=None, help="profile for the plans (default: this machine's)")
     ap.add_argument("--machine", required=True)
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -156,7 +126,6 @@ def main(argv=None) -> int:
         ap.error("llama.cpp needs --llama-cpp and --bin (or leave it out of --engines)")
 
     import llamacpp_serve as ls
-    from planner.architectures import spec_from_config
     from planner.sources import resolve_model
     from runtime.calibrate import versions
 
@@ -166,7 +135,7 @@ def main(argv=None) -> int:
     out = {"benchmark": "vs_engines", "machine": args.machine, "date": time.strftime("%Y-%m-%d"),
            "platform": platform.platform(),
            "versions": {**versions(), "llama.cpp": ls.llama_cpp_commit(args.llama_cpp) if args.llama_cpp else None},
-           "prompt_tokens": args.prompt, "new_tokens": args.new_tokens, "threads": args.threads, "rows": rows}
+           "prompt_tokens": args.prompt, "new_tokens": args.new_tokens, "threads": os.cpu_count(), "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
         source = resolve_model(name)
@@ -175,18 +144,20 @@ def main(argv=None) -> int:
         model_dir = work / key
         if not (model_dir / "config.json").exists():
             ls.save_model(config, model_dir)
-        spec = spec_from_config(config, name=name)
         for bits in (int(b) for b in args.bits.split(",")):
             scheme, file_type = WIDTHS[bits]
             group = []
             for engine in engines:
                 print(f"{name} {bits}-bit {engine}", flush=True)
                 if engine == "vramplan":
-                    r = run_vramplan(model_dir, scheme, args.hardware, args.prompt, args.new_tokens)
+                    r = run_cli(model_dir, ["--quant", scheme], args.hardware, args.prompt, args.new_tokens)
                 elif engine == "transformers":
                     r = run_transformers(model_dir, bits, args.prompt, args.new_tokens)
-                else:
-                    r = run_llamacpp(args, config, spec, file_type, args.prompt, args.new_tokens, work, key)
+                else:  # the GGUF made once per file type, then `vramplan run --engine llama.cpp` on it
+                    gguf = ls.make_gguf(args.llama_cpp, args.bin, config, file_type, work, key)
+                    r = run_cli(model_dir, ["--engine", "llama.cpp", "--gguf", str(gguf), "--llama-server",
+                                            str(args.bin / "llama-server")], args.hardware, args.prompt,
+                                args.new_tokens)
                 row = {"model": name, "bits": bits, "engine": engine,
                        "scheme": file_type if engine == "llama.cpp" else scheme, "result": r}
                 print("   ", {k: v for k, v in r.items() if k != "command"}, flush=True)

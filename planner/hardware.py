@@ -229,6 +229,22 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _unique_entries(entries, cls: type, describe: Callable[[Any], str]) -> tuple:
+    """`entries` as a tuple of `cls`, no key twice (`describe` names a repeated entry)."""
+    out, seen = tuple(entries), set()
+    for i, e in enumerate(out):
+        if not isinstance(e, cls):
+            raise _FieldError("entries", f"entry {i} is not a {cls.__name__}: {e!r}")
+        if e.key in seen:
+            raise _FieldError("entries", f"two entries for {describe(e)}")
+        seen.add(e.key)
+    return out
+
+
+def _public_source(n: int, detail: str = "") -> str:
+    return f"fitted to public measurements ({n} record{'s' if n != 1 else ''}{detail})"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
     """What `vramplan calibrate` measured. Mappings are stored as tuples of pairs (hashable)."""
@@ -253,15 +269,8 @@ class Calibration:
                            _pairs(self.versions, "versions", lambda v: isinstance(v, str), "name: version string"))
         residuals = _pairs(self.residuals, "residuals", _is_number, "name: number")
         object.__setattr__(self, "residuals", tuple((k, float(v)) for k, v in residuals))
-        entries = tuple(self.entries)
-        seen: set[tuple[str, str, str]] = set()
-        for i, e in enumerate(entries):
-            if not isinstance(e, CalibrationEntry):
-                raise _FieldError("entries", f"entry {i} is not a CalibrationEntry: {e!r}")
-            if e.key in seen:
-                raise _FieldError("entries", f"two entries for device={e.device} backend={e.backend} quant={e.quant}")
-            seen.add(e.key)
-        object.__setattr__(self, "entries", entries)
+        object.__setattr__(self, "entries", _unique_entries(
+            self.entries, CalibrationEntry, lambda e: f"device={e.device} backend={e.backend} quant={e.quant}"))
 
     @property
     def versions_dict(self) -> dict[str, str]:
@@ -325,8 +334,7 @@ class FittedEntry:
 
     @property
     def source(self) -> str:
-        n = len(self.records)
-        return f"fitted to public measurements ({n} record{'s' if n != 1 else ''})"
+        return _public_source(len(self.records))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -353,15 +361,8 @@ class PublicFit:
         if self.host_class not in HOST_CLASSES:
             raise _FieldError("host_class", f"expected one of {', '.join(HOST_CLASSES)}, got {self.host_class!r}")
         object.__setattr__(self, "host_records", tuple(self.host_records))
-        entries = tuple(self.entries)
-        seen: set[tuple[str, str]] = set()
-        for i, e in enumerate(entries):
-            if not isinstance(e, FittedEntry):
-                raise _FieldError("entries", f"entry {i} is not a FittedEntry: {e!r}")
-            if e.key in seen:
-                raise _FieldError("entries", f"two entries for engine={e.engine} quant={e.quant}")
-            seen.add(e.key)
-        object.__setattr__(self, "entries", entries)
+        object.__setattr__(self, "entries", _unique_entries(self.entries, FittedEntry,
+                                                            lambda e: f"engine={e.engine} quant={e.quant}"))
 
     def lookup(self, engine: str, quant: str) -> FittedEntry | None:
         for e in self.entries:
@@ -371,8 +372,7 @@ class PublicFit:
 
     @property
     def host_source(self) -> str:
-        n = len(self.host_records)
-        return f"fitted to public measurements ({n} record{'s' if n != 1 else ''}, {self.host_class} hosts)"
+        return _public_source(len(self.host_records), f", {self.host_class} hosts")
 
 
 @dataclass(frozen=True, kw_only=True)

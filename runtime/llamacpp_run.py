@@ -27,7 +27,7 @@ from typing import Callable
 from planner.errors import VramplanError
 from planner.gguf import GGUF_FILE_TYPES
 
-from .execute import Metrics, RunReport
+from .execute import DEFAULT_PROMPT_TOKENS, Metrics, RunReport
 
 SERVER_ENV = "VRAMPLAN_LLAMA_SERVER"
 START_TIMEOUT_S = 600.0
@@ -84,8 +84,8 @@ def _skip(f, kind: int) -> None:
 
 
 def plan_for_file(spec, hw, req, gguf: str | os.PathLike, max_new_tokens: int, *, prompt_given: bool):
-    """llama.cpp's plan (planner/engines/llamacpp.py) for the GGUF file's own type; a synthetic prompt of 128 tokens
-    (fewer when the context is short) where neither a prompt nor a prompt length is given."""
+    """llama.cpp's plan (planner/engines/llamacpp.py) for the GGUF file's own type; the torch runtime's synthetic prompt
+    length (DEFAULT_PROMPT_TOKENS, fewer when the context is short) where neither a prompt nor a length is given."""
     from planner.engines.llamacpp import plan_llamacpp
 
     file_type = gguf_file_type(gguf)
@@ -93,7 +93,7 @@ def plan_for_file(spec, hw, req, gguf: str | os.PathLike, max_new_tokens: int, *
         raise VramplanError(f"--quant {','.join(req.quant)}: {gguf} is {file_type}")
     req = replace(req, quant=(file_type,), engine="llama.cpp")
     if not prompt_given and req.prompt_tokens is None:
-        req = replace(req, prompt_tokens=min(128, max(1, req.context - max_new_tokens)))
+        req = replace(req, prompt_tokens=min(DEFAULT_PROMPT_TOKENS, max(1, req.context - max_new_tokens)))
     return plan_llamacpp(spec, hw, req)
 
 
@@ -107,20 +107,26 @@ def find_llama_server(explicit: str | None) -> Path:
     return Path(candidate)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on the loopback now, for a llama-server of our own."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _vm_hwm(pid: int) -> int | None:
+def proc_memory(pid: int) -> dict[str, int]:
+    """A process's resident memory in bytes from /proc/PID/status (VmRSS, VmHWM: its peak, RssAnon, RssFile); empty
+    once it is gone."""
+    out = {}
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:
-        return None
-    return None
+        return out
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
 
 
 def run_llamacpp(p, spec, hw, gguf: str | os.PathLike, server: Path, *, prompt_text: str | None,
@@ -134,7 +140,7 @@ def run_llamacpp(p, spec, hw, gguf: str | os.PathLike, server: Path, *, prompt_t
     report, gguf = RunReport(plan=p, device="cuda" if p.choice.on_gpu else "cpu"), Path(gguf)
     n_prompt = prompt_tokens if prompt_text is None else None
     argv = llama_server_command(spec, p)
-    port = _free_port()
+    port = free_port()
     cmd = [str(server), *argv[1:], "--host", "127.0.0.1", "--port", str(port),
            "--threads", str(threads or os.cpu_count() or 1)]
     cmd[cmd.index("-m") + 1] = str(gguf)
@@ -145,7 +151,7 @@ def run_llamacpp(p, spec, hw, gguf: str | os.PathLike, server: Path, *, prompt_t
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
     try:
-        _wait_healthy(proc, port, log)
+        wait_healthy(proc, port, log)
         report.measured.load_s = time.perf_counter() - t0
         body: dict = {"n_predict": max_new_tokens, "stream": True, "cache_prompt": False, "seed": seed,
                       "temperature": temperature, "return_tokens": True}
@@ -160,7 +166,7 @@ def run_llamacpp(p, spec, hw, gguf: str | os.PathLike, server: Path, *, prompt_t
         report.notes.append("interrupted: the numbers are what was measured until then")
         timings = None
     finally:
-        peak = _vm_hwm(proc.pid)
+        peak = proc_memory(proc.pid).get("VmHWM")
         proc.terminate()
         try:
             proc.wait(timeout=60)
@@ -190,7 +196,8 @@ def run_llamacpp(p, spec, hw, gguf: str | os.PathLike, server: Path, *, prompt_t
     return report
 
 
-def _wait_healthy(proc: subprocess.Popen, port: int, log: list[str]) -> None:
+def wait_healthy(proc: subprocess.Popen, port: int, log: list[str], timeout_s: float = START_TIMEOUT_S) -> None:
+    """Until llama-server answers /health; VramplanError (with its last log lines) if it exits or takes longer."""
     start = time.monotonic()
     while True:
         try:
@@ -202,8 +209,8 @@ def _wait_healthy(proc: subprocess.Popen, port: int, log: list[str]) -> None:
         if proc.poll() is not None:
             tail = " | ".join(line.strip() for line in log[-3:] if line.strip())
             raise VramplanError(f"llama-server exited with code {proc.returncode} before serving: {tail}")
-        if time.monotonic() - start > START_TIMEOUT_S:
-            raise VramplanError(f"llama-server did not answer /health within {START_TIMEOUT_S:.0f} s")
+        if time.monotonic() - start > timeout_s:
+            raise VramplanError(f"llama-server did not answer /health within {timeout_s:.0f} s")
         time.sleep(0.2)
 
 

@@ -21,6 +21,8 @@ from .vllm import export_vllm
 
 # Exports that need vramplan's own plan (its weight schemes): a GGUF plan has no vLLM or transformers form.
 NEEDS_VRAMPLAN_PLAN = ("vllm", "transformers")
+# llama.cpp's file type beside a vramplan plan whose scheme has no GGUF equivalent, or that found nothing fitting
+OTHER_ENGINE_FILE_TYPE = "Q4_K_M"
 
 
 def plan_for_engine(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
@@ -43,7 +45,7 @@ def other_engines(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -
 
     from .llamacpp import GGUF_FOR_SCHEME
 
-    file_type = GGUF_FOR_SCHEME.get(p.choice.weight_quant, "Q4_K_M") if p.fits else "Q4_K_M"
+    file_type = GGUF_FOR_SCHEME.get(p.choice.weight_quant, OTHER_ENGINE_FILE_TYPE) if p.fits else OTHER_ENGINE_FILE_TYPE
     try:
         other = plan_llamacpp(spec, hw, replace(req, engine="llama.cpp", quant=(file_type,), kv_dtype=("f16",),
                                                 gpu_layers=None, offload=None, expert_placement=None))
