@@ -3,8 +3,12 @@
 On an H200 (2026-11-26) bf16 with SDPA decoded at 45-58 ms per token for Llama-3.2-1B, 3B and Llama-3.1-8B alike,
 while the same 1B model with eager attention took 12 ms and bnb-nf4 with SDPA 13 ms: a fixed cost per token the
 per-layer speed model cannot follow. This benchmark is the first thing to run on the next GPU: for each (scheme,
-attention) it times `steps` decode steps after a warm-up and profiles three of them, and writes the wall time per
-step, the CPU and GPU busy time per step, and the ops that take the most (self) time, as JSON and Markdown.
+attention) it times the first prefill (cold), a second one at the same length and one at a new length, then
+`steps` decode steps after a warm-up, profiles three of them, and writes the wall time per step, the CPU and GPU busy
+time per step, and the ops that take the most (self) time, as JSON and Markdown.
+
+Attention `sdpa` is the runtime's order of SDPA backends (cuDNN last, runtime.generate.sdpa_priority); `sdpa-torch`
+is torch's own order (cuDNN first on Hopper), by VRAMPLAN_SDPA=torch.
 
     python bench/decode_profile.py --model llama-3.2-1b --quants bf16,bnb-nf4 --attn sdpa,eager --machine gpu
     python bench/decode_profile.py --model qwen2.5-0.5b --quants bf16 --attn sdpa,eager --device cpu --machine smoke
@@ -35,13 +39,30 @@ def profile_one(config: dict, quant: str, attn: str, device: str, prompt: int, s
     from runtime.load import load_model
     from runtime.measure import synchronize
 
+    import os
+
+    from runtime.generate import SDPA_ENV
+
+    if attn == "sdpa-torch":
+        os.environ[SDPA_ENV] = "torch"
+    else:
+        os.environ.pop(SDPA_ENV, None)
     model = load_model(config, scheme=SCHEMES[quant], dummy_weights=True, device=device,
                        random_device=device if device != "cpu" else None).model
-    model.set_attn_implementation(attn)
+    model.set_attn_implementation("sdpa" if attn.startswith("sdpa") else attn)
     vocab = int(model.config.get_text_config(decoder=True).vocab_size)
     ids = synthetic_prompt(prompt, vocab, seed=0).to(device)
     times: list[float] = []
+    prefill_ms: dict[str, float] = {}
     with torch.no_grad():
+        for label, n in (("first", prompt), ("again", prompt), ("new_length", prompt + 37)):
+            synchronize(device)
+            t0 = time.perf_counter()
+            cache = make_cache(KV_SCHEMES["bf16"], model.config)
+            logits = prefill(model, synthetic_prompt(n, vocab, seed=1).to(device), cache, 2048)
+            synchronize(device)
+            prefill_ms[label] = 1e3 * (time.perf_counter() - t0)
+            del cache, logits
         cache = make_cache(KV_SCHEMES["bf16"], model.config)
         token = prefill(model, ids, cache, 2048).argmax(dim=-1, keepdim=True)
         position = prompt
@@ -76,6 +97,8 @@ def profile_one(config: dict, quant: str, attn: str, device: str, prompt: int, s
     by_cpu = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:TOP_OPS]
     by_gpu = sorted(averages, key=gpu_self, reverse=True)[:TOP_OPS] if gpu else []
     result = {"quant": quant, "attn": attn, "device": device, "prompt": prompt, "steps": steps,
+              "prefill_ms": prefill_ms, "sdpa_env": os.environ.get(SDPA_ENV),
+              "dtype": str(model.get_input_embeddings().weight.dtype),
               "step_ms_median": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
               "cpu_busy_ms_per_step": sum(e.self_cpu_time_total for e in averages) / 3 / 1e3,
               "gpu_busy_ms_per_step": sum(gpu_self(e) for e in averages) / 3 / 1e3 if gpu else None,
@@ -89,15 +112,17 @@ def profile_one(config: dict, quant: str, attn: str, device: str, prompt: int, s
 
 def markdown(out: dict) -> str:
     lines = [f"# Decode step profile: {out['model']} on {out['machine']}", "", f"{out['date']}; {out['versions']}", "",
-             "| scheme | attention | step ms (median) | CPU busy ms | GPU busy ms | ops per step |",
-             "|---|---|---|---|---|---|"]
+             "| scheme | attention | step ms (median) | CPU busy ms | GPU busy ms | ops per step "
+             "| prefill ms: first / again / new length |",
+             "|---|---|---|---|---|---|---|"]
     for r in out["rows"]:
         if "error" in r:
-            lines.append(f"| {r['quant']} | {r['attn']} | error: {r['error']} | | | |")
+            lines.append(f"| {r['quant']} | {r['attn']} | error: {r['error']} | | | | |")
             continue
         gpu = "-" if r["gpu_busy_ms_per_step"] is None else f"{r['gpu_busy_ms_per_step']:.2f}"
+        pf = " / ".join(f"{r['prefill_ms'][k]:.1f}" for k in ("first", "again", "new_length"))
         lines.append(f"| {r['quant']} | {r['attn']} | {r['step_ms_median']:.2f} | {r['cpu_busy_ms_per_step']:.2f} | "
-                     f"{gpu} | {r['ops_per_step']:.0f} |")
+                     f"{gpu} | {r['ops_per_step']:.0f} | {pf} |")
     for r in out["rows"]:
         if "error" in r:
             continue

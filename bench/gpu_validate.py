@@ -45,7 +45,7 @@ def gpu_steps() -> list[Step]:
     """The GPU steps in the order of two device calls that fit a session's 15 minutes of device time (each call also
     pays a machine start of a minute or two): call A checks the machine and the CUDA paths, call B measures.
 
-        call A: env,probe,pytest-gpu,run-nf4,decode-profile     (~3 min)
+        call A: env,probe,pytest-gpu,run-nf4,run-bf16,decode-profile     (~3 min)
         call B: calibrate,accuracy,offload-nf4,oom,offload-bf16 (~7 min)
     """
     model = "llama-3.1-8b"  # 8B, unseen by the calibration (1B and 3B models)
@@ -58,8 +58,12 @@ def gpu_steps() -> list[Step]:
         Step("run-nf4", f"{PY} cli.py run --model {model} --dummy-weights --quant bnb-nf4 --context 4k "
                         "--prompt-tokens 1024 --max-new-tokens 32 --hardware {profile} --json "
                         "> {work}/run-nf4.json", 90, ("run-nf4.json",)),
+        # bf16 with the runtime's SDPA order (cuDNN last) against torch's own (cuDNN first on Hopper): 8B, resident
+        Step("run-bf16", f"{PY} cli.py run --model {model} --dummy-weights --quant bf16 --context 4k "
+                         "--prompt-tokens 1024 --max-new-tokens 32 --gpu-layers 32 --hardware {profile} --json "
+                         "> {work}/run-bf16.json", 90, ("run-bf16.json",)),
         Step("decode-profile", f"{PY} bench/decode_profile.py --model llama-3.2-1b --quants bf16,bnb-nf4 "
-                               "--attn sdpa,eager --machine gpu --out {work}", 90,
+                               "--attn sdpa,sdpa-torch,eager --machine gpu --out {work}", 120,
              ("decode-profile-gpu.json", "decode-profile-gpu.md")),
         Step("calibrate", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml "
                           "--models llama-3.2-1b,llama-3.2-3b --quants bf16,bnb-nf4,bnb-int8,quanto-int8,quanto-int4 "
