@@ -7,8 +7,10 @@ attention) it times the first prefill (cold), a second one at the same length an
 `steps` decode steps after a warm-up, profiles three of them, and writes the wall time per step, the CPU and GPU busy
 time per step, and the ops that take the most (self) time, as JSON and Markdown.
 
-Attention `sdpa` is the runtime's order of SDPA backends (cuDNN last, runtime.generate.sdpa_priority); `sdpa-torch`
-is torch's own order (cuDNN first on Hopper), by VRAMPLAN_SDPA=torch.
+The second H200 session (2026-11-26) profiled it: the 45-58 ms did not come back (1B bf16 SDPA: 8.4-11.5 ms per step
+in five fresh processes), SDPA ran FlashAttention (not cuDNN) whichever backend order was set, and a step is bound
+by the host: 3.9 ms of GPU work under 12-21 ms of CPU time (about 4200 ops). See
+bench/results/gpu-nvidia-h200-2/README.md.
 
     python bench/decode_profile.py --model llama-3.2-1b --quants bf16,bnb-nf4 --attn sdpa,eager --machine gpu
     python bench/decode_profile.py --model qwen2.5-0.5b --quants bf16 --attn sdpa,eager --device cpu --machine smoke
@@ -39,17 +41,9 @@ def profile_one(config: dict, quant: str, attn: str, device: str, prompt: int, s
     from runtime.load import load_model
     from runtime.measure import synchronize
 
-    import os
-
-    from runtime.generate import SDPA_ENV
-
-    if attn == "sdpa-torch":
-        os.environ[SDPA_ENV] = "torch"
-    else:
-        os.environ.pop(SDPA_ENV, None)
     model = load_model(config, scheme=SCHEMES[quant], dummy_weights=True, device=device,
                        random_device=device if device != "cpu" else None).model
-    model.set_attn_implementation("sdpa" if attn.startswith("sdpa") else attn)
+    model.set_attn_implementation(attn)
     vocab = int(model.config.get_text_config(decoder=True).vocab_size)
     ids = synthetic_prompt(prompt, vocab, seed=0).to(device)
     times: list[float] = []
@@ -97,7 +91,7 @@ def profile_one(config: dict, quant: str, attn: str, device: str, prompt: int, s
     by_cpu = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:TOP_OPS]
     by_gpu = sorted(averages, key=gpu_self, reverse=True)[:TOP_OPS] if gpu else []
     result = {"quant": quant, "attn": attn, "device": device, "prompt": prompt, "steps": steps,
-              "prefill_ms": prefill_ms, "sdpa_env": os.environ.get(SDPA_ENV),
+              "prefill_ms": prefill_ms,
               "dtype": str(model.get_input_embeddings().weight.dtype),
               "step_ms_median": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
               "cpu_busy_ms_per_step": sum(e.self_cpu_time_total for e in averages) / 3 / 1e3,

@@ -21,11 +21,9 @@ Timing rules (seconds, wall clock, CUDA synchronized where a CUDA device is in u
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import math
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -105,28 +103,9 @@ def _forward(model: nn.Module, input_ids: torch.Tensor, start: int, cache) -> to
     n = input_ids.shape[1]
     positions = torch.arange(start, start + n, device=input_ids.device).unsqueeze(0)
     last = 1 if n == 1 else torch.tensor([n - 1], device=input_ids.device)
-    with sdpa_priority(input_ids.device):
-        out = model(input_ids=input_ids, position_ids=positions, use_cache=True, logits_to_keep=last,
-                    **{cache_argument(type(model)): cache})
+    out = model(input_ids=input_ids, position_ids=positions, use_cache=True, logits_to_keep=last,
+                **{cache_argument(type(model)): cache})
     return out.logits[:, -1, :].float()
-
-
-SDPA_ENV = "VRAMPLAN_SDPA"  # "torch": torch's own backend order; unset or "flash": cuDNN attention last
-
-
-def sdpa_priority(device: torch.device) -> contextlib.AbstractContextManager:
-    """On CUDA, the order in which SDPA tries its backends: FlashAttention, memory-efficient, then cuDNN and math.
-
-    torch puts cuDNN attention first on Hopper. cuDNN builds an execution plan for every new sequence length, and
-    a decode step is a new length every token (the KV cache grows by one). On an H200 (torch 2.11, 2026-11-26)
-    bf16 decode with SDPA took 45-58 ms per token for 1B, 3B and 8B models alike (eager attention: 12 ms); see
-    bench/results/gpu-nvidia-h200/decode-profile*. Only the order changes: a shape that only cuDNN serves still
-    gets it. ``VRAMPLAN_SDPA=torch`` keeps torch's order (to measure the difference)."""
-    if device.type != "cuda" or os.environ.get(SDPA_ENV, "flash") == "torch":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
-                        SDPBackend.MATH], set_priority=True)
 
 
 def prefill(model: nn.Module, input_ids: torch.Tensor, cache, prefill_chunk: int,
