@@ -595,7 +595,7 @@ def run_report(r: dict) -> None:
             return format_bytes(v)
         if metric == "generated_tokens":
             return str(v)
-        return f"{v:.3f} s" if metric in ("ttft_s", "load_s") else f"{v:.2f}"
+        return f"{v:.3f} s" if metric in ("ttft_s", "load_s", "warmup_s") else f"{v:.2f}"
 
     rows = []
     for metric in ("decode_tokens_per_s", "ttft_s", "peak_vram_bytes", "peak_ram_bytes"):
@@ -608,10 +608,13 @@ def run_report(r: dict) -> None:
     labels = {"decode_tokens_per_s_median": "decode_tokens_per_s_median (median step)",
               "decode_tokens_per_s_start": f"decode_tokens_per_s_start (first {edge} of {steps} steps)",
               "decode_tokens_per_s_end": f"decode_tokens_per_s_end (last {edge} of {steps} steps)"}
-    for metric in ("load_s", "prefill_tokens_per_s", "decode_tokens_per_s_median", "decode_tokens_per_s_start",
-                   "decode_tokens_per_s_end", "generated_tokens"):
+    for metric in ("load_s", "warmup_s", "prefill_tokens_per_s", "decode_tokens_per_s_median",
+                   "decode_tokens_per_s_start", "decode_tokens_per_s_end", "generated_tokens"):
         if m.get(metric) is not None:
             rows.append([labels.get(metric, metric), "", show(metric, m[metric]), ""])
+    if m.get("gpu_sm_clock_mhz_median") is not None:
+        rows.append(["GPU SM clock while timed (median / lowest)", "",
+                     f"{m['gpu_sm_clock_mhz_median']} / {m['gpu_sm_clock_mhz_min']} MHz", ""])
     status = "INTERRUPTED" if r.get("interrupted") else (r["stopped_reason"] or "-")
     out.table(f"predicted vs measured ({r['device']}, prompt {r['prompt_tokens']} tokens, stopped: {status})",
               ["metric", "predicted", "measured", "error"], rows, right={1, 2, 3}, stderr=True)

@@ -7,8 +7,8 @@ which gets a fresh machine and a copy of the repository, finds what an earlier o
 and, when $OUT is set, into $OUT as one archive plus status.json and summary.md (a device call brings back at most
 8 files).
 
-    bench/gpu_validate.sh --steps env,probe,pytest-gpu,run-nf4,decode-profile --budget-s 240   # device call A
-    bench/gpu_validate.sh --steps calibrate,accuracy,offload-nf4,oom,offload-bf16 --budget-s 420  # device call B
+    bench/gpu_validate.sh --steps env,probe,pytest-gpu,run-bf16,decode-profile --budget-s 250   # device call A
+    bench/gpu_validate.sh --steps calibrate,accuracy,offload-nf4 --budget-s 545                  # device call B
     bench/gpu_validate.sh --cpu-smoke                                    # every step, tiny, on this CPU (minutes)
 """
 

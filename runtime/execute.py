@@ -64,6 +64,7 @@ class Measured(Metrics):
     """
 
     load_s: float | None = None
+    warmup_s: float | None = None  # a CUDA run's untimed first chunk and decode step (runtime.generate.warm_up)
     prefill_tokens_per_s: float | None = None
     decode_tokens_per_s_median: float | None = None
     decode_tokens_per_s_start: float | None = None
@@ -72,6 +73,9 @@ class Measured(Metrics):
     token_timestamps_s: list[float] | None = None
     generated_tokens: int | None = None
     load_average_1m: float | None = None  # the highest 1-minute load average seen around the run
+    # the GPU's SM clock while the prompt and tokens were timed (NVML, every CLOCK_SAMPLE_INTERVAL_S): lowest, median
+    gpu_sm_clock_mhz_min: int | None = None
+    gpu_sm_clock_mhz_median: int | None = None
     process_cpu_cores: float | None = None  # this process' CPU time / wall time: how many cores it kept busy
 
 
@@ -272,6 +276,7 @@ class _Attempt:
         device = "cuda" if c.on_gpu else "cpu"
         report.device = device
         holder: dict = {}
+        self._timed_from: float | None = None  # when the timed prefill began: the clocks from then on are the run's
         oom = None
         with PeakMemorySampler(device=device,
                                cuda_context_bytes=(self.hw.overheads.cuda_context_bytes if c.on_gpu
@@ -290,12 +295,16 @@ class _Attempt:
                 _release(holder)
         report.measured.peak_ram_bytes = sampler.result.peak_rss_bytes
         report.measured.peak_vram_bytes = sampler.result.peak_vram_bytes
+        clocks = sampler.sm_clock_mhz(since=self._timed_from) if self._timed_from is not None else None
+        if clocks is not None:
+            report.measured.gpu_sm_clock_mhz_min, report.measured.gpu_sm_clock_mhz_median = clocks
         return oom
 
     def _load_and_generate(self, holder: dict, device: str, base_ids, max_new_tokens: int) -> str | None:
         import torch
 
-        from .generate import STOP_INTERRUPTED, STOP_OOM, generate
+        from .generate import STOP_INTERRUPTED, STOP_OOM, generate, model_device, warm_up
+        from .measure import is_oom
         from .load import load_model
 
         report, c, spec = self.report, self.report.plan.choice, self.spec
@@ -326,6 +335,17 @@ class _Attempt:
         # after an OOM the retry continues from the prompt plus the tokens kept so far
         ids = (torch.cat([base_ids, torch.tensor([report.tokens], dtype=base_ids.dtype)], dim=-1)
                if report.tokens else base_ids)
+        try:
+            warm = warm_up(loaded.model, ids.to(model_device(loaded.model)), report.plan.request.prefill_chunk,
+                           KV_SCHEMES[c.kv_dtype])
+        except Exception as exc:  # noqa: BLE001 - out of memory here is the timed run's to meet and re-plan
+            if not is_oom(exc):
+                raise
+            warm = 0.0
+            report.notes.append("warm-up ran out of memory (the timed run follows)")
+        if warm:
+            report.measured.warmup_s = warm
+            self.say(f"warm-up (CUDA's first use, not timed in TTFT): {warm:.3f} s")
         streamer = _Streamer(self.tokenizer, self.on_text)
         n_ids, new_tokens = int(ids.shape[-1]), max_new_tokens - len(report.tokens)
         self.say(f"prefill {n_ids} tokens in chunks of {report.plan.request.prefill_chunk}, then up to "
@@ -333,6 +353,7 @@ class _Attempt:
         # the bar's ETA: what the plan predicts for this prefill (the prompt as it is now, after an OOM with the
         # tokens kept); the display closes when the last chunk is done, before the text streams
         ttft_s = predicted_for_run(report.plan, spec, self.hw, n_ids, n_ids + new_tokens).ttft_s
+        self._timed_from = time.perf_counter()
         with self.track("prefill", n_ids, ttft_s) as advance:
             result = generate(loaded.model, ids, max_new_tokens=new_tokens,
                               prefill_chunk=report.plan.request.prefill_chunk, kv=KV_SCHEMES[c.kv_dtype],

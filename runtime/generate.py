@@ -234,6 +234,31 @@ def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk:
     return result
 
 
+def warm_up(model: nn.Module, input_ids: torch.Tensor, prefill_chunk: int, kv: KVScheme = KV_SCHEMES["bf16"]) -> float:
+    """On a CUDA device, the prompt's first chunk and one decode step on a cache thrown away after; its seconds.
+    Elsewhere nothing (0.0).
+
+    A fresh process's first prefill on a GPU pays for what CUDA does once: cuBLAS handles, and the kernels it loads
+    lazily on their first use (CUDA_MODULE_LOADING=LAZY), chosen per shape. Measured on an H200 (Llama-3.2-1B
+    bf16, 512 tokens, five fresh processes): 318-914 ms for the first prefill, 12-22 ms for the next one and 17-30
+    ms for one at a new length (bench/results/gpu-nvidia-h200-2/host-variance). The TTFT the planner predicts is a
+    warm one, as an engine that serves requests sees it (llama.cpp warms up at load too); the run times it after this
+    and reports this as its own number. The first chunk is the one whose shapes the timed prefill starts with."""
+    device = input_ids.device
+    if device.type != "cuda":
+        return 0.0
+    cache = make_cache(kv, model.config)
+    with no_grad_context(model):
+        synchronize(device)
+        start = time.perf_counter()
+        logits = prefill(model, input_ids[:, :prefill_chunk], cache, prefill_chunk)
+        decode_one_token(model, logits.argmax(dim=-1, keepdim=True), min(prefill_chunk, input_ids.shape[1]), cache)
+        synchronize(device)
+        seconds = time.perf_counter() - start
+    del cache, logits
+    return seconds
+
+
 def no_grad_context(model: nn.Module):
     """``torch.inference_mode()``, or ``torch.no_grad()`` for models holding optimum-quanto weights:
     quanto's generic int4 matmul (fp16, or groups other than 128) fails on inference tensors

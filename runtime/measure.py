@@ -17,6 +17,7 @@ import psutil
 import torch
 
 DEFAULT_SAMPLE_INTERVAL_S = 0.005
+CLOCK_SAMPLE_INTERVAL_S = 0.05  # the GPU's SM clock is read every this many seconds (one NVML call)
 
 
 def synchronize(device: torch.device | str | None) -> None:
@@ -149,6 +150,15 @@ class _NvmlProcessMemory:
         used = [p.usedGpuMemory for p in processes if p.pid == os.getpid() and p.usedGpuMemory is not None]
         return sum(used) if used else None
 
+    def sm_clock_mhz(self) -> int | None:
+        """The device's SM clock now (MHz), or None."""
+        if self.handle is None:
+            return None
+        try:
+            return int(self._pynvml.nvmlDeviceGetClockInfo(self.handle, self._pynvml.NVML_CLOCK_SM))
+        except Exception:  # noqa: BLE001
+            return None
+
     def close(self) -> None:
         if self.handle is not None:
             try:
@@ -179,6 +189,7 @@ class PeakMemorySampler:
         self._nvml: _NvmlProcessMemory | None = None
         self._peak_rss = 0
         self._peak_nvml: int | None = None
+        self.sm_clocks: list[tuple[float, int]] = []  # (perf_counter, MHz) on CUDA where NVML reads the clock
 
     def _sample(self) -> None:
         rss = self._process.memory_info().rss
@@ -187,6 +198,18 @@ class PeakMemorySampler:
             used = self._nvml.read()
             if used is not None:
                 self._peak_nvml = used if self._peak_nvml is None else max(self._peak_nvml, used)
+            now = time.perf_counter()
+            if not self.sm_clocks or now - self.sm_clocks[-1][0] >= CLOCK_SAMPLE_INTERVAL_S:
+                mhz = self._nvml.sm_clock_mhz()
+                if mhz is not None:
+                    self.sm_clocks.append((now, mhz))
+
+    def sm_clock_mhz(self, since: float) -> tuple[int, int] | None:
+        """The lowest and the median SM clock (MHz) sampled from perf_counter() ``since`` on, or None. A GPU's clock
+        falls when it idles (345 MHz on an idle H200, 1980 under load); eager decode, bound by the host, leaves it
+        idle between kernels: a run's clock says whether the GPU ran at its speed."""
+        clocks = sorted(mhz for t, mhz in self.sm_clocks if t >= since)
+        return (clocks[0], clocks[len(clocks) // 2]) if clocks else None
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -382,3 +382,23 @@ def test_a_measured_allocator_reserve_replaces_the_default_and_its_note(monkeypa
     reserve_notes = [n for n in result.profile.notes if n.startswith("allocator reserve")]
     assert reserve_notes == ["allocator reserve 155.00 MiB measured by vramplan calibrate: the median over fresh runs "
                              "of the peak VRAM beyond the plan's weights, KV cache, workspace and CUDA context"]
+
+
+def test_runs_of_the_same_point_from_two_calls_keep_the_fastest():
+    """--add-runs merges an earlier call's runs: a point measured twice keeps its fastest decode (and fastest TTFT),
+    as the repeats of one call do; other points are all kept."""
+    from runtime.calibrate import RunRecord, fastest_per_point
+
+    def record(model, prompt, tok_s, ttft, impl="sdpa"):
+        sample = dataclasses.replace(synth(1e9, 1e6, 16), decode_s_per_token=1 / tok_s, prefill_s=ttft,
+                                     attention_impl=impl)
+        return RunRecord(model=model, quant="bf16", kv_dtype="bf16", prompt=prompt, new_tokens=24,
+                         decode_tokens_per_s=tok_s, ttft_s=ttft, peak_rss_bytes=1, sample=sample)
+
+    slow_early, fast_late = record("m1", 512, 20.0, 0.05), record("m1", 512, 100.0, 0.08)
+    others = [record("m1", 2048, 90.0, 0.1), record("m1", 512, 50.0, 0.2, impl="eager"), record("m2", 512, 30.0, 0.3)]
+    kept = fastest_per_point([slow_early, *others, fast_late])
+    assert len(kept) == 4 and all(o in kept for o in others)
+    merged = next(r for r in kept if r.model == "m1" and r.prompt == 512 and r.sample.attention_impl == "sdpa")
+    assert merged.decode_tokens_per_s == 100.0 and merged.sample.decode_s_per_token == 1 / 100.0
+    assert merged.ttft_s == merged.sample.prefill_s == 0.05

@@ -30,7 +30,7 @@ import torch
 
 from conftest import FULL_ATTENTION_ARCHS, TINY_ARCHS, tiny_config, tiny_config_dict
 from planner.errors import CheckpointError, VramplanError
-from runtime.generate import cache_argument, first_logits, generate, synthetic_prompt
+from runtime.generate import cache_argument, first_logits, generate, synthetic_prompt, warm_up
 from runtime.kvcache import make_cache
 from planner.quant import KV_SCHEMES, SCHEMES
 from runtime.load import _device_map_for, load_model, offload_device_map
@@ -256,6 +256,23 @@ def test_chunked_prefill_generates_the_same_tokens(load_tiny, arch):
     one_shot = generate(model, PROMPT, max_new_tokens=8, prefill_chunk=64)
     chunked = generate(model, PROMPT, max_new_tokens=8, prefill_chunk=7)
     assert chunked.tokens == one_shot.tokens and len(one_shot.tokens) == 8
+
+
+def test_warm_up_is_for_cuda_only(load_tiny):
+    """On the CPU there is no lazy kernel loading to pay for: the warm-up does nothing and says 0 s."""
+    model = load_tiny("llama", "bf16", "fp32").model
+    assert warm_up(model, PROMPT, prefill_chunk=7) == 0.0
+
+
+@pytest.mark.gpu
+def test_warm_up_on_a_gpu_leaves_the_generation_as_it_was():
+    """The warm-up's first chunk and decode step run on a cache of their own: the tokens after it are the tokens
+    without it."""
+    model = load_model(tiny_config_dict("llama"), scheme=SCHEMES["bf16"], dummy_weights=True, device="cuda:0",
+                       compute_dtype="fp32").model
+    cold = generate(model, PROMPT, max_new_tokens=8, prefill_chunk=7)
+    assert warm_up(model, PROMPT.to("cuda:0"), prefill_chunk=7) > 0
+    assert generate(model, PROMPT, max_new_tokens=8, prefill_chunk=7).tokens == cold.tokens
 
 
 KV_ERROR_BOUNDS = {"fp16": 0.0, "fp8": 0.04, "quanto-int4": 0.05, "quanto-int2": 0.25}
@@ -545,3 +562,22 @@ def test_is_oom_tells_memory_from_bugs(error, oom):
     from runtime.measure import is_oom
 
     assert is_oom(error) is oom
+
+
+def test_sm_clocks_are_summarised_from_a_time_on():
+    """The run's GPU clock is the median and the lowest of the samples from the timed prefill on, not the load's."""
+    sampler = PeakMemorySampler(device="cpu")
+    sampler.sm_clocks = [(1.0, 345), (2.0, 1980), (3.0, 1755), (4.0, 1980)]
+    assert sampler.sm_clock_mhz(since=2.0) == (1755, 1980)
+    assert sampler.sm_clock_mhz(since=5.0) is None
+
+
+@pytest.mark.gpu
+def test_a_gpu_sampler_reads_the_sm_clock():
+    with PeakMemorySampler(device="cuda:0") as sampler:
+        x = torch.ones(4096, 4096, device="cuda:0")
+        for _ in range(50):
+            x = x @ x / 4096
+        torch.cuda.synchronize()
+    clocks = sampler.sm_clock_mhz(since=0.0)
+    assert clocks is not None and 0 < clocks[0] <= clocks[1]
