@@ -468,8 +468,7 @@ def plan(d: dict, *, full: bool = False) -> None:
     for a in d["alternatives"][:5]:
         out.line(styled(("would fit:", "yellow"), f" {a['weight_quant']} + {a['kv_dtype']} KV up to "
                         f"{format_tokens(a['max_context_tokens'])} tokens of context"))
-    for e in d.get("engines", []):
-        out.line(_other_engine(e))
+    _engines(d)
     for w in d["warnings"]:
         out.warn(w)
     if not full:
@@ -478,19 +477,34 @@ def plan(d: dict, *, full: bool = False) -> None:
                  "add --all (or --json for everything)")
 
 
-def _other_engine(e: dict) -> Any:
-    """One line for another engine's plan of the same request (planner.engines.other_engines)."""
-    head = f"{e['engine']} ({e['weight_quant']} + {e['kv_dtype']} KV, by its own rules):"
-    if not e["fits"]:
-        return styled(("other engine", "cyan"), f" {head} does not fit: {e.get('reason', '')}")
-    where = (f"all {e['total_layers']} layers on the GPU" if e["gpu_layers"] == e["total_layers"]
-             else f"{e['gpu_layers']}/{e['total_layers']} layers on the GPU")
-    if e.get("expert_layers_in_ram"):
-        where += f", experts of {e['expert_layers_in_ram']} layers in RAM"
-    ratio = e.get("decode_vs_plan")
-    vs = f" ({ratio:.2f}x this plan)" if ratio else ""
-    return styled(("other engine", "cyan"), f" {head} {where}, decode {e['decode_tokens_per_s']:.2f} tok/s{vs}, TTFT "
-                  f"{e['ttft_s']:.2f} s: `{e['how']}`")
+def _engines(d: dict) -> None:
+    """One row per engine for the same request, each by its own rules (planner.engines.compare), vramplan's first; then
+    which decodes fastest here."""
+    rows = d.get("engines") or []
+    if not rows:
+        return
+    own = []
+    for e in rows:
+        if not e["fits"]:
+            own.append([e["engine"], f"{e.get('weight_quant', '-')} + {e.get('kv_dtype', '-')}", "no",
+                        e.get("reason", ""), "-", "-", "-", e.get("how", "-")])
+            continue
+        speed = "-" if e.get("decode_tokens_per_s") is None else f"{e['decode_tokens_per_s']:.2f}" + (
+            f" ({e['decode_vs_plan']:.2f}x)" if e.get("decode_vs_plan") else "")
+        own.append([e["engine"], f"{e['weight_quant']} + {e['kv_dtype']}", "yes", e["placement"], speed,
+                    "-" if e.get("ttft_s") is None else f"{e['ttft_s']:.2f}",
+                    format_tokens(e["max_context_tokens"]) if e.get("max_context_tokens") else "-",
+                    "this plan" if e["engine"] == "vramplan" else f"`{e['how']}`"])
+    out.table("the same request by each engine's own rules", ["engine", "weights + KV", "fits", "placement",
+              "decode tok/s", "TTFT s", "max ctx on GPU", "full command"], own, right={4, 5, 6})
+    for e in rows[1:]:
+        if e["fits"] and e.get("speed_from"):
+            out.info(f"{e['engine']}'s speed: {e['speed_from']}")
+    best = d.get("fastest_engine")
+    if best:
+        vs = f", {best['decode_vs_plan']:.2f}x this plan" if best.get("decode_vs_plan") else ""
+        out.line(styled(("fastest here:", "cyan"), f" {best['engine']} ({best['decode_tokens_per_s']:.2f} tok/s "
+                                                     f"predicted{vs}): {best['why']}"))
 
 
 # The constants planner.speed.speed_constants names for a plan's speed (their keys end so).

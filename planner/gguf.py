@@ -546,14 +546,28 @@ def gguf_tensors(spec: ModelSpec, file_type: str, *, imatrix: bool = False) -> t
     `imatrix`: quantized with an importance matrix (changes IQ4_XS/IQ4_NL ffn_down and Q4_0/Q5_0
     ffn_down in the first eighth of the layers; the other file types do not depend on it).
     """
+    key = (id(spec), file_type, imatrix)
+    hit = _TENSORS_MEMO.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
     ft = gguf_file_type(file_type)
     sources = sorted(_sources(spec), key=_load_order)
     types = _select_types(spec, sources, ft, imatrix)
-    return tuple(
+    tensors = tuple(
         GGUFTensor(name=s.name, hf_name=s.hf_name, ggml_type=ty, shape=s.shape, layer=s.layer,
                    nbytes=math.prod(s.shape[1:]) * GGML_TYPES[ty].row_bytes(s.shape[0]))
         for s, ty in zip(sources, types)
     )
+    if len(_TENSORS_MEMO) >= TENSORS_MEMO_SIZE:
+        _TENSORS_MEMO.pop(next(iter(_TENSORS_MEMO)))
+    _TENSORS_MEMO[key] = (spec, tensors)  # the spec held with it: its id cannot be reused while the entry lives
+    return tensors
+
+
+# One plan asks for the same file's tensors several times (llama.cpp's plan, Ollama's launch and plan, the file
+# size): 7-20 ms each for a 405B model. The last few answers are kept, keyed by the spec object they were made for.
+TENSORS_MEMO_SIZE = 8
+_TENSORS_MEMO: dict[tuple[int, str, bool], tuple[ModelSpec, tuple[GGUFTensor, ...]]] = {}
 
 
 def gguf_layer_bytes(spec: ModelSpec, file_type: str, *, imatrix: bool = False) -> list[int]:

@@ -123,8 +123,10 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     alternatives: list[dict] = field(default_factory=list)
     constants: dict = field(default_factory=dict)
-    # the same request by other engines' own rules (planner.engines.other_engines): one summary each
+    # the same request by other engines' own rules (planner.engines.compare): one row each, and the fastest engine
+    # here by prediction (vramplan's own plan included)
     engines: list[dict] = field(default_factory=list)
+    fastest_engine: dict | None = None
 
     def __post_init__(self) -> None:
         c = self.chosen
@@ -168,6 +170,7 @@ class Plan:
             "candidates": [x.to_dict() for x in self.candidates],
             # optional (plans saved before it lack it), so before the keys a complete file must end with
             "engines": list(self.engines),
+            "fastest_engine": self.fastest_engine,
             "constants": self.constants,
             "warnings": list(self.warnings),
             "alternatives": list(self.alternatives),
@@ -198,7 +201,7 @@ class Plan:
                        candidates=[Candidate.from_dict(x) for x in d.get("candidates", [])],
                        warnings=[str(w) for w in d.get("warnings", [])],
                        alternatives=list(d.get("alternatives", [])), constants=dict(d.get("constants", {})),
-                       engines=list(d.get("engines", [])))
+                       engines=list(d.get("engines", [])), fastest_engine=d.get("fastest_engine"))
         except PlanError as e:
             raise PlanError(f"plan file: {e}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as e:

@@ -324,16 +324,25 @@ def _request(p: Plan) -> tuple[Request, list[str]]:
     return llamacpp.mapped_request(p)
 
 
-def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
-    """The Modelfile for a plan: llama.cpp's plan for llama-server as Ollama starts it, placed by llama.cpp's --fit."""
+def ollama_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> tuple[Plan, OllamaLaunch, Request, str | None,
+                                                                        list[str]]:
+    """Ollama's answer to a plan's request: llama.cpp's plan for llama-server as Ollama launches it, at the published
+    quant closest to the plan's file type (the best published one that fits when the plan names none); with the
+    launch, the request, the file type wanted and the notes of the mapping."""
     req, notes = _request(p)
-    notes.insert(0, f"Ollama {OLLAMA_VERSION}: llama-server (llama.cpp {OLLAMA_LLAMA_CPP_BUILD}) started with Ollama's "
-                    "launch settings and placed by its --fit: llama.cpp's plan for that launch (vramplan's llama.cpp "
-                    f"rules follow llama.cpp {rules.MEASURED_COMMIT[:9]})")
     wanted = req.quant[0] if req.quant else None
     types = published_file_types(spec, wanted) if wanted else tuple(
         ft for ft in rules.PLANNED_FILE_TYPES if ft in (published_file_types(spec, ft)))
     q, launch = plan_ollama(spec, hw, req, types)
+    return q, launch, req, wanted, notes
+
+
+def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
+    """The Modelfile for a plan: llama.cpp's plan for llama-server as Ollama starts it, placed by llama.cpp's --fit."""
+    q, launch, req, wanted, notes = ollama_plan(spec, hw, p)
+    notes.insert(0, f"Ollama {OLLAMA_VERSION}: llama-server (llama.cpp {OLLAMA_LLAMA_CPP_BUILD}) started with Ollama's "
+                    "launch settings and placed by its --fit: llama.cpp's plan for that launch (vramplan's llama.cpp "
+                    f"rules follow llama.cpp {rules.MEASURED_COMMIT[:9]})")
     consts = {**constants(), **rules.constants(hw.name, hw.overheads.cuda_context_bytes if hw.has_gpu else 0,
                                                (q.choice.weight_quant,) if q.fits else (),
                                                (q.choice.kv_dtype,) if q.fits else (), has_gpu=hw.has_gpu)}

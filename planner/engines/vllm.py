@@ -13,7 +13,7 @@ assumptions and said so in the output. Pure.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..choice import OffloadMode
 from ..hardware import HardwareProfile
@@ -147,6 +147,7 @@ class VLLMModel:
         self.total = g.memory_bytes - CUDA_HIDDEN_BYTES_ASSUMED  # what vLLM multiplies gpu_memory_utilization by
         self.capacity = gpu_capacity(hw, req, 0)
         self.layer_tensors = [spec.layer_tensors(i) for i in range(spec.num_layers)]
+        self._per_layer: dict[int, list[float]] = {}
         self.tokens = rules.max_num_batched_tokens(g, req.context)
 
     def utilization(self, distributed: bool) -> float:
@@ -156,9 +157,19 @@ class VLLMModel:
             NCCL_BYTES_ASSUMED if distributed else 0)
         return min(1.0, floor_to((min(self.capacity, self.total) - outside) / self.total, 0.01))
 
+    def _layer_weights(self, tp: int) -> list[float]:
+        """Each decoder layer's bytes on one rank at this TP size (computed once per size: the layout search asks for
+        every range of layers at every size)."""
+        if tp not in self._per_layer:
+            spec = self.spec
+            self._per_layer[tp] = [sum(self.fmt.tensor_bytes(t) * tp_fraction(spec, t, tp) for t in tensors)
+                                   for tensors in self.layer_tensors]
+        return self._per_layer[tp]
+
     def _rank_weights(self, tp: int, layers: range, first: bool, last: bool) -> int:
         spec = self.spec
-        total = sum(self.fmt.tensor_bytes(t) * tp_fraction(spec, t, tp) for i in layers for t in self.layer_tensors[i])
+        per_layer = self._layer_weights(tp)
+        total = sum(per_layer[i] for i in layers)
         for t in spec.non_layer_tensors():  # the embedding on the first stage; lm_head (a tied embedding) and norm last
             on_first = t.role is Role.EMBEDDING
             on_last = t.role is not Role.EMBEDDING or spec.tie_word_embeddings
@@ -295,32 +306,58 @@ def _cannot_run(spec: ModelSpec, hw: HardwareProfile, fmt: WeightFormat | None) 
     return ""
 
 
-def export_vllm(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
+@dataclass(kw_only=True)
+class VLLMAnswer:
+    """vLLM's layout for a plan: its weight format and KV cache, the layout chosen (None: none), the nodes it needs
+    without weight offload, and the notes so far; `refused` says why no command can be written."""
+
+    fmt: WeightFormat | None = None
+    kv_cache: str = "auto"
+    model: VLLMModel | None = None
+    layout: Layout | None = None
+    needed: int | None = None
+    notes: list = field(default_factory=list)
+    refused: str = ""
+
+
+def vllm_layout(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> VLLMAnswer:
+    """vLLM's answer to a plan's request: the smallest layout that fits (weights in RAM where the plan keeps some and
+    the nodes are too few), by vLLM's rules."""
     req = p.request
     if not hw.has_gpu or hw.accelerator != "cuda":
         why = "has no GPU" if not hw.has_gpu else f"has a {hw.accelerator} GPU"
-        return _refuse([f"vLLM: hardware {hw.name!r} {why}; vramplan plans vLLM on CUDA GPUs only (vLLM's CPU and "
-                        "Apple backends are not planned)"])
+        return VLLMAnswer(notes=[], refused=f"vLLM: hardware {hw.name!r} {why}; vramplan plans vLLM on CUDA GPUs "
+                                            "only (vLLM's CPU and Apple backends are not planned)")
     scheme, kv = _scheme_and_kv(p)
     fmt = weight_format(scheme, spec)
     if why := _cannot_run(spec, hw, fmt):
-        consts = constants(hw)
-        return _refuse([why, *assumption_notes(consts)], consts, nodes_needed=None)
+        return VLLMAnswer(fmt=fmt, notes=[], refused=why)
     kv_cache = "fp8" if kv == "fp8" else "auto"
     m = VLLMModel(spec, hw, req, fmt, kv_cache)
-    gpus = hw.gpu_count
-    best = search(m, gpus)
+    best = search(m, hw.gpu_count)
     needed = best.nodes if best is not None else None
-    notes = []
+    notes: list[str] = []
     lay = best
     if best is None or best.nodes > req.nodes:
         lay, said = _with_offload(m, p, hw, best, needed)
         notes += said
+    answer = VLLMAnswer(fmt=fmt, kv_cache=kv_cache, model=m, layout=lay, needed=needed, notes=notes)
     if lay is None:
+        answer.refused = (f"vLLM: no layout of up to {MAX_NODES_SEARCHED} nodes of {hw.name} holds {spec.name} at "
+                          f"{req.context} tokens x {req.batch}")
+    return answer
+
+
+def export_vllm(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
+    req = p.request
+    a = vllm_layout(spec, hw, p)
+    if a.refused:
+        if a.model is None and a.fmt is None:  # no CUDA GPU: nothing of vLLM's applies
+            return _refuse([a.refused])
         consts = constants(hw)
-        notes.append(f"vLLM: no layout of up to {MAX_NODES_SEARCHED} nodes of {hw.name} holds {spec.name} at "
-                     f"{req.context} tokens x {req.batch}")
-        return _refuse(notes + assumption_notes(consts), consts, nodes_needed=None)
+        return _refuse(a.notes + [a.refused, *assumption_notes(consts)], consts, nodes_needed=None)
+    lay, fmt, kv_cache, m, needed, notes = a.layout, a.fmt, a.kv_cache, a.model, a.needed, a.notes
+    kv = _scheme_and_kv(p)[1]
     consts = constants(hw, distributed=lay.tp * lay.pp > 1)
     if lay.cpu_offload_bytes == 0 and lay.nodes > req.nodes:
         notes.append(f"needs {lay.nodes} nodes of {hw.name} (--nodes {req.nodes} given): run it on {lay.nodes}")
@@ -340,6 +377,11 @@ def export_vllm(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
                                        "kv_needed_bytes": lay.kv_needed_bytes,
                                        "cpu_offload_bytes": lay.cpu_offload_bytes},
                            "max_concurrency": lay.max_concurrency})
+
+
+def vllm_command(spec: ModelSpec, p: Plan, a: VLLMAnswer) -> list[str]:
+    """The `vllm serve` argv of an answer with a layout."""
+    return _argv(spec, p.request, a.layout, a.fmt, a.kv_cache)
 
 
 def _with_offload(m: VLLMModel, p: Plan, hw: HardwareProfile, best: Layout | None,
