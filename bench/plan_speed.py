@@ -17,6 +17,8 @@ sys.path.insert(0, str(ROOT))
 
 from planner.profiles import resolve_profile  # noqa: E402
 from planner.request import Request  # noqa: E402
+from planner.engines import plan_for_engine  # noqa: E402
+from planner.gguf import _TENSORS_MEMO  # noqa: E402
 from planner.search import plan  # noqa: E402
 from planner.sources import model_spec  # noqa: E402
 
@@ -47,7 +49,15 @@ def main() -> None:
             t = time.perf_counter()
             p = plan(spec, hw, req)
             times.append((time.perf_counter() - t) * 1000)
-        rows.append({"model": model, "context": ctx, "hardware": hw_name, "fits": p.fits,
+        engines = []
+        for _ in range(REPEATS):  # what `vramplan plan` does: the search, then every other engine's answer
+            _TENSORS_MEMO.clear()  # one plan per process: no file's tensors are known yet
+            t = time.perf_counter()
+            plan_for_engine(spec, hw, req)
+            engines.append((time.perf_counter() - t) * 1000)
+        rows.append({"all_engines_ms_median": round(statistics.median(engines), 2),
+                     "all_engines_under_target": statistics.median(engines) < TARGET_MS,
+                     "model": model, "context": ctx, "hardware": hw_name, "fits": p.fits,
                      "choice": p.choice.to_dict() if p.choice else None, "candidates": len(p.candidates),
                      "spec_build_ms": round(spec_ms, 2), "search_ms_median": round(statistics.median(times), 2),
                      "search_ms_max": round(max(times), 2), "under_target": statistics.median(times) < TARGET_MS})
@@ -59,11 +69,11 @@ def main() -> None:
     (res / "plan_speed.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = ["# Planner search time (in-process)", "", f"{out['date']}, Python {out['python']}, {out['machine']}; "
              f"median of {REPEATS} runs; target < {TARGET_MS:.0f} ms.", "",
-             "| model | context | hardware | fits | search ms (median) | max | spec build ms |",
-             "|---|---|---|---|---|---|---|"]
+             "| model | context | hardware | fits | search ms (median) | max | with every engine ms | spec build ms |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['context']} | {r['hardware']} | {r['fits']} | {r['search_ms_median']} | "
-                     f"{r['search_ms_max']} | {r['spec_build_ms']} |")
+                     f"{r['search_ms_max']} | {r['all_engines_ms_median']} | {r['spec_build_ms']} |")
     (res / "plan_speed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -145,7 +145,9 @@ def _llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> di
 
 
 def _ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> dict:
-    q, launch, _, wanted, _ = ollama.ollama_plan(spec, hw, p)
+    # the published quant closest to the plan's file type (the llama.cpp row's where vramplan found nothing), not each
+    # smaller one in turn as the export does (up to 15 plans: 110 ms for a 405B model that fits nowhere)
+    q, launch, _, wanted, _ = ollama.ollama_plan(spec, hw, p, file_type=OTHER_ENGINE_FILE_TYPE, tries=1)
     ft = q.choice.weight_quant if q.fits else (wanted or OTHER_ENGINE_FILE_TYPE)
     tag, _ = ollama.ollama_tag(spec, ft)
     row = _row("ollama", ft, q.choice.kv_dtype if q.fits else "f16", q.fits, "vramplan plan --emit ollama")

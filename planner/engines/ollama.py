@@ -324,16 +324,19 @@ def _request(p: Plan) -> tuple[Request, list[str]]:
     return llamacpp.mapped_request(p)
 
 
-def ollama_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> tuple[Plan, OllamaLaunch, Request, str | None,
-                                                                        list[str]]:
+def ollama_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, file_type: str | None = None, tries: int | None = None
+                ) -> tuple[Plan, OllamaLaunch, Request, str | None, list[str]]:
     """Ollama's answer to a plan's request: llama.cpp's plan for llama-server as Ollama launches it, at the published
-    quant closest to the plan's file type (the best published one that fits when the plan names none); with the
-    launch, the request, the file type wanted and the notes of the mapping."""
+    quant closest to the plan's file type (to `file_type` where the plan names none; else the best published one that
+    fits, trying each, or the first `tries`); with the launch, the request, the file type wanted and the notes of the
+    mapping."""
     req, notes = _request(p)
+    if file_type is not None and not req.quant:
+        req = replace(req, quant=(file_type,))
     wanted = req.quant[0] if req.quant else None
     types = published_file_types(spec, wanted) if wanted else tuple(
         ft for ft in rules.PLANNED_FILE_TYPES if ft in (published_file_types(spec, ft)))
-    q, launch = plan_ollama(spec, hw, req, types)
+    q, launch = plan_ollama(spec, hw, req, types[:tries] if tries else types)
     return q, launch, req, wanted, notes
 
 
