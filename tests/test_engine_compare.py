@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from cli_helpers import run_cli
+from planner.engines import ENGINES as REGISTRY
 from planner.engines import compare, plan_for_engine
 from planner.engines.vllm import VLLMModel, search, vllm_layout, weight_format
 from planner.engines.vllm_rules import tp_fraction
@@ -19,7 +20,7 @@ from planner.search import plan
 from planner.sources import model_spec
 from planner.speed import compiled_scheme, estimate_compiled
 
-ENGINES = ["vramplan", "llama.cpp", "ollama", "vllm"]
+ENGINES = ["vramplan", "llama.cpp", "ollama", "vllm", "transformers"]
 H100 = resolve_profile("h100-sxm")[0]
 H100_X8 = H100.replace(name="h100-sxm-x8", gpus=(replace(H100.gpus[0], count=8),))
 
@@ -34,11 +35,14 @@ def test_every_engine_answers_in_one_shape_and_the_fastest_is_the_largest_predic
     spec, hw, req, p = _plan("llama-3.1-8b", "h200", 8192)
     rows = p.engines
     assert [r["engine"] for r in rows] == ENGINES and all(r["fits"] for r in rows)
+    assert [e.name for e in REGISTRY] == ENGINES
     for r in rows:
         assert {"weight_quant", "kv_dtype", "placement", "decode_tokens_per_s", "ttft_s", "how", "speed_from"} <= set(r)
     own = rows[0]
     assert own["decode_tokens_per_s"] == p.predicted.decode_tokens_per_s
     assert own["weight_quant"] == p.choice.weight_quant
+    # plain transformers, resident, runs vramplan's eager kernels: vramplan's own prediction
+    assert rows[4]["decode_tokens_per_s"] == own["decode_tokens_per_s"] and rows[4]["decode_vs_plan"] == 1.0
     for r in rows[1:]:
         assert r["decode_vs_plan"] == pytest.approx(r["decode_tokens_per_s"] / p.predicted.decode_tokens_per_s)
     # vLLM on one GPU is priced as a compiled decode of its bits with the profile's fitted compiled constants
@@ -46,7 +50,7 @@ def test_every_engine_answers_in_one_shape_and_the_fastest_is_the_largest_predic
     assert vllm["placement"].startswith("TP 1 x PP 1")
     compiled = estimate_compiled(spec, hw, p.request, compiled_scheme(16))
     assert vllm["decode_tokens_per_s"] == pytest.approx(compiled.decode_tokens_per_s)
-    best = max(rows, key=lambda r: r["decode_tokens_per_s"])
+    best = max(rows, key=lambda r: r["decode_tokens_per_s"])  # (a tie keeps the first: vramplan before transformers)
     assert p.fastest_engine["engine"] == best["engine"] and p.fastest_engine["why"]
 
 
@@ -81,7 +85,7 @@ def test_vllm_speed_is_not_invented_where_no_compiled_constants_or_several_gpus(
 
 def test_vllm_max_context_is_what_its_kv_pool_holds():
     spec, hw, req, p = _plan("llama-3.1-8b", "rtx-3090", 8192)
-    lay = vllm_layout(spec, hw, p).layout
+    lay = vllm_layout(spec, hw, p).layout  # vLLM's rules, recomputed here
     per_token = lay.kv_per_sequence_bytes / 8192
     got = p.engines[3]["max_context_tokens"]
     assert got == int((lay.kv_pool_bytes - lay.null_block_bytes) // per_token) or abs(
@@ -125,3 +129,27 @@ def test_search_alone_is_unchanged_by_the_comparison():
     spec, hw = model_spec("llama-3.1-8b"), resolve_profile("h200")[0]
     req = Request(context=8192)
     assert plan(spec, hw, req).choice == plan_for_engine(spec, hw, req).choice
+
+
+def test_plain_transformers_with_a_split_is_not_priced_and_with_quanto_refused():
+    spec, hw = model_spec("llama-3.1-70b"), resolve_profile("rtx-4090")[0]
+    for quant, fits in (("bnb-nf4", True), ("quanto-int4", False)):
+        p = plan_for_engine(spec, hw, Request(context=8192, quant=(quant,)))
+        row = p.engines[4]
+        assert p.choice.gpu_layers < p.choice.total_layers and row["fits"] is fits
+        if fits:
+            assert row["decode_tokens_per_s"] is None and "accelerate" in row["speed_from"]
+        else:
+            assert "quanto" in row["reason"]
+
+
+def test_emit_goes_through_the_registry_and_refuses_what_a_gguf_plan_cannot_feed():
+    from planner.engines import check_emit, emit
+    from planner.errors import PlanError
+
+    spec, hw, req, p = _plan("llama-3.1-8b", "rtx-4090", 8192)
+    for e in REGISTRY[1:]:
+        assert emit(e.name, spec, hw, p).engine == e.name
+    with pytest.raises(PlanError, match="needs vramplan's plan"):
+        check_emit("vllm", "llama.cpp")
+    check_emit("ollama", "llama.cpp")

@@ -1,16 +1,20 @@
-"""What every engine export shares: the Export record, named engine constants, and a few formatting helpers.
+"""What every engine shares: the Engine interface, its two records (Export, EngineAnswer), named engine constants, and
+a few formatting helpers.
 
-An Export is what `vramplan plan --emit ENGINE` prints: the text to paste (a command, a Modelfile,
-a Python snippet) whose leading comment lines say where the engine's plan differs from vramplan's,
-plus the engine constants it used (value and source) and engine-specific plain data. Pure.
+An Engine answers a request by its own rules (`answer`: an EngineAnswer, one row of `vramplan plan`'s table of
+engines) and writes a plan for itself (`export`: what `vramplan plan --emit ENGINE` prints: the text to paste, a
+command, a Modelfile or a Python snippet, whose leading comment lines say where the engine's plan differs from
+vramplan's, plus the engine constants it used and engine-specific plain data). Pure.
 """
 
 from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Callable
 
+from ..choice import Choice
 from ..modelspec import ModelSpec
 from ..units import GiB, format_bytes
 
@@ -99,3 +103,65 @@ def index_range(indices: list[int]) -> str:
     if indices and indices == list(range(indices[0], indices[-1] + 1)):
         return f"range({indices[0]}, {indices[-1] + 1})" if indices[0] else f"range({indices[-1] + 1})"
     return repr(indices)
+
+
+@dataclass(kw_only=True)
+class EngineAnswer:
+    """One engine's answer to a request, by its own rules: the configuration it runs (weights, KV cache), whether it
+    fits (else `reason`), where it puts the model, its predicted decode and TTFT (None where not predicted) and which
+    speed model gives them, the longest context it holds on the GPU, how many times vramplan's plan it decodes, and the
+    vramplan command that prints its full command."""
+
+    engine: str
+    weight_quant: str
+    kv_dtype: str
+    fits: bool
+    how: str
+    reason: str | None = None
+    placement: str | None = None
+    gpu_layers: int | None = None
+    total_layers: int | None = None
+    expert_layers_in_ram: int | None = None
+    decode_tokens_per_s: float | None = None
+    ttft_s: float | None = None
+    max_context_tokens: int | None = None
+    speed_from: str | None = None
+    decode_vs_plan: float | None = None
+    tag: str | None = None  # Ollama's library tag
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None or k in ("decode_tokens_per_s", "ttft_s")}
+
+    def with_layers(self, c: Choice, extra: str = "") -> "EngineAnswer":
+        """Its placement from a Choice: the layers on the GPU (or the CPU), the experts in RAM."""
+        self.gpu_layers, self.total_layers, self.expert_layers_in_ram = (c.gpu_layers, c.total_layers,
+                                                                         c.expert_layers_on_cpu)
+        if not c.on_gpu:
+            where = "on the CPU"
+        else:
+            where = (f"all {c.total_layers} layers on the GPU" if c.gpu_layers == c.total_layers
+                     else f"{c.gpu_layers}/{c.total_layers} layers on the GPU")
+            where += f", experts of {c.expert_layers_on_cpu} layers in RAM" if c.expert_layers_on_cpu else ""
+        self.placement = where + extra
+        return self
+
+    def with_speed(self, speed, max_context: int | None, speed_from: str, plan_decode: float | None
+                   ) -> "EngineAnswer":
+        """Its predicted speed (a SpeedEstimate) and context, and the ratio to vramplan's plan (`plan_decode`)."""
+        self.decode_tokens_per_s, self.ttft_s = speed.decode_tokens_per_s, speed.ttft_s
+        self.max_context_tokens, self.speed_from = max_context, speed_from
+        if plan_decode:
+            self.decode_vs_plan = speed.decode_tokens_per_s / plan_decode
+        return self
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine behind the interface: its name, its answer to a request vramplan planned
+    (`answer(spec, hw, req, plan) -> EngineAnswer`), its export of a plan (`export(spec, hw, plan) -> Export`), and
+    whether that export needs vramplan's own plan (its weight schemes) rather than a GGUF one."""
+
+    name: str
+    answer: Callable
+    export: Callable
+    needs_vramplan_plan: bool = False

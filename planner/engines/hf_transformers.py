@@ -14,11 +14,18 @@ from __future__ import annotations
 
 from ..choice import OffloadMode
 from ..modelspec import ModelSpec, Role
+from ..hardware import HardwareProfile
 from ..plan import Plan
+from ..request import Request
 from ..quant import KV_SCHEMES, SCHEMES
-from .common import Export, commented, first_moe_layers, index_range
+from .common import EngineAnswer, Export, commented, first_moe_layers, index_range
 
 ENGINE = "transformers"
+
+
+def _offloads(c) -> bool:
+    """Whether the plan's device_map has CPU entries accelerate offloads."""
+    return c.on_gpu and c.offload is not OffloadMode.NONE
 
 
 def _module_names(spec: ModelSpec) -> tuple[str, str | None]:
@@ -97,7 +104,7 @@ def export_transformers(spec: ModelSpec, p: Plan) -> Export:
     s = SCHEMES[c.weight_quant]
     notes, fits = [], True
     dtype = "torch.float16" if s.compute_dtype == "float16" else "torch.bfloat16"
-    offloads = c.on_gpu and c.offload is not OffloadMode.NONE
+    offloads = _offloads(c)
     imports = ["AutoModelForCausalLM"]
     body = []
     if s.quantized:
@@ -129,3 +136,28 @@ def export_transformers(spec: ModelSpec, p: Plan) -> Export:
     code = "\n".join(["import torch", f"from transformers import {', '.join(imports)}", "", *body])
     return Export(engine=ENGINE, fits=fits, text=commented(notes, code), notes=tuple(notes),
                   details={"weight_quant": c.weight_quant, "kv_dtype": c.kv_dtype})
+
+
+def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> EngineAnswer:
+    """Plain transformers (+ accelerate) with vramplan's scheme and split: resident, the same eager kernels as
+    vramplan's runtime, so its prediction (measured at the same speed: bench/results/vs-engines-cpu-dev.md); split,
+    accelerate's device_map hooks, which vramplan does not model (its stream engine measured 5.06x accelerate's
+    decode in bf16 and 16.98x in nf4 on an H200: bench/results/gpu-nvidia-h200*/offload-*)."""
+    if not p.fits:
+        return EngineAnswer(engine=ENGINE, weight_quant="-", kv_dtype="-", fits=False, how="vramplan plan --emit "
+                            "transformers", reason="vramplan's plan found nothing that fits: no device_map to write")
+    c = p.choice
+    a = EngineAnswer(engine=ENGINE, weight_quant=c.weight_quant, kv_dtype=c.kv_dtype, fits=True,
+                     how="vramplan plan --emit transformers")
+    split = c.on_gpu and c.gpu_layers < c.total_layers
+    if SCHEMES[c.weight_quant].backend == "quanto" and _offloads(c):  # as the export says
+        a.fits, a.reason = False, "transformers' quanto loader refuses a device_map with CPU entries"
+        return a
+    a.with_layers(c, ", accelerate device_map (the rest copied to the GPU each forward)" if split else "")
+    if split or c.expert_layers_on_cpu:
+        a.max_context_tokens = p.chosen.max_context_tokens or None
+        a.speed_from = "not predicted: accelerate's offload is not modeled (5-17x slower than vramplan's stream "\
+                       "engine, measured on an H200)"
+        return a
+    return a.with_speed(p.chosen.speed, p.chosen.max_context_tokens, "vramplan's speed model: the same eager "
+                        "kernels as vramplan's runtime", p.predicted.decode_tokens_per_s)

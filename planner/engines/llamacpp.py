@@ -29,7 +29,8 @@ from ..speed import (EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, ReadBytes, Spee
                      experts_touched, prefill_attention_flop, prefill_flop, speed_constants)
 from ..units import MiB, format_bytes
 from . import llamacpp_rules as rules
-from .common import EngineConstant, Export, assumption_notes, commented, first_moe_layers, shell_command
+from .common import (EngineAnswer, EngineConstant, Export, assumption_notes, commented, first_moe_layers,
+                     shell_command)
 
 ENGINE = "llama.cpp"
 SPEED_LABEL = "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"
@@ -675,3 +676,29 @@ def export_llamacpp(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
         return export_from_llamacpp_plan(spec, hw, p)
     req, notes = mapped_request(p)
     return export_from_llamacpp_plan(spec, hw, plan_llamacpp(spec, hw, req), notes)
+
+
+# The file type of llama.cpp's answer beside a vramplan plan whose scheme has no GGUF equivalent, or that found nothing.
+ANSWER_FALLBACK_FILE_TYPE = "Q4_K_M"
+
+
+def answer_file_type(p: Plan) -> str:
+    """The GGUF file type of vramplan's chosen scheme, or ANSWER_FALLBACK_FILE_TYPE."""
+    return GGUF_FOR_SCHEME.get(p.choice.weight_quant, ANSWER_FALLBACK_FILE_TYPE) if p.fits else \
+        ANSWER_FALLBACK_FILE_TYPE
+
+
+def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> EngineAnswer:
+    """llama.cpp's plan of vramplan's request at the GGUF file type of the chosen scheme, with an f16 cache: one file
+    type and one cache, not its whole search (`vramplan plan --engine llama.cpp` does that)."""
+    ft = answer_file_type(p)
+    other = plan_llamacpp(spec, hw, replace(req, engine=ENGINE, quant=(ft,), kv_dtype=("f16",), gpu_layers=None,
+                                            offload=None, expert_placement=None))
+    a = EngineAnswer(engine=ENGINE, weight_quant=ft, kv_dtype="f16", fits=other.fits,
+                     how=f"vramplan plan --engine llama.cpp --quant {ft}")
+    if not other.fits:
+        a.reason = other.reasons[0] if other.reasons else "nothing fits llama.cpp's rules"
+        return a
+    return a.with_layers(other.choice).with_speed(
+        other.chosen.speed, other.chosen.max_context_tokens, "llama.cpp's speed model (its fitted or default "
+        "constants)", p.predicted.decode_tokens_per_s if p.fits else None)

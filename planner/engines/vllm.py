@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 from ..choice import OffloadMode
 from ..hardware import HardwareProfile
 from ..memory import gpu_capacity
-from ..modelspec import Kind, ModelSpec, Role, dtype_bytes
+from ..modelspec import Kind, ModelSpec, Role, context_limit, dtype_bytes
 from ..plan import Plan
 from ..quant import SCHEMES
 from ..request import Request
+from ..speed import compiled_scheme, estimate_compiled, fitted_entry
 from ..units import GiB, MiB, format_bytes
 from . import vllm_rules as rules
-from .common import EngineConstant, Export, assumption_notes, commented, floor_to, gib, shell_command
+from .common import (EngineAnswer, EngineConstant, Export, assumption_notes, commented, floor_to, gib,
+                     shell_command)
 from .vllm_rules import (BLOCK_SIZE, BLOCK_SIZE_MLA, KV_CACHE_BYTES, VLLM_VERSION, LayerKV, WeightFormat, kv_groups,
                          kv_request_bytes, pp_partitions, tp_fraction, tp_sizes)
 
@@ -464,3 +466,55 @@ def _differences(spec, hw, p: Plan, m: VLLMModel, lay: Layout, fmt: WeightFormat
                    "model over GPUs instead")
     out += assumption_notes(consts)
     return out
+
+
+# vLLM weight formats -> the compiled decode whose bytes and constants price them (bits, int4 group)
+COMPILED_BITS = {"bf16": (16, None), "fp16": (16, None), "fp8_per_tensor": (8, None), "checkpoint-fp8": (8, None),
+                 "mxfp4": (4, 32), "checkpoint-mxfp4": (4, 32)}
+SPEED_FROM = ("a compiled decode of the same bits (CUDA graphs; constants fitted on gpt-fast and torchao's published "
+              "runs: an assumption for vLLM, whose own decode is not fitted)")
+
+
+def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> EngineAnswer:
+    """vLLM's smallest layout for the request, priced as a compiled decode of its weights' bits where it runs on one
+    GPU and the profile has fitted compiled constants (the defaults would price CUDA graphs below eager decode); not
+    predicted across GPUs or with weights in RAM."""
+    a = vllm_layout(spec, hw, p)
+    fmt = a.fmt.name if a.fmt is not None else "-"
+    kv = "fp8" if a.kv_cache == "fp8" else "auto (the model's dtype)"
+    out = EngineAnswer(engine=ENGINE, weight_quant=fmt, kv_dtype=kv, fits=False, how="vramplan plan --emit vllm")
+    if a.refused:
+        out.reason = a.refused
+        return out
+    lay = a.layout
+    out.fits = lay.fits and lay.nodes <= p.request.nodes
+    out.placement = (f"TP {lay.tp} x PP {lay.pp}" + (f" over {lay.nodes} nodes" if lay.nodes > 1 else "")
+                     + (f", {format_bytes(lay.cpu_offload_bytes)} of weights per GPU in RAM"
+                        if lay.cpu_offload_bytes else "")
+                     + f", --gpu-memory-utilization {lay.gpu_memory_utilization:.2f}")
+    if not out.fits:
+        out.reason = f"needs {lay.nodes} nodes of {hw.name} (--nodes {p.request.nodes})"
+        return out
+    out.max_context_tokens = max_context(spec, lay, req)
+    bits = COMPILED_BITS.get(a.fmt.name)
+    if bits is None:
+        out.speed_from = f"not predicted: no compiled decode of {a.fmt.name}"
+    elif lay.tp * lay.pp * lay.nodes > 1 or lay.cpu_offload_bytes:
+        out.speed_from = "not predicted: vramplan has no model of vLLM's multi-GPU or offloaded decode"
+    elif fitted_entry(hw, "gpu", scheme := compiled_scheme(*bits)) is None:
+        out.speed_from = (f"not predicted: profile {hw.name} has no compiled-decode constants for {scheme.name} (the "
+                          "public compiled runs are on HBM GPUs)")
+    else:
+        out.with_speed(estimate_compiled(spec, hw, req, scheme), out.max_context_tokens, SPEED_FROM,
+                       p.predicted.decode_tokens_per_s if p.fits else None)
+    return out
+
+
+def max_context(spec: ModelSpec, lay: Layout, req: Request) -> int | None:
+    """The longest single sequence the KV pool holds: the pool over the bytes a token takes, for a model whose layers
+    all attend to the whole context (a sliding window's blocks do not grow with it: not counted, None)."""
+    if any(getattr(a, "window", None) for a in spec.attention) or lay.kv_per_sequence_bytes <= 0:
+        return None
+    tokens = (lay.kv_pool_bytes - lay.null_block_bytes) * req.context // lay.kv_per_sequence_bytes
+    limit, _ = context_limit(spec)
+    return int(min(tokens, limit) if limit else tokens)
