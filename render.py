@@ -110,10 +110,12 @@ class Output:
 
     # --- results for people
     def table(self, title: str | None, columns: list[str], rows: list[list[Any]], *, right: set[int] = frozenset(),
-              stderr: bool = False) -> None:
-        t = Table(title=_text(title) if title is not None else None, title_justify="left", header_style="bold")
+              stderr: bool = False, compact: bool = False) -> None:
+        """A table; `compact`: no borders, one line per row (what fits under a report that must stay short)."""
+        kw = {"box": None, "pad_edge": False, "show_edge": False} if compact else {}
+        t = Table(title=_text(title) if title is not None else None, title_justify="left", header_style="bold", **kw)
         for i, c in enumerate(columns):
-            t.add_column(c, justify="right" if i in right else "left")
+            t.add_column(c, justify="right" if i in right else "left", no_wrap=compact)
         for r in rows:
             t.add_row(*[_text("-" if v is None else v) for v in r])
         if stderr:
@@ -468,7 +470,7 @@ def plan(d: dict, *, full: bool = False) -> None:
     for a in d["alternatives"][:5]:
         out.line(styled(("would fit:", "yellow"), f" {a['weight_quant']} + {a['kv_dtype']} KV up to "
                         f"{format_tokens(a['max_context_tokens'])} tokens of context"))
-    _engines(d)
+    _engines(d, full)
     for w in d["warnings"]:
         out.warn(w)
     if not full:
@@ -477,29 +479,31 @@ def plan(d: dict, *, full: bool = False) -> None:
                  "add --all (or --json for everything)")
 
 
-def _engines(d: dict) -> None:
-    """One row per engine for the same request, each by its own rules (planner.engines.compare), vramplan's first; then
-    which decodes fastest here."""
+def _engines(d: dict, full: bool) -> None:
+    """One line per engine for the same request, each by its own rules (planner.engines: vramplan's first), then which
+    decodes fastest here; `full` (plan --all) adds where each engine's speed comes from."""
     rows = d.get("engines") or []
     if not rows:
         return
-    own = []
+    table = []
     for e in rows:
+        how = "this plan" if e["engine"] == "vramplan" else e.get("how", "-").removeprefix("vramplan ")
         if not e["fits"]:
-            own.append([e["engine"], f"{e.get('weight_quant', '-')} + {e.get('kv_dtype', '-')}", "no",
-                        e.get("reason", ""), "-", "-", "-", e.get("how", "-")])
+            table.append([e["engine"], f"{e.get('weight_quant', '-')} + {e.get('kv_dtype', '-')}", "no", "-", "-", "-",
+                          e.get("reason", ""), how])
             continue
         speed = "-" if e.get("decode_tokens_per_s") is None else f"{e['decode_tokens_per_s']:.2f}" + (
-            f" ({e['decode_vs_plan']:.2f}x)" if e.get("decode_vs_plan") else "")
-        own.append([e["engine"], f"{e['weight_quant']} + {e['kv_dtype']}", "yes", e["placement"], speed,
-                    "-" if e.get("ttft_s") is None else f"{e['ttft_s']:.2f}",
-                    format_tokens(e["max_context_tokens"]) if e.get("max_context_tokens") else "-",
-                    "this plan" if e["engine"] == "vramplan" else f"`{e['how']}`"])
-    out.table("the same request by each engine's own rules", ["engine", "weights + KV", "fits", "placement",
-              "decode tok/s", "TTFT s", "max ctx on GPU", "full command"], own, right={4, 5, 6})
-    for e in rows[1:]:
-        if e["fits"] and e.get("speed_from"):
-            out.info(f"{e['engine']}'s speed: {e['speed_from']}")
+            f" ({e['decode_vs_plan']:.2f}x)" if e.get("decode_vs_plan") and e["engine"] != "vramplan" else "")
+        table.append([e["engine"], f"{e['weight_quant']} + {e['kv_dtype']}", "yes", speed,
+                      "-" if e.get("ttft_s") is None else f"{e['ttft_s']:.2f}",
+                      format_tokens(e["max_context_tokens"]) if e.get("max_context_tokens") else "-", e["placement"],
+                      how])
+    out.table("the same request by each engine's own rules", ["engine", "weights + KV", "fits", "decode tok/s",
+              "TTFT s", "ctx on GPU", "placement", "command"], table, right={3, 4, 5}, compact=True)
+    if full:
+        for e in rows:
+            if e["fits"] and e.get("speed_from"):
+                out.info(f"{e['engine']}'s speed: {e['speed_from']}")
     best = d.get("fastest_engine")
     if best:
         vs = f", {best['decode_vs_plan']:.2f}x this plan" if best.get("decode_vs_plan") else ""

@@ -295,7 +295,9 @@ def candidate_rows(text: str) -> list[str]:
 def test_the_default_plan_report_is_short(capsys):
     code, out, err = main(capsys, *PLAN_8B)
     assert code == 0, err
-    assert len((out + err).splitlines()) < 40, out + err
+    # the plan, its memory table and the best alternatives in under 36 lines, plus one line per engine answering the
+    # same request (planner.engines: 5 engines, a header and a title) and the fastest engine
+    assert len((out + err).splitlines()) < 44, out + err
     assert "plan: bf16 weights + bf16 KV cache, 32/32 layers on the GPU" in out
     assert "memory by device" in out and "constants used" not in out
     rows = candidate_rows(out)

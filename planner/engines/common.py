@@ -128,6 +128,7 @@ class EngineAnswer:
     speed_from: str | None = None
     decode_vs_plan: float | None = None
     tag: str | None = None  # Ollama's library tag
+    launch: str | None = None  # Ollama's launch settings
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None or k in ("decode_tokens_per_s", "ttft_s")}
@@ -141,7 +142,7 @@ class EngineAnswer:
         else:
             where = (f"all {c.total_layers} layers on the GPU" if c.gpu_layers == c.total_layers
                      else f"{c.gpu_layers}/{c.total_layers} layers on the GPU")
-            where += f", experts of {c.expert_layers_on_cpu} layers in RAM" if c.expert_layers_on_cpu else ""
+            where += f", experts of {c.expert_layers_on_cpu} in RAM" if c.expert_layers_on_cpu else ""
         self.placement = where + extra
         return self
 

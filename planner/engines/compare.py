@@ -12,6 +12,7 @@ from ..modelspec import ModelSpec
 from ..plan import Plan
 from ..request import Request
 from .common import Engine, EngineAnswer
+from .llamacpp import GGUF_FOR_SCHEME
 
 # Predictions closer than this ratio are called a tie; the dispatch is named as a reason when it is more than this share
 # of vramplan's predicted decode step.
@@ -60,8 +61,9 @@ def _why(p: Plan, best: dict) -> str:
     step_s = 1.0 / p.predicted.decode_tokens_per_s if c is not None else 0.0
     if dispatch and c.on_gpu and dispatch * c.gpu_layers > DISPATCH_SHARE * step_s:
         parts.append(f"vramplan's eager decode spends {1e3 * dispatch * c.gpu_layers:.1f} ms a token issuing kernels "
-                     f"({1e6 * dispatch:.0f} us per layer, {p.chosen.speed.terms.get('dispatch_source', '')}), which "
+                     f"({1e6 * dispatch:.0f} us per layer: `plan --explain` says from where), which "
                      f"{best['engine']}'s decode does not")
-    if c is not None and best.get("weight_quant") not in (None, c.weight_quant):
+    same = (None, c.weight_quant, GGUF_FOR_SCHEME.get(c.weight_quant)) if c is not None else ()
+    if c is not None and best.get("weight_quant") not in same:
         parts.append(f"its weights are {best['weight_quant']} where vramplan's are {c.weight_quant}")
     return "; ".join(parts) or "its speed model's constants for this GPU are higher (see each engine's speed source)"

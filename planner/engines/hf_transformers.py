@@ -153,7 +153,7 @@ def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> Engin
     if SCHEMES[c.weight_quant].backend == "quanto" and _offloads(c):  # as the export says
         a.fits, a.reason = False, "transformers' quanto loader refuses a device_map with CPU entries"
         return a
-    a.with_layers(c, ", accelerate device_map (the rest copied to the GPU each forward)" if split else "")
+    a.with_layers(c, ", accelerate device_map" if split else "")
     if split or c.expert_layers_on_cpu:
         a.max_context_tokens = p.chosen.max_context_tokens or None
         a.speed_from = "not predicted: accelerate's offload is not modeled (5-17x slower than vramplan's stream "\

@@ -408,6 +408,7 @@ def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> Engin
     if not q.fits:
         a.reason = q.reasons[0] if q.reasons else "nothing fits Ollama's launch"
         return a
-    return a.with_layers(q.choice, f" (num_ctx {launch.num_ctx}, num_batch {launch.num_batch})").with_speed(
+    a.launch = f"num_ctx {launch.num_ctx}, num_batch {launch.num_batch}"
+    return a.with_layers(q.choice).with_speed(
         q.chosen.speed, q.chosen.max_context_tokens, "llama.cpp's speed model at Ollama's launch",
         p.predicted.decode_tokens_per_s if p.fits else None)

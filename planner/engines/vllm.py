@@ -481,7 +481,7 @@ def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> Engin
     predicted across GPUs or with weights in RAM."""
     a = vllm_layout(spec, hw, p)
     fmt = a.fmt.name if a.fmt is not None else "-"
-    kv = "fp8" if a.kv_cache == "fp8" else "auto (the model's dtype)"
+    kv = "fp8" if a.kv_cache == "fp8" else "auto"  # vLLM's --kv-cache-dtype auto: the model's dtype
     out = EngineAnswer(engine=ENGINE, weight_quant=fmt, kv_dtype=kv, fits=False, how="vramplan plan --emit vllm")
     if a.refused:
         out.reason = a.refused
@@ -489,9 +489,9 @@ def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> Engin
     lay = a.layout
     out.fits = lay.fits and lay.nodes <= p.request.nodes
     out.placement = (f"TP {lay.tp} x PP {lay.pp}" + (f" over {lay.nodes} nodes" if lay.nodes > 1 else "")
-                     + (f", {format_bytes(lay.cpu_offload_bytes)} of weights per GPU in RAM"
+                     + (f", {format_bytes(lay.cpu_offload_bytes)}/GPU in RAM"
                         if lay.cpu_offload_bytes else "")
-                     + f", --gpu-memory-utilization {lay.gpu_memory_utilization:.2f}")
+                     + f", utilization {lay.gpu_memory_utilization:.2f}")
     if not out.fits:
         out.reason = f"needs {lay.nodes} nodes of {hw.name} (--nodes {p.request.nodes})"
         return out

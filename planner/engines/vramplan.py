@@ -21,7 +21,7 @@ def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> Engin
     if not p.fits:
         a.reason = p.reasons[0] if p.reasons else "nothing fits"
         return a
-    a.with_layers(c, f", {c.offload.value} offload" if c.on_gpu and c.gpu_layers < c.total_layers else "")
+    a.with_layers(c, f", {c.offload.value}" if c.on_gpu and c.gpu_layers < c.total_layers else "")
     a.decode_tokens_per_s, a.ttft_s = p.predicted.decode_tokens_per_s, p.predicted.ttft_s
     a.max_context_tokens = p.chosen.max_context_tokens
     a.speed_from = "vramplan's speed model (the profile's calibration or public fit, else its defaults)"
