@@ -427,8 +427,8 @@ def plan_cmd(
 def calibrate_cmd(
     hardware: HardwareOpt = None,
     save: Annotated[Optional[str], typer.Option("--save", help="Write the calibrated profile (YAML) here.")] = None,
-    models: Annotated[Optional[str], typer.Option("--models", help="Comma list of catalog models (default: a matrix "
-                                                  "sized for this machine).")] = None,
+    models: Annotated[Optional[str], typer.Option("--models", help="Comma list of catalog models or config.json "
+                                                  "dirs (default: a matrix sized for this machine).")] = None,
     quants: Annotated[Optional[str], typer.Option("--quants", help="Comma list of weight schemes.")] = None,
     prompts: Annotated[Optional[str], typer.Option("--prompts", help="Comma list of prompt lengths, e.g. "
                                                    "64,384.")] = None,

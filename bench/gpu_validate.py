@@ -94,34 +94,54 @@ def gpu_steps() -> list[Step]:
     ]
 
 
+# The CPU smoke's model: a small Llama written as a config.json into the work directory (dummy weights), so that
+# each step's load, quantization and runs take milliseconds, not the seconds of even the catalog's smallest model.
+SMOKE_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 128,
+                "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 32, "vocab_size": 1024, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+                "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1,
+                "eos_token_id": 2}
+
+
+SMOKE_MODEL_DIR = "smoke-model"
+
+
+def write_smoke_model(work: Path) -> Path:
+    d = work / SMOKE_MODEL_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(SMOKE_CONFIG, indent=2) + "\n")
+    return d
+
+
 def cpu_smoke_steps() -> list[Step]:
-    """The same steps and files, tiny, on a CPU: how CI and a developer know the script works before GPU time."""
+    """The same steps and files, small, on a CPU: how CI and a developer know the script works before GPU time."""
+    tiny = "{work}/" + SMOKE_MODEL_DIR  # written by write_smoke_model before the steps
     return [
         Step("env", f"{PY} bench/gpu_env.py > {{work}}/env.json", 60, ("env.json",)),
         Step("probe", f"{PY} cli.py probe --save {{work}}/profile-measured.yaml --json > {{work}}/probe.json", 120,
              ("profile-measured.yaml", "probe.json")),
         Step("pytest-gpu", f"{PY} -m pytest -q -p no:cacheprovider -m gpu tests/test_offload.py "
                            "> {work}/pytest-gpu.txt 2>&1", 150, ("pytest-gpu.txt",)),
-        Step("run-nf4", f"{PY} cli.py run --model qwen2.5-0.5b --dummy-weights --quant bf16 --context 256 "
+        Step("run-nf4", f"{PY} cli.py run --model {tiny} --dummy-weights --quant bf16 --context 256 "
                         "--prompt-tokens 32 --max-new-tokens 3 --hardware {profile} --json > {work}/run-nf4.json", 120,
              ("run-nf4.json",)),
-        Step("decode-profile", f"{PY} bench/decode_profile.py --model qwen2.5-0.5b --quants bf16 --attn sdpa "
+        Step("decode-profile", f"{PY} bench/decode_profile.py --model {tiny} --quants bf16 --attn sdpa "
                                "--device cpu --prompt 16 --steps 2 --machine smoke --out {work}", 120,
              ("decode-profile-smoke.json", "decode-profile-smoke.md")),
-        Step("calibrate", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml --models qwen2.5-0.5b "
+        Step("calibrate", f"{PY} cli.py calibrate --hardware {{work}}/profile-measured.yaml --models {tiny} "
                           "--quants bf16 --prompts 32,96 --new-tokens 3 --repeats 1 --kv-dtypes none "
                           "--save-runs {work}/calibration-runs.json --save {work}/profile-calibrated.yaml "
                           "--json > {work}/calibrate.json", 300,
              ("calibration-runs.json", "profile-calibrated.yaml", "calibrate.json")),
-        Step("accuracy", f"{PY} bench/accuracy.py --hardware {{profile}} --machine smoke --models llama-3.2-1b "
+        Step("accuracy", f"{PY} bench/accuracy.py --hardware {{profile}} --machine smoke --models {tiny} "
                          "--quants bf16 --contexts 256 --prompts 64 --new-tokens 4 --repeats 1 --out {work}", 300,
              ("accuracy-smoke.json", "accuracy-smoke.md"), ("accuracy-smoke.png",)),
-        Step("offload-nf4", f"{PY} bench/offload.py --allow-cpu --model qwen2.5-0.5b --quant bnb-nf4 "
+        Step("offload-nf4", f"{PY} bench/offload.py --allow-cpu --model {tiny} --quant bnb-nf4 "
                             "--offload-fraction 0.5 --context 24 --max-new-tokens 3 --machine smoke-nf4 --out {work}",
              300, ("offload-smoke-nf4.json", "offload-smoke-nf4.md")),
         Step("oom", f"{PY} bench/oom.py --hardware {{profile}} --machine smoke --out {{work}}", 120,
              ("oom-smoke.json", "oom-smoke.md")),
-        Step("offload-bf16", f"{PY} bench/offload.py --allow-cpu --model qwen2.5-0.5b --quant bf16 "
+        Step("offload-bf16", f"{PY} bench/offload.py --allow-cpu --model {tiny} --quant bf16 "
                              "--offload-fraction 0.5 --context 24 --max-new-tokens 3 --machine smoke-bf16 "
                              "--out {work}", 300, ("offload-smoke-bf16.json", "offload-smoke-bf16.md")),
     ]
@@ -206,6 +226,8 @@ def main(argv=None) -> int:
     machine = args.machine or ("cpu-smoke" if args.cpu_smoke else _gpu_name())
     work = Path(args.work) if args.work else ROOT / "bench" / "results" / f"gpu-{machine}"
     work.mkdir(parents=True, exist_ok=True)
+    if args.cpu_smoke:
+        write_smoke_model(work)
     budget_s = args.budget_s if args.budget_s is not None else (float("inf") if args.cpu_smoke else DEFAULT_BUDGET_S)
     started = time.perf_counter()
     records: list[Record] = []

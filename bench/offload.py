@@ -49,7 +49,7 @@ import torch  # noqa: E402
 
 from planner.profiles import resolve_profile  # noqa: E402
 from planner.quant import SCHEMES  # noqa: E402
-from planner.sources import catalog_config, find_in_catalog  # noqa: E402
+from planner.sources import resolve_model  # noqa: E402
 from runtime.generate import generate, synthetic_prompt  # noqa: E402
 from runtime.load import load_model  # noqa: E402
 from runtime.measure import free_memory  # noqa: E402
@@ -66,7 +66,8 @@ RESULTS_DIR = ROOT / "bench" / "results"
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="catalog name (dummy weights from its config)")
+    p.add_argument("--model", required=True, help="catalog name or a directory with config.json (dummy weights "
+                                                  "from its config)")
     p.add_argument("--quant", default="bnb-nf4", help="weight scheme: bf16, bnb-nf4, bnb-int8, ...")
     split = p.add_mutually_exclusive_group(required=True)
     split.add_argument("--gpu-layers", type=int, help="decoder layers kept on the GPU")
@@ -91,7 +92,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def model_config(name: str) -> dict:
-    return catalog_config(find_in_catalog(name).id)
+    """A catalog model's config, or a directory's config.json (the CPU smoke runs a tiny one)."""
+    return resolve_model(name).config
 
 
 def split_layers(config: dict, gpu_layers: int | None, offload_fraction: float | None) -> tuple[int, int]:
@@ -327,7 +329,7 @@ def main(argv=None) -> int:
     gpu_layers, num_layers = split_layers(config, args.gpu_layers, args.offload_fraction)
     start = time.perf_counter()
     result = (gpu_benchmark if cuda else cpu_sanity_run)(args, config, gpu_layers, num_layers)
-    result["run"] = {"model": find_in_catalog(args.model).id, "quant": args.quant, "gpu_layers": gpu_layers,
+    result["run"] = {"model": resolve_model(args.model).id, "quant": args.quant, "gpu_layers": gpu_layers,
                      "num_layers": num_layers, "prompt_tokens": args.context - args.max_new_tokens,
                      "max_new_tokens": args.max_new_tokens, "prefill_chunk": args.prefill_chunk,
                      "hardware": args.hardware, "torch_threads": torch.get_num_threads(),

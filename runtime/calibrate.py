@@ -15,6 +15,7 @@ import datetime as dt
 import platform
 import statistics
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
 from planner.calibration import ExpertSample, Sample, fit, fit_experts
@@ -70,8 +71,8 @@ def matrix_for(hw: HardwareProfile, *, models: tuple[str, ...] = (), quants: tup
     for q in quants:
         if q not in SCHEMES:
             raise VramplanError(f"unknown quantization {q!r}; choose from {', '.join(SCHEMES)}")
-    for name in models:
-        find_in_catalog(name)  # an unknown name fails here, with close matches
+    for name in models:  # a directory with config.json (its dummy weights), else a catalog name
+        resolve_model(name) if Path(name).expanduser().is_dir() else find_in_catalog(name)  # else: close matches
     if new_tokens is not None and new_tokens < MIN_NEW_TOKENS:
         raise VramplanError(f"calibration needs at least {MIN_NEW_TOKENS} new tokens per run, got {new_tokens}")
     if repeats is not None and repeats < 1:
