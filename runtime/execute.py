@@ -74,6 +74,7 @@ class Measured(Metrics):
     generated_tokens: int | None = None
     load_average_1m: float | None = None  # the highest 1-minute load average seen around the run
     # the GPU's SM clock while the prompt and tokens were timed (NVML, every CLOCK_SAMPLE_INTERVAL_S): lowest, median
+    peak_vram_load_bytes: int | None = None  # peak VRAM up to the timed prefill: loading, quantizing, the warm-up
     gpu_sm_clock_mhz_min: int | None = None
     gpu_sm_clock_mhz_median: int | None = None
     process_cpu_cores: float | None = None  # this process' CPU time / wall time: how many cores it kept busy
@@ -277,10 +278,12 @@ class _Attempt:
         report.device = device
         holder: dict = {}
         self._timed_from: float | None = None  # when the timed prefill began: the clocks from then on are the run's
+        self._sampler = None
         oom = None
         with PeakMemorySampler(device=device,
                                cuda_context_bytes=(self.hw.overheads.cuda_context_bytes if c.on_gpu
                                                    else None)) as sampler:
+            self._sampler = sampler
             try:
                 oom = self._load_and_generate(holder, device, base_ids, max_new_tokens)
             except KeyboardInterrupt:
@@ -353,6 +356,8 @@ class _Attempt:
         # the bar's ETA: what the plan predicts for this prefill (the prompt as it is now, after an OOM with the
         # tokens kept); the display closes when the last chunk is done, before the text streams
         ttft_s = predicted_for_run(report.plan, spec, self.hw, n_ids, n_ids + new_tokens).ttft_s
+        if self._sampler is not None:
+            report.measured.peak_vram_load_bytes = self._sampler.split()
         self._timed_from = time.perf_counter()
         with self.track("prefill", n_ids, ttft_s) as advance:
             result = generate(loaded.model, ids, max_new_tokens=new_tokens,

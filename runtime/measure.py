@@ -189,6 +189,7 @@ class PeakMemorySampler:
         self._nvml: _NvmlProcessMemory | None = None
         self._peak_rss = 0
         self._peak_nvml: int | None = None
+        self._split_reserved: int | None = None  # torch's peak before a split()
         self.sm_clocks: list[tuple[float, int]] = []  # (perf_counter, MHz) on CUDA where NVML reads the clock
 
     def _sample(self) -> None:
@@ -228,11 +229,24 @@ class PeakMemorySampler:
         self._thread.start()
         return self
 
+    def split(self) -> int | None:
+        """Peak VRAM so far (torch's reserved pool + the CUDA context, or NVML's figure for this process if higher),
+        then torch's peak starts again from here: what loading took apart from what running takes. The window's
+        result still covers both (its torch term is the larger of the two). None without CUDA."""
+        if self.cuda_device is None:
+            return None
+        synchronize(self.cuda_device)
+        reserved = torch.cuda.max_memory_reserved(self.cuda_device)
+        self._split_reserved = max(self._split_reserved or 0, reserved)
+        torch.cuda.reset_peak_memory_stats(self.cuda_device)
+        terms = [reserved + (self.cuda_context_bytes or 0)] + ([self._peak_nvml] if self._peak_nvml else [])
+        return max(terms)
+
     def __exit__(self, *exc) -> None:
         torch_reserved = None
         if self.cuda_device is not None:
             synchronize(self.cuda_device)
-            torch_reserved = torch.cuda.max_memory_reserved(self.cuda_device)
+            torch_reserved = max(torch.cuda.max_memory_reserved(self.cuda_device), self._split_reserved or 0)
         self._stop.set()
         self._thread.join()
         self._sample()

@@ -581,3 +581,24 @@ def test_a_gpu_sampler_reads_the_sm_clock():
         torch.cuda.synchronize()
     clocks = sampler.sm_clock_mhz(since=0.0)
     assert clocks is not None and 0 < clocks[0] <= clocks[1]
+
+
+def test_a_cpu_sampler_has_no_vram_to_split():
+    with PeakMemorySampler(device="cpu") as sampler:
+        assert sampler.split() is None
+    assert sampler.result.peak_vram_bytes is None
+
+
+@pytest.mark.gpu
+def test_a_split_tells_loading_from_running_and_the_window_keeps_both():
+    """split(): the peak before it (loading) apart from the peak after it; the window's peak is the larger."""
+    with PeakMemorySampler(device="cuda:0", cuda_context_bytes=0) as sampler:
+        big = torch.empty(512 << 20, dtype=torch.uint8, device="cuda:0")
+        del big
+        torch.cuda.empty_cache()
+        load = sampler.split()
+        small = torch.empty(64 << 20, dtype=torch.uint8, device="cuda:0")
+        del small
+    assert load >= 512 << 20
+    assert torch.cuda.max_memory_reserved(0) < 512 << 20  # the peak after the split is the small one's
+    assert sampler.result.peak_torch_reserved_bytes >= 512 << 20
