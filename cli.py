@@ -76,6 +76,9 @@ EngineOpt = Annotated[Optional[str], typer.Option("--engine", help="Whose memory
                       "types such as Q4_K_M, --kv-dtype f16, q8_0 or q4_0).")]
 OverflowOpt = Annotated[bool, typer.Option("--allow-context-overflow", help="Plan a context beyond the model's "
                        "max_position_embeddings (or its rope scaling's reach) instead of refusing it.")]
+CompileOpt = Annotated[bool, typer.Option("--compile", help="Decode compiled (a static KV cache and torch.compile, "
+                      "CUDA graphs on a GPU): bf16/fp16 weights, every layer on one device; priced without the "
+                      "eager dispatch.")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help="Machines of this profile an engine that scales out "
                      "may use (vLLM over Ray; default 1).")]
 
@@ -133,7 +136,7 @@ def build_request(context: str | None, batch: int | None, prompt_tokens: int | N
                   quant: str | None, kv_dtype: str | None, gpu_layers: int | None, offload: str | None,
                   vram_budget: str | None, ram_budget: str | None, headroom: str | None, prefill_chunk: int | None,
                   *, nodes: int | None = None, engine: str | None = None, allow_context_overflow: bool = False,
-                  expert_placement: str | None = None):
+                  expert_placement: str | None = None, compiled: bool = False):
     from planner.request import DEFAULT_HEADROOM_BYTES, DEFAULT_PREFILL_CHUNK, Request
     from planner.units import parse_bytes, parse_context
 
@@ -146,7 +149,7 @@ def build_request(context: str | None, batch: int | None, prompt_tokens: int | N
         headroom_bytes=parse_bytes(headroom, what="--headroom") if headroom is not None else DEFAULT_HEADROOM_BYTES,
         prefill_chunk=prefill_chunk if prefill_chunk is not None else DEFAULT_PREFILL_CHUNK,
         nodes=1 if nodes is None else nodes, engine=(engine or "vramplan").lower(),
-        allow_context_overflow=allow_context_overflow, expert_placement=expert_placement,
+        allow_context_overflow=allow_context_overflow, expert_placement=expert_placement, compiled=compiled,
     )
 
 
@@ -358,6 +361,7 @@ def plan_cmd(
     engine: EngineOpt = None,
     nodes: NodesOpt = None,
     allow_context_overflow: OverflowOpt = False,
+    compiled: CompileOpt = False,
     as_json: JsonOpt = False,
     as_yaml: YamlOpt = False,
     save: Annotated[Optional[str], typer.Option("--save", help="Write the plan for `vramplan run --plan` (YAML; "
@@ -378,7 +382,8 @@ def plan_cmd(
     path = _save_path(save, inputs={"--hardware": _given_files(hardware), "--model": _model_files(model)})
     req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
                         ram_budget, headroom, prefill_chunk, nodes=nodes, engine=engine,
-                        allow_context_overflow=allow_context_overflow, expert_placement=expert_placement)
+                        allow_context_overflow=allow_context_overflow, expert_placement=expert_placement,
+                        compiled=compiled)
     if emit and len(emit) > 1:
         raise UsageError(f"--emit was given {len(emit)} times ({', '.join(emit)}): one export per plan; run `vramplan "
                          "plan` once per engine")
@@ -516,6 +521,7 @@ def run_cmd(
     headroom: HeadroomOpt = None,
     prefill_chunk: ChunkOpt = None,
     allow_context_overflow: OverflowOpt = False,
+    compiled: CompileOpt = False,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) checkpoints.")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
     as_json: JsonOpt = False,
@@ -542,7 +548,7 @@ def run_cmd(
                 "--gpu-layers": gpu_layers, "--offload": offload, "--expert-placement": expert_placement,
                 "--vram-budget": vram_budget,
                 "--ram-budget": ram_budget, "--headroom": headroom, "--prefill-chunk": prefill_chunk,
-                "--allow-context-overflow": allow_context_overflow or None}
+                "--allow-context-overflow": allow_context_overflow or None, "--compile": compiled or None}
     if plan_file is not None:
         given = [flag for flag, v in planning.items() if v is not None]
         if given:
@@ -552,6 +558,8 @@ def run_cmd(
     text = _prompt_text(prompt, prompt_file, prompt_tokens)
     if (engine := (engine or "vramplan").lower()) not in ("vramplan", "llama.cpp"):
         raise UsageError(f"--engine {engine!r}: run executes vramplan or llama.cpp")
+    if engine == "llama.cpp" and compiled:
+        raise UsageError("--compile is vramplan's torch runtime's decode mode; llama.cpp decodes its own way")
     if engine == "llama.cpp":
         return _report_run(_run_llamacpp(model, revision, plan_file, planning, hardware, gguf, llama_server, text,
                                          prompt_tokens, max_new_tokens, temperature, seed, as_json), as_json, path)
@@ -567,7 +575,7 @@ def run_cmd(
     else:
         req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
                             ram_budget, headroom, prefill_chunk, allow_context_overflow=allow_context_overflow,
-                            expert_placement=expert_placement)
+                            expert_placement=expert_placement, compiled=compiled)
         req = _fit_default_context(req, context, spec)
         if not req.kv_dtype:  # only the caches this transformers can build
             from dataclasses import replace

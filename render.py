@@ -479,6 +479,9 @@ def plan(d: dict, *, full: bool = False) -> None:
                  "add --all (or --json for everything)")
 
 
+REASON_CHARS = 40  # an engine's reason in the compact table (the JSON has all of it)
+
+
 def _engines(d: dict, full: bool) -> None:
     """One line per engine for the same request, each by its own rules (planner.engines: vramplan's first), then which
     decodes fastest here; `full` (plan --all) adds where each engine's speed comes from."""
@@ -489,8 +492,9 @@ def _engines(d: dict, full: bool) -> None:
     for e in rows:
         how = "this plan" if e["engine"] == "vramplan" else e.get("how", "-").removeprefix("vramplan ")
         if not e["fits"]:
+            reason = e.get("reason", "")
             table.append([e["engine"], f"{e.get('weight_quant', '-')} + {e.get('kv_dtype', '-')}", "no", "-", "-", "-",
-                          e.get("reason", ""), how])
+                          reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…", how])
             continue
         speed = "-" if e.get("decode_tokens_per_s") is None else f"{e['decode_tokens_per_s']:.2f}" + (
             f" ({e['decode_vs_plan']:.2f}x)" if e.get("decode_vs_plan") and e["engine"] != "vramplan" else "")
@@ -565,7 +569,10 @@ def _best_alternatives(cands: list[dict], chosen: dict | None) -> list[dict]:
                 best[x["weight_quant"]] = x
     fitting = sorted(best.values(), key=lambda x: (-(x["predicted"]["decode_tokens_per_s"] or 0.0),
                                                    x["quality_cost_pct"]))
-    missing = sorted((x for x in cands if not x["fits"]), key=lambda x: x["vram_bytes"] + x["ram_bytes"])
+    # closest to fitting first; one refused before it was sized (a device or --compile rule) has no bytes: last
+    missing = sorted((x for x in cands if not x["fits"]),
+                     key=lambda x: (x["vram_bytes"] is None and x["ram_bytes"] is None,
+                                    (x["vram_bytes"] or 0) + (x["ram_bytes"] or 0)))
     shown = [chosen] if chosen is not None else []
     seen = {numbers(x) for x in shown}
     for x in fitting + missing:

@@ -48,6 +48,10 @@ LLAMA_CPP_KV_DTYPES = ("f16", "q8_0", "q4_0")
 # Where --expert-placement may put an MoE's routed experts: with their layers on the GPU, or all in RAM computed by the
 # CPU (llama.cpp's --cpu-moe); a number N puts those of the first N MoE layers in RAM (llama.cpp's --n-cpu-moe).
 EXPERT_PLACEMENTS = ("gpu", "cpu")
+# What a compiled decode (--compile: a static KV cache and one torch.compile'd step, runtime/compiled.py) runs:
+# unquantized weights with a cache of the same dtype, every layer on one device (bitsandbytes' and quanto's kernels
+# break the graph; the offload engine moves weights between steps).
+COMPILE_SCHEMES = {"bf16": "bf16", "fp16": "fp16"}  # weights -> the KV cache dtype they compile with
 # Nodes of the profile's machine type a scale-out export (vLLM over Ray) may use; more is a typo.
 MAX_NODES = 1024
 
@@ -75,6 +79,7 @@ class Request:
     nodes: int = 1  # machines of the profile's type available to an engine that scales out (vLLM over Ray)
     engine: str = "vramplan"  # whose memory rules the plan follows: one of PLANNING_ENGINES
     allow_context_overflow: bool = False  # plan a context beyond what the model is made for (see context_limit)
+    compiled: bool = False  # decode compiled (COMPILE_SCHEMES, every layer on one device), priced without dispatch
 
     def __post_init__(self) -> None:
         _int(self, "context", 1, MAX_CONTEXT_TOKENS, "the context")
@@ -90,6 +95,10 @@ class Request:
         _int(self, "headroom_bytes", 0, None, "the GPU headroom")
         _int(self, "runtime_base_ram_bytes", 0, None, "the runtime's base RAM")
         _int(self, "nodes", 1, MAX_NODES, "the number of nodes")
+        if not isinstance(self.compiled, bool):
+            raise PlanError(f"compiled must be true or false, got {self.compiled!r}")
+        if self.compiled and self.engine != "vramplan":
+            raise PlanError("--compile is vramplan's runtime's decode mode; llama.cpp plans its own")
         if not isinstance(self.allow_context_overflow, bool):
             raise PlanError(f"allow_context_overflow must be true or false, got {self.allow_context_overflow!r}")
         if self.prefer not in PREFERENCES:

@@ -21,8 +21,8 @@ from .memory import (Footprint, LayerCosts, MemoryBreakdown, Placement, WeightCo
 from .modelspec import ModelSpec, context_limit
 from .plan import Candidate, Plan, hardware_ref, model_ref
 from .quant import KV_SCHEMES, SCHEMES, KVScheme, WeightScheme
-from .request import RUNTIME_BASE_RAM_BYTES, Request
-from .speed import SpeedEstimate, estimate, read_bytes_per_layer, speed_constants
+from .request import COMPILE_SCHEMES, RUNTIME_BASE_RAM_BYTES, Request
+from .speed import SpeedEstimate, compiled_scheme, estimate, read_bytes_per_layer, speed_constants
 from .units import format_bytes
 
 # When nothing fits, alternatives are searched with these KV dtypes: full precision and the smallest
@@ -170,7 +170,7 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
     `weights` and `read` (weight bytes a decode step reads per layer) are shared across KV dtypes."""
     base = dict(weight_quant=scheme.name, kv_dtype=kv.name,
                 quality_cost_pct=scheme.quality.ppl_increase_pct + kv.quality.ppl_increase_pct)
-    why_not = _device_ok(scheme, hw) or _kv_ok(spec, kv)
+    why_not = _device_ok(scheme, hw) or _kv_ok(spec, kv) or _compile_ok(req, scheme, kv)
     if why_not:
         return Candidate(**base, fits=False, reason=why_not)
     fp = _footprint(spec, hw, req, scheme, kv, weights)
@@ -185,12 +185,38 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
         return Candidate(**base, fits=False, choice=c, memory=mem, max_context_tokens=max_ctx,
                          reason=_overflow_reason(mem, c))
     choices = [_choice(spec, scheme, kv, hw, p) for p in fitting]
-    scored = sorted(((estimate(spec, hw, req, scheme, kv, c, fp.costs, read), c) for c in choices),
+    if req.compiled:
+        choices = [c for c in choices if _on_one_device(c)]
+        if not choices:
+            c = _choice(spec, scheme, kv, hw, fitting[0])
+            return Candidate(**base, fits=False, choice=c, memory=fp.breakdown(c), max_context_tokens=max_ctx,
+                             reason=f"--compile needs every layer on one device; {scheme.name} fits only split "
+                                    f"({_label(c)})")
+    priced = speed_scheme(req, scheme)
+    scored = sorted(((estimate(spec, hw, req, priced, kv, c, fp.costs, read), c) for c in choices),
                     key=lambda sc: -sc[0].decode_tokens_per_s)
     speed, c = scored[0]
     mem = fp.breakdown(c)
     return Candidate(**base, fits=True, choice=c, memory=mem, speed=speed, max_context_tokens=max_ctx,
                      reason=_placement_reason(c, mem, fp.costs, scored))
+
+
+def _compile_ok(req: Request, scheme: WeightScheme, kv: KVScheme) -> str | None:
+    if req.compiled and COMPILE_SCHEMES.get(scheme.name) != kv.name:
+        return (f"--compile runs {', '.join(f'{w} weights with a {k} cache' for w, k in COMPILE_SCHEMES.items())} "
+                "(a static cache torch.compile captures; bitsandbytes' and quanto's kernels break the graph)")
+    return None
+
+
+def _on_one_device(c: Choice) -> bool:
+    return (not c.on_gpu or (c.gpu_layers == c.total_layers and len(c.gpu_layers_per_device) == 1
+                             and not c.expert_layers_on_cpu))
+
+
+def speed_scheme(req: Request, scheme: WeightScheme) -> WeightScheme:
+    """The scheme whose constants price the decode: with --compile, a compiled decode of the same bytes (its fitted
+    constants, no eager dispatch); else the scheme itself."""
+    return compiled_scheme(16) if req.compiled and scheme.name in COMPILE_SCHEMES else scheme
 
 
 def _overflow_reason(mem: MemoryBreakdown, c: Choice) -> str:
@@ -471,7 +497,7 @@ def assess(spec: ModelSpec, hw: HardwareProfile, req: Request, c: Choice) -> tup
     req = _measured_runtime(hw, req)
     scheme, kv = SCHEMES[c.weight_quant], KV_SCHEMES[c.kv_dtype]
     fp = _footprint(spec, hw, req, scheme, kv, weight_costs(spec, scheme))
-    return fp.breakdown(c), estimate(spec, hw, req, scheme, kv, c, fp.costs)
+    return fp.breakdown(c), estimate(spec, hw, req, speed_scheme(req, scheme), kv, c, fp.costs)
 
 
 def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
@@ -505,7 +531,11 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
         return Plan(**common, chosen=None, reasons=reasons, warnings=warnings, alternatives=alts)
     chosen, reasons = choose_by_preference(cands, req)
     c = chosen.choice
-    common["constants"].update(speed_constants(hw, SCHEMES[c.weight_quant], "gpu" if c.on_gpu else "cpu"))
+    common["constants"].update(speed_constants(hw, speed_scheme(req, SCHEMES[c.weight_quant]),
+                                               "gpu" if c.on_gpu else "cpu"))
+    if req.compiled:
+        reasons.append("decode compiled (--compile: a static cache and torch.compile, CUDA graphs on a GPU), priced "
+                       f"without the eager dispatch; efficiencies: {chosen.speed.terms.get('efficiency_source')}")
     if c.offload is not OffloadMode.NONE:
         warnings.append(f"{c.offloaded_layers} of {c.total_layers} layers are offloaded ({c.offload.value}): decode "
                         f"is limited by the {'host link' if c.offload is OffloadMode.STREAM else 'CPU'}")

@@ -262,6 +262,13 @@ def efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> Effici
     e, stand_in = _calibrated_entry(hw, device, scheme)
     if e is None:
         fitted = fitted_entry(hw, device, scheme)
+        if fitted is None and scheme.backend == COMPILED_BACKEND and device == "gpu" and hw.public_fit is not None:
+            eager = hw.public_fit.lookup(EAGER_ENGINE, scheme.name)
+            if eager is not None:  # no compiled runs for this GPU class: the same kernels' bytes, without the dispatch
+                return Efficiency(bandwidth=eager.bandwidth_efficiency, compute=comp, per_layer_s=eager.per_layer_s,
+                                  per_token_s=eager.per_token_s, kv=eager.kv_efficiency,
+                                  source=f"{eager.source}: profile {hw.name} public_fit {eager.engine} {eager.quant} "
+                                         "without its eager dispatch (no compiled runs fitted for this GPU class)")
         if fitted is not None:
             d, d_source = _dispatch(hw, device, scheme, fitted.dispatch_factor)
             return Efficiency(bandwidth=fitted.bandwidth_efficiency, compute=comp, per_layer_s=fitted.per_layer_s,

@@ -338,9 +338,17 @@ class _Attempt:
         # after an OOM the retry continues from the prompt plus the tokens kept so far
         ids = (torch.cat([base_ids, torch.tensor([report.tokens], dtype=base_ids.dtype)], dim=-1)
                if report.tokens else base_ids)
+        static = None
+        if report.plan.request.compiled:  # a static cache for the whole run and the compiled decode step
+            from .compiled import StaticDecoder
+
+            static = StaticDecoder(loaded.model, max_len=int(ids.shape[-1]) + max_new_tokens - len(report.tokens),
+                                   device=model_device(loaded.model))
+            report.notes.append(f"decode compiled: a static cache of {static.max_len} tokens, torch.compile mode "
+                                f"{static.mode!r}; compiled in the warm-up (not timed)")
         try:
             warm = warm_up(loaded.model, ids.to(model_device(loaded.model)), report.plan.request.prefill_chunk,
-                           KV_SCHEMES[c.kv_dtype])
+                           KV_SCHEMES[c.kv_dtype], static=static)
         except Exception as exc:  # noqa: BLE001 - out of memory here is the timed run's to meet and re-plan
             if not is_oom(exc):
                 raise
@@ -348,7 +356,8 @@ class _Attempt:
             report.notes.append("warm-up ran out of memory (the timed run follows)")
         if warm:
             report.measured.warmup_s = warm
-            self.say(f"warm-up (CUDA's first use, not timed in TTFT): {warm:.3f} s")
+            self.say(f"warm-up ({'compiling the decode step' if static else 'CUDA first use'}, not timed): "
+                     f"{warm:.3f} s")
         streamer = _Streamer(self.tokenizer, self.on_text)
         n_ids, new_tokens = int(ids.shape[-1]), max_new_tokens - len(report.tokens)
         self.say(f"prefill {n_ids} tokens in chunks of {report.plan.request.prefill_chunk}, then up to "
@@ -363,7 +372,7 @@ class _Attempt:
             result = generate(loaded.model, ids, max_new_tokens=new_tokens,
                               prefill_chunk=report.plan.request.prefill_chunk, kv=KV_SCHEMES[c.kv_dtype],
                               temperature=self.temperature, eos_token_id=_eos(self.tokenizer), seed=self.seed,
-                              on_token=streamer.push, on_prefill_chunk=advance)
+                              on_token=streamer.push, on_prefill_chunk=advance, static=static)
         streamer.flush()
         report.tokens.extend(result.tokens)
         report.text += streamer.text

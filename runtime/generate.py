@@ -100,6 +100,8 @@ def _forward(model: nn.Module, input_ids: torch.Tensor, start: int, cache) -> to
     ``logits_to_keep=1``: that slice keeps the chunk's batch stride, and a bf16 CPU matmul
     on such an input copies the whole lm_head weight each call (+260 MiB for Qwen2.5-0.5B).
     """
+    if hasattr(cache, "static_forward"):  # a compiled decode's static cache (runtime.compiled.StaticDecoder)
+        return cache.static_forward(input_ids, start)
     n = input_ids.shape[1]
     positions = torch.arange(start, start + n, device=input_ids.device).unsqueeze(0)
     last = 1 if n == 1 else torch.tensor([n - 1], device=input_ids.device)
@@ -127,7 +129,10 @@ def prefill(model: nn.Module, input_ids: torch.Tensor, cache, prefill_chunk: int
 
 
 def decode_one_token(model: nn.Module, token: torch.Tensor, position: int, cache) -> torch.Tensor:
-    """One decode step for ``token`` ([1, 1]) at ``position``; its fp32 logits, [1, vocab]."""
+    """One decode step for ``token`` ([1, 1]) at ``position``; its fp32 logits, [1, vocab]. With a StaticDecoder for
+    ``cache``, its compiled step."""
+    if hasattr(cache, "static_decode"):
+        return cache.static_decode(token, position)
     return _forward(model, token, position, cache)
 
 
@@ -171,7 +176,7 @@ def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk:
              kv: KVScheme = KV_SCHEMES["bf16"], temperature: float = 0.0,
              eos_token_id: int | Iterable[int] | None = None, seed: int = 0,
              on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
-             on_prefill_chunk: Callable[[int], None] | None = None) -> GenerationResult:
+             on_prefill_chunk: Callable[[int], None] | None = None, static=None) -> GenerationResult:
     """Prefill ``input_ids`` ([1, n] tensor or list of ids) in chunks, then decode.
     ``on_prefill_chunk(tokens)`` follows the prefill chunk by chunk (a progress bar).
 
@@ -192,9 +197,11 @@ def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk:
     generator = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
 
     result = GenerationResult(prompt_tokens=prompt_tokens)
-    cache = make_cache(kv, model.config)
+    if static is not None:  # compiled decode (runtime.compiled.StaticDecoder): its cache, emptied
+        static.reset()
+    cache = static if static is not None else make_cache(kv, model.config)
     try:
-        with no_grad_context(model):
+        with no_grad_context(model, static):
             synchronize(device)
             start = time.perf_counter()
             logits = prefill(model, input_ids, cache, prefill_chunk, on_prefill_chunk)
@@ -234,9 +241,11 @@ def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk:
     return result
 
 
-def warm_up(model: nn.Module, input_ids: torch.Tensor, prefill_chunk: int, kv: KVScheme = KV_SCHEMES["bf16"]) -> float:
+def warm_up(model: nn.Module, input_ids: torch.Tensor, prefill_chunk: int, kv: KVScheme = KV_SCHEMES["bf16"],
+            static=None) -> float:
     """On a CUDA device, the prompt's first chunk and one decode step on a cache thrown away after; its seconds.
-    Elsewhere nothing (0.0).
+    Elsewhere nothing (0.0). With a compiled decode (``static``, a StaticDecoder), on any device, the first chunk and
+    STATIC_WARM_UP_STEPS steps through its own cache, emptied after: the compilation happens here, untimed.
 
     A fresh process's first prefill on a GPU pays for what CUDA does once: cuBLAS handles, and the kernels it loads
     lazily on their first use (CUDA_MODULE_LOADING=LAZY), chosen per shape. Measured on an H200 (Llama-3.2-1B
@@ -245,24 +254,36 @@ def warm_up(model: nn.Module, input_ids: torch.Tensor, prefill_chunk: int, kv: K
     warm one, as an engine that serves requests sees it (llama.cpp warms up at load too); the run times it after this
     and reports this as its own number. The first chunk is the one whose shapes the timed prefill starts with."""
     device = input_ids.device
-    if device.type != "cuda":
+    if device.type != "cuda" and static is None:
         return 0.0
-    cache = make_cache(kv, model.config)
-    with no_grad_context(model):
+    cache = make_cache(kv, model.config) if static is None else static
+    steps = 1 if static is None else STATIC_WARM_UP_STEPS
+    with no_grad_context(model, static):
         synchronize(device)
         start = time.perf_counter()
         logits = prefill(model, input_ids[:, :prefill_chunk], cache, prefill_chunk)
-        decode_one_token(model, logits.argmax(dim=-1, keepdim=True), min(prefill_chunk, input_ids.shape[1]), cache)
+        position = min(prefill_chunk, input_ids.shape[1])
+        for i in range(steps):
+            logits = decode_one_token(model, logits.argmax(dim=-1, keepdim=True), position + i, cache)
         synchronize(device)
         seconds = time.perf_counter() - start
+    if static is not None:
+        static.reset()
     del cache, logits
     return seconds
 
 
-def no_grad_context(model: nn.Module):
+# A compiled decode's warm-up steps: the first compiles; under CUDA graphs the next ones record and replay the graph.
+STATIC_WARM_UP_STEPS = 3
+
+
+def no_grad_context(model: nn.Module, static=None):
     """``torch.inference_mode()``, or ``torch.no_grad()`` for models holding optimum-quanto weights:
     quanto's generic int4 matmul (fp16, or groups other than 128) fails on inference tensors
-    ("Cannot set version_counter for inference tensor")."""
+    ("Cannot set version_counter for inference tensor"); and for a compiled decode (``static``): its cache is written
+    in place by the compiled graph, which inference tensors refuse."""
+    if static is not None:
+        return torch.no_grad()
     quanto = any(type(m).__module__.startswith("optimum.quanto") for m in model.modules())
     return torch.no_grad() if quanto else torch.inference_mode()
 

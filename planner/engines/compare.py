@@ -66,4 +66,5 @@ def _why(p: Plan, best: dict) -> str:
     same = (None, c.weight_quant, GGUF_FOR_SCHEME.get(c.weight_quant)) if c is not None else ()
     if c is not None and best.get("weight_quant") not in same:
         parts.append(f"its weights are {best['weight_quant']} where vramplan's are {c.weight_quant}")
-    return "; ".join(parts) or "its speed model's constants for this GPU are higher (see each engine's speed source)"
+    return "; ".join(parts) or ("its speed model's constants for this hardware are higher (see each engine's speed "
+                                "source)")

@@ -666,7 +666,7 @@ def mapped_request(p: Plan) -> tuple[Request, list[str]]:
             notes.append("llama.cpp has no 2-bit KV cache: q4_0 is its smallest of the three planned")
     else:
         notes.append("vramplan's plan found nothing that fits: llama.cpp's rules choose the file type themselves")
-    return replace(r, engine=ENGINE, quant=quant, kv_dtype=kv, offload=None, gpu_layers=None,
+    return replace(r, engine=ENGINE, compiled=False, quant=quant, kv_dtype=kv, offload=None, gpu_layers=None,
                    expert_placement=None), notes
 
 
@@ -692,7 +692,8 @@ def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> Engin
     """llama.cpp's plan of vramplan's request at the GGUF file type of the chosen scheme, with an f16 cache: one file
     type and one cache, not its whole search (`vramplan plan --engine llama.cpp` does that)."""
     ft = answer_file_type(p)
-    other = plan_llamacpp(spec, hw, replace(req, engine=ENGINE, quant=(ft,), kv_dtype=("f16",), gpu_layers=None,
+    other = plan_llamacpp(spec, hw, replace(req, engine=ENGINE, compiled=False, quant=(ft,), kv_dtype=("f16",),
+                                            gpu_layers=None,
                                             offload=None, expert_placement=None))
     a = EngineAnswer(engine=ENGINE, weight_quant=ft, kv_dtype="f16", fits=other.fits,
                      how=f"vramplan plan --engine llama.cpp --quant {ft}")

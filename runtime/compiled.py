@@ -1,0 +1,63 @@
+"""Compiled decode: a static KV cache and one decode step compiled by torch.compile, gpt-fast style.
+
+Eager decode issues every op of every layer from Python: on the H200 a Llama-3.2-1B bf16 step took 8.4-11.5 ms of
+which the GPU was busy 3.9 (bench/results/gpu-nvidia-h200-2). Here the step is one compiled graph over a
+transformers StaticCache (fixed shapes: the cache holds `max_len` tokens from the start), replayed as a CUDA graph on
+a GPU (mode "reduce-overhead"); on a CPU inductor compiles it ("default"). The prefill stays eager, through the same
+cache. The first decode steps compile (tens of seconds; `vramplan run` does them in its untimed warm-up).
+
+What compiles: unquantized weights (bf16, fp16) with a KV cache of the model's dtype, every layer on one device.
+bitsandbytes' and quanto's kernels break the graph, and the offload engine moves weights between steps
+(planner.request.COMPILE_SCHEMES says so to the planner).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .generate import cache_argument
+
+
+class StaticDecoder:
+    """A model's static cache of `max_len` tokens and its compiled decode step."""
+
+    def __init__(self, model: nn.Module, max_len: int, device: torch.device):
+        from transformers import StaticCache
+
+        self.model, self.device, self.max_len = model, torch.device(device), max_len
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        self._arg = cache_argument(type(model))
+        self.mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+        self._step = torch.compile(self._eager_step, mode=self.mode, fullgraph=True, dynamic=False)
+
+    def _eager_step(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=token, position_ids=position.view(1, 1), cache_position=position, use_cache=True,
+                         **{self._arg: self.cache})
+        return out.logits[:, -1, :].float()
+
+    def static_forward(self, input_ids: torch.Tensor, start: int) -> torch.Tensor:
+        """An eager forward of `input_ids` at positions start.. through the static cache (the prefill's chunks):
+        fp32 logits of the last position, [1, vocab]."""
+        n = input_ids.shape[1]
+        if start + n > self.max_len:
+            raise ValueError(f"the static cache holds {self.max_len} tokens; positions {start}..{start + n - 1} "
+                             "do not fit")
+        positions = torch.arange(start, start + n, device=input_ids.device)
+        out = self.model(input_ids=input_ids, position_ids=positions.unsqueeze(0), cache_position=positions,
+                         use_cache=True, logits_to_keep=1, **{self._arg: self.cache})
+        return out.logits[:, -1, :].float()
+
+    def static_decode(self, token: torch.Tensor, position: int) -> torch.Tensor:
+        """One compiled decode step for `token` ([1, 1]) at `position`: its fp32 logits, [1, vocab]. The position is a
+        tensor input, so every step replays the same graph."""
+        if position >= self.max_len:
+            raise ValueError(f"the static cache holds {self.max_len} tokens; position {position} does not fit")
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are consumed: its buffers may go
+        pos = torch.tensor([position], device=token.device)
+        return self._step(token, pos).clone()
+
+    def reset(self) -> None:
+        """An empty cache (its tensors kept: the compiled graph reads them in place)."""
+        self.cache.reset()
