@@ -47,7 +47,8 @@ def gpu_steps() -> list[Step]:
 
         call A: env,probe,pytest-gpu,run-nf4,run-bf16,decode-profile     (~3 min)
         call B: calibrate,accuracy,offload-nf4,oom,offload-bf16 (~7 min)
-        not yet run: run-int8 (where bnb-int8's extra VRAM goes), compiled (transformers' eager vs compiled decode)
+        not yet run: run-int8 (where bnb-int8's extra VRAM goes), run-compiled (vramplan run --compile), compiled
+        (transformers' eager vs compiled decode)
     """
     model = "llama-3.1-8b"  # 8B, unseen by the calibration (1B and 3B models)
     return [
@@ -91,6 +92,10 @@ def gpu_steps() -> list[Step]:
         Step("offload-bf16", f"{PY} bench/offload.py --model {model} --quant bf16 --gpu-layers 16 --context 544 "
                              "--max-new-tokens 16 --hardware {profile} --machine gpu-bf16 --out {work}", 90,
              ("offload-gpu-bf16.json", "offload-gpu-bf16.md")),
+        # vramplan's own compiled decode (--compile), the same 8B bf16 row as run-bf16
+        Step("run-compiled", f"{PY} cli.py run --model {model} --dummy-weights --quant bf16 --compile --context 4k "
+                             "--prompt-tokens 1024 --max-new-tokens 64 --hardware {profile} --json "
+                             "> {work}/run-compiled.json", 240, ("run-compiled.json",)),
         # GPU only (a CPU compile of even 0.5B takes two minutes): transformers' own eager vs static cache + compiled
         # (CUDA graphs) decode, HF + bitsandbytes 8B: the public record to re-measure, and the runtime's target
         Step("compiled", f"{PY} bench/compiled_decode.py --model {model} --quants bf16,bnb-nf4 --prompt 512 "
