@@ -328,7 +328,9 @@ def run_matrix(hw: HardwareProfile, matrix: Matrix, *, progress: Callable[[str],
             finally:
                 free_memory()  # the model is gone with _run_model's frame; collect its cycles
             for prompt, kv_dtype, impl, r in results:
-                records.append(RunRecord(model=spec.name, quant=quant, kv_dtype=kv_dtype, prompt=prompt,
+                # a directory's runs name its path, so that --add-runs finds the model again
+                records.append(RunRecord(model=str(source.path.resolve()) if source.kind == "directory" else spec.name,
+                                         quant=quant, kv_dtype=kv_dtype, prompt=prompt,
                                          new_tokens=len(r.tokens), decode_tokens_per_s=r.decode_tokens_per_s_median,
                                          ttft_s=r.ttft_s, peak_rss_bytes=peak_rss,
                                          sample=_sample(hw, spec, quant, kv_dtype, prompt, matrix, on_gpu, r, impl)))

@@ -102,20 +102,25 @@ def test_a_calibration_point_on_a_gpu_must_hold_every_layer_there():
 
 @pytest.mark.slow
 def test_a_model_that_fits_still_calibrates_against_a_profile_saved_here(tmp_path):
-    """End to end, the smallest catalog model at a 16-token prompt, with this machine's `probe --save` profile (which
-    the same-machine check must accept). About a minute on the 2-core dev machine."""
+    """End to end, a tiny Llama config (calibrate takes a directory with config.json) at a 16-token prompt, with this
+    machine's `probe --save` profile (which the same-machine check must accept)."""
+    from conftest import tiny_config_dict
+
     env = subprocess_env(tmp_path)
+    tiny = tmp_path / "tiny-llama"
+    tiny.mkdir()
+    (tiny / "config.json").write_text(json.dumps(tiny_config_dict("llama")))
     saved = tmp_path / "here.yaml"
     r = subprocess.run([sys.executable, "cli.py", "probe", "--quick", "--save", str(saved)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "cli.py", "calibrate", "--hardware", str(saved), "--models", "qwen2.5-0.5b",
+    r = subprocess.run([sys.executable, "cli.py", "calibrate", "--hardware", str(saved), "--models", str(tiny),
                         "--quants", "bf16", "--prompts", "16", "--new-tokens", "2", "--repeats", "1",
                         "--kv-dtypes", "none", "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(r.stdout)
-    assert {(x["model"], x["quant"], x["prompt"]) for x in result["runs"]} == {("Qwen/Qwen2.5-0.5B", "bf16", 16)}
+    assert {(x["model"], x["quant"], x["prompt"]) for x in result["runs"]} == {(str(tiny), "bf16", 16)}
     assert any(e["backend"] == "torch" for e in result["profile"]["calibration"]["entries"])
 
 
