@@ -83,10 +83,11 @@ NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help="Machines of th
                      "may use (vLLM over Ray; default 1).")]
 
 
-def _split(v: str | None, flag: str) -> tuple[str, ...]:
+def _split(v: str | None, flag: str, *, keep_case: bool = False) -> tuple[str, ...]:
+    """A comma list: names lower-cased, paths (keep_case) as given."""
     if v is None:
         return ()
-    items = tuple(x.strip().lower() for x in v.split(",") if x.strip())
+    items = tuple(x.strip() if keep_case else x.strip().lower() for x in v.split(",") if x.strip())
     if not items:
         raise UsageError(f"{flag} is empty: give one or more names, comma-separated")
     return items
@@ -443,6 +444,12 @@ def calibrate_cmd(
     add_runs: Annotated[Optional[str], typer.Option("--add-runs", help="Comma list of run files saved by an earlier "
                                                     "--save-runs on this machine: fitted together with these "
                                                     "runs.")] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="vramplan (its torch runtime, default) or "
+                      "llama.cpp (llama-server on each --gguf file, fitted into llama.cpp's entries).")] = None,
+    gguf: Annotated[Optional[str], typer.Option("--gguf", help="Comma list of GGUF files for --engine llama.cpp, one "
+                    "per --models entry (the model each was converted from).")] = None,
+    llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="llama-server (default: "
+                            "$VRAMPLAN_LLAMA_SERVER, else PATH).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a small matrix of real runs here and fit the speed model into the profile's calibration."""
@@ -464,7 +471,12 @@ def calibrate_cmd(
         raise UsageError(f"--hardware {hardware}: its hardware is not this machine's, so runs here cannot calibrate "
                          f"it: {'; '.join(differs)} (calibrate on that machine, or save this one's with "
                          "`vramplan probe --save`)")
-    named = _split(models, "--models")
+    named = _split(models, "--models", keep_case=True)  # a directory's path keeps its case
+    if (engine or "vramplan").lower() == "llama.cpp":
+        return _calibrate_llamacpp(hw, here, named, _split(gguf, "--gguf", keep_case=True), llama_server, prompts,
+                                   new_tokens, path, runs_path, as_json)
+    if (engine or "vramplan").lower() != "vramplan" or gguf or llama_server:
+        raise UsageError("--engine is vramplan or llama.cpp; --gguf and --llama-server go with --engine llama.cpp")
     m = matrix_for(hw or here, models=named, quants=_split(quants, "--quants"),
                    prompts=tuple(parse_context(x) for x in _split(prompts, "--prompts")), new_tokens=new_tokens,
                    repeats=repeats, kv_dtypes=None if kv_dtypes is None else
@@ -489,6 +501,43 @@ def calibrate_cmd(
     if as_json:
         out.data({"profile": profile_to_dict(result.profile), "warnings": list(result.warnings),
                   "runs": [r.to_dict() for r in result.records]})
+        return
+    render.calibration(result.profile.calibration)
+
+
+def _calibrate_llamacpp(hw, here, models, ggufs, llama_server, prompts, new_tokens, path, runs_path, as_json):
+    from planner.profile_yaml import profile_to_dict
+    from planner.units import parse_context
+    from runtime.files import save_data, save_profile
+    from runtime.llamacpp_calibrate import DEFAULT_NEW_TOKENS, DEFAULT_PROMPTS, calibrate_llamacpp
+    from runtime.llamacpp_run import find_llama_server
+
+    if not ggufs or len(ggufs) != len(models):
+        raise UsageError(f"--engine llama.cpp: give one --models entry per --gguf file ({len(models)} models, "
+                         f"{len(ggufs)} files): the model each file was converted from")
+    for f in ggufs:
+        if not os.path.isfile(f):
+            raise UsageError(f"--gguf {f}: no such file")
+    pairs = [(resolve_model(m, None)[1], f) for m, f in zip(models, ggufs)]
+    server = find_llama_server(llama_server)
+    if hw is None:  # the fit divides by this machine's measured bandwidth and compute
+        from runtime.probe import probe
+
+        with out.status("probing this machine (full measurements)..."):
+            hw = probe(quick=False).profile
+    result = calibrate_llamacpp(hw, pairs, server, prompts=tuple(parse_context(x) for x in _split(
+        prompts, "--prompts")) or DEFAULT_PROMPTS, new_tokens=new_tokens or DEFAULT_NEW_TOKENS, say=out.info)
+    for w in result.warnings:
+        out.warn(w)
+    if runs_path:
+        save_data(runs_path, {"llama_cpp": result.commit, "runs": result.runs}, default="json")
+        out.info(f"runs saved to {runs_path}")
+    if path:
+        save_profile(result.profile, path)
+        out.info(f"calibrated profile saved to {path}")
+    if as_json:
+        out.data({"profile": profile_to_dict(result.profile), "warnings": result.warnings, "runs": result.runs,
+                  "llama_cpp": result.commit})
         return
     render.calibration(result.profile.calibration)
 

@@ -90,3 +90,55 @@ def test_a_real_llama_server_run_reports_predicted_and_measured(tmp_path, monkey
     assert d["measured"]["generated_tokens"] == 8 and d["measured"]["decode_tokens_per_s"] > 0
     assert d["measured"]["peak_ram_bytes"] > 0 and d["predicted"]["decode_tokens_per_s"] > 0
     assert d["plan"]["request"]["engine"] == "llama.cpp" and len(d["measured"]["token_timestamps_s"]) >= 8
+
+
+def test_calibrate_with_llamacpp_checks_its_inputs_before_any_server(tmp_path, monkeypatch, capsys):
+    from planner.profiles import resolve_profile
+    from planner.sources import model_spec
+    from runtime.llamacpp_calibrate import calibrate_llamacpp
+
+    isolate(tmp_path, monkeypatch)
+    write_gguf(tmp_path / "m.gguf", 2)
+    code, _, err = run_cli(capsys, "calibrate", "--engine", "llama.cpp", "--models", "qwen2.5-0.5b,llama-3.2-1b",
+                           "--gguf", tmp_path / "m.gguf")
+    assert "one --models entry per --gguf file (2 models, 1 files)" in assert_one_line_error(code, err)
+    code, _, err = run_cli(capsys, "calibrate", "--engine", "llama.cpp", "--models", "qwen2.5-0.5b",
+                           "--gguf", tmp_path / "M-missing.gguf")
+    assert "--gguf " + str(tmp_path / "M-missing.gguf") + ": no such file" in assert_one_line_error(code, err)
+    monkeypatch.setenv("VRAMPLAN_LLAMA_SERVER", str(tmp_path / "no-such-llama-server"))
+    code, _, err = run_cli(capsys, "calibrate", "--engine", "llama.cpp", "--models", "qwen2.5-0.5b",
+                           "--gguf", tmp_path / "m.gguf")
+    assert "llama-server at" in assert_one_line_error(code, err)
+    code, _, err = run_cli(capsys, "calibrate", "--gguf", tmp_path / "m.gguf")
+    assert "go with --engine llama.cpp" in assert_one_line_error(code, err)
+    with pytest.raises(VramplanError, match="has a GPU"):  # the fit's model is every layer on the CPU
+        calibrate_llamacpp(resolve_profile("h100-sxm")[0], [(model_spec("qwen2.5-0.5b"), str(tmp_path / "m.gguf"))],
+                           tmp_path / "server")
+
+
+@pytest.mark.skipif(not (os.environ.get("VRAMPLAN_LLAMA_SERVER") and os.environ.get("VRAMPLAN_TEST_GGUF")),
+                    reason="needs a built llama-server ($VRAMPLAN_LLAMA_SERVER) and a GGUF file ($VRAMPLAN_TEST_GGUF, "
+                           "converted from $VRAMPLAN_TEST_GGUF_MODEL)")
+def test_calibrate_with_a_real_llama_server_fits_what_llamacpp_plans_then_use(tmp_path, monkeypatch, capsys):
+    from planner.engines.llamacpp import plan_llamacpp
+    from planner.profile_yaml import loads_profile
+    from planner.request import Request
+    from planner.sources import model_spec
+
+    gguf, model = os.environ["VRAMPLAN_TEST_GGUF"], os.environ.get("VRAMPLAN_TEST_GGUF_MODEL", "qwen2.5-0.5b")
+    server = os.environ["VRAMPLAN_LLAMA_SERVER"]
+    isolate(tmp_path, monkeypatch)
+    monkeypatch.setenv("VRAMPLAN_LLAMA_SERVER", server)
+    code, _, err = run_cli(capsys, "probe", "--save", tmp_path / "here.yaml")
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "calibrate", "--engine", "llama.cpp", "--hardware", tmp_path / "here.yaml",
+                             "--models", model, "--gguf", gguf, "--prompts", "32,96", "--new-tokens", "8",
+                             "--save", tmp_path / "cal.yaml", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    file_type = gguf_file_type(gguf)
+    assert {(r["file_type"], r["prompt_tokens"]) for r in d["runs"]} == {(file_type, 32), (file_type, 96)}
+    hw = loads_profile((tmp_path / "cal.yaml").read_text())
+    p = plan_llamacpp(model_spec(model), hw, Request(context=104, prompt_tokens=96, engine="llama.cpp",
+                                                     quant=(file_type,)))
+    assert p.chosen.speed.terms["efficiency_source"].startswith("calibrated")
