@@ -111,7 +111,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-cpp", type=Path, help="llama.cpp source tree (convert_hf_to_gguf.py)")
     ap.add_argument("--bin", type=Path, help="directory with llama-server and llama-quantize")
-    ap.add_argument("--engines", default="vramplan,transformers,llama.cpp")
+    ap.add_argument("--engines", default="vramplan,transformers,llama.cpp",
+                    help="comma list of vramplan, vramplan-compiled (16-bit only), transformers, llama.cpp")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--bits", default="16,8,4")
     ap.add_argument("--prompt", type=int, default=128)
@@ -151,6 +152,11 @@ def main(argv=None) -> int:
                 print(f"{name} {bits}-bit {engine}", flush=True)
                 if engine == "vramplan":
                     r = run_cli(model_dir, ["--quant", scheme], args.hardware, args.prompt, args.new_tokens)
+                elif engine == "vramplan-compiled":  # `vramplan run --compile`: unquantized weights only
+                    if bits != 16:
+                        continue
+                    r = run_cli(model_dir, ["--quant", scheme, "--compile"], args.hardware, args.prompt,
+                                args.new_tokens)
                 elif engine == "transformers":
                     r = run_transformers(model_dir, bits, args.prompt, args.new_tokens)
                 else:  # the GGUF made once per file type, then `vramplan run --engine llama.cpp` on it
