@@ -473,6 +473,10 @@ def calibrate_cmd(
                          "`vramplan probe --save`)")
     named = _split(models, "--models", keep_case=True)  # a directory's path keeps its case
     if (engine or "vramplan").lower() == "llama.cpp":
+        ignored = [f for f, v in (("--quants", quants), ("--repeats", repeats), ("--kv-dtypes", kv_dtypes),
+                                  ("--add-runs", add_runs)) if v is not None]
+        if ignored:
+            raise UsageError(f"{', '.join(ignored)}: not for --engine llama.cpp (its file types are the --gguf files')")
         return _calibrate_llamacpp(hw, here, named, _split(gguf, "--gguf", keep_case=True), llama_server, prompts,
                                    new_tokens, path, runs_path, as_json)
     if (engine or "vramplan").lower() != "vramplan" or gguf or llama_server:

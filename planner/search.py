@@ -209,7 +209,8 @@ def _compile_ok(req: Request, scheme: WeightScheme, kv: KVScheme) -> str | None:
 
 
 def _on_one_device(c: Choice) -> bool:
-    return (not c.on_gpu or (c.gpu_layers == c.total_layers and len(c.gpu_layers_per_device) == 1
+    """Every layer on the CPU, or every layer on GPU 0 (a profile's other GPUs left empty) with its experts."""
+    return (not c.on_gpu or (c.gpu_layers == c.total_layers and c.gpu_layers_per_device[:1] == (c.gpu_layers,)
                              and not c.expert_layers_on_cpu))
 
 

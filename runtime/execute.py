@@ -306,7 +306,7 @@ class _Attempt:
     def _load_and_generate(self, holder: dict, device: str, base_ids, max_new_tokens: int) -> str | None:
         import torch
 
-        from .generate import STOP_INTERRUPTED, STOP_OOM, generate, model_device, warm_up
+        from .generate import STATIC_WARM_UP_STEPS, STOP_INTERRUPTED, STOP_OOM, generate, model_device, warm_up
         from .measure import is_oom
         from .load import load_model
 
@@ -315,6 +315,8 @@ class _Attempt:
                  f"{device}")
         t0 = time.perf_counter()
         devices = [device] if device == "cpu" else [f"cuda:{d}" for d in range(len(c.gpu_layers_per_device))]
+        if report.plan.request.compiled:  # every layer on GPU 0 (the planner's rule): the other GPUs stay out of it
+            devices = devices[:1]
         offloaded = c.on_gpu and (c.offload is not OffloadMode.NONE or len(devices) > 1 or c.expert_layers_on_cpu > 0)
         # offloaded plans (and those over several GPUs, or with experts in RAM) load on the CPU, then the offload
         # engine places them
@@ -342,8 +344,11 @@ class _Attempt:
         if report.plan.request.compiled:  # a static cache for the whole run and the compiled decode step
             from .compiled import StaticDecoder
 
-            static = StaticDecoder(loaded.model, max_len=int(ids.shape[-1]) + max_new_tokens - len(report.tokens),
-                                   device=model_device(loaded.model))
+            try:
+                static = StaticDecoder(loaded.model, max_len=int(ids.shape[-1]) + max(
+                    max_new_tokens - len(report.tokens), STATIC_WARM_UP_STEPS), device=model_device(loaded.model))
+            except Exception as exc:  # noqa: BLE001 - a model transformers has no static cache for
+                raise _compile_failed(exc) from None
             report.notes.append(f"decode compiled: a static cache of {static.max_len} tokens, torch.compile mode "
                                 f"{static.mode!r}; compiled in the warm-up (not timed)")
         try:
@@ -351,6 +356,8 @@ class _Attempt:
                            KV_SCHEMES[c.kv_dtype], static=static)
         except Exception as exc:  # noqa: BLE001 - out of memory here is the timed run's to meet and re-plan
             if not is_oom(exc):
+                if static is not None:  # the compilation is what runs here
+                    raise _compile_failed(exc) from None
                 raise
             warm = 0.0
             report.notes.append("warm-up ran out of memory (the timed run follows)")
@@ -391,6 +398,11 @@ class _Attempt:
             m.token_timestamps_s = list(result.token_timestamps_s)
             m.generated_tokens = len(report.tokens)
         return result.error if result.stopped_reason == STOP_OOM else None
+
+
+def _compile_failed(exc: BaseException) -> VramplanError:
+    return VramplanError(f"--compile failed here ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}): run "
+                         "without --compile (the eager decode)")
 
 
 def _release(holder: dict) -> None:

@@ -253,11 +253,13 @@ def warm_up(model: nn.Module, input_ids: torch.Tensor, prefill_chunk: int, kv: K
     ms for one at a new length (bench/results/gpu-nvidia-h200-2/host-variance). The TTFT the planner predicts is a
     warm one, as an engine that serves requests sees it (llama.cpp warms up at load too); the run times it after this
     and reports this as its own number. The first chunk is the one whose shapes the timed prefill starts with."""
-    device = input_ids.device
+    device = compute_device(model)  # an offloaded model keeps its input embedding (and the ids) in RAM
     if device.type != "cuda" and static is None:
         return 0.0
     cache = make_cache(kv, model.config) if static is None else static
     steps = 1 if static is None else STATIC_WARM_UP_STEPS
+    if static is not None:
+        steps = max(1, min(steps, static.max_len - min(prefill_chunk, input_ids.shape[1])))
     with no_grad_context(model, static):
         synchronize(device)
         start = time.perf_counter()

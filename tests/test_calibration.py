@@ -402,3 +402,15 @@ def test_runs_of_the_same_point_from_two_calls_keep_the_fastest():
     merged = next(r for r in kept if r.model == "m1" and r.prompt == 512 and r.sample.attention_impl == "sdpa")
     assert merged.decode_tokens_per_s == 100.0 and merged.sample.decode_s_per_token == 1 / 100.0
     assert merged.ttft_s == merged.sample.prefill_s == 0.05
+
+
+def test_a_compiled_cpu_decode_uses_the_weights_own_calibration():
+    """On a CPU there is no dispatch to drop, and compiling measured within 6 % of eager: a calibrated CPU profile's
+    bf16 entry prices --compile too, not the defaults."""
+    cal = fit(matrix(), measured_at="2026-11-21", versions={"torch": "x"}).calibration
+    hw = dataclasses.replace(resolve_profile("cpu-ddr5-desktop")[0], calibration=cal)
+    spec = model_spec("qwen2.5-0.5b")
+    eager, compiled = (plan(spec, hw, Request(context=2048, quant=("bf16",), kv_dtype=("bf16",), compiled=c))
+                       for c in (False, True))
+    assert compiled.predicted.decode_tokens_per_s == pytest.approx(eager.predicted.decode_tokens_per_s)
+    assert compiled.chosen.speed.terms["efficiency_source"].startswith("calibrated")

@@ -76,3 +76,34 @@ def test_compile_from_the_cli(capsys, monkeypatch):
     code, _, err = run_cli(capsys, "run", "--model", "qwen2.5-0.5b", "--engine", "llama.cpp", "--compile",
                            "--gguf", "x.gguf")
     assert "--compile is vramplan's torch runtime's decode mode" in assert_one_line_error(code, err)
+
+
+def test_a_short_compiled_run_still_warms_up(tmp_path, capsys, monkeypatch):
+    """One new token: the static cache still has room for the warm-up's decode steps."""
+    import io
+    import json
+
+    from cli_helpers import run_cli
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(tiny_config_dict("llama")))
+    code, out, err = run_cli(capsys, "run", "--model", model, "--dummy-weights", "--compile", "--context", "64",
+                             "--prompt-tokens", "8", "--max-new-tokens", "1", "--json")
+    assert code == 0, err
+    assert json.loads(out)["measured"]["generated_tokens"] == 1
+
+
+def test_the_planner_keeps_compile_on_gpu_0_of_several():
+    from dataclasses import replace
+
+    from planner.profiles import resolve_profile
+    from planner.request import Request
+    from planner.search import plan
+    from planner.sources import model_spec
+
+    h100 = resolve_profile("h100-sxm")[0]
+    two = h100.replace(name="h100-x2", gpus=(replace(h100.gpus[0], count=2),))
+    p = plan(model_spec("llama-3.1-8b"), two, Request(context=8192, compiled=True))
+    assert p.fits and p.choice.gpu_layers_per_device[0] == 32

@@ -111,6 +111,9 @@ def test_calibrate_with_llamacpp_checks_its_inputs_before_any_server(tmp_path, m
     assert "llama-server at" in assert_one_line_error(code, err)
     code, _, err = run_cli(capsys, "calibrate", "--gguf", tmp_path / "m.gguf")
     assert "go with --engine llama.cpp" in assert_one_line_error(code, err)
+    code, _, err = run_cli(capsys, "calibrate", "--engine", "llama.cpp", "--models", "qwen2.5-0.5b", "--gguf",
+                           tmp_path / "m.gguf", "--quants", "bf16", "--repeats", "2")
+    assert "--quants, --repeats: not for --engine llama.cpp" in assert_one_line_error(code, err)
     with pytest.raises(VramplanError, match="has a GPU"):  # the fit's model is every layer on the CPU
         calibrate_llamacpp(resolve_profile("h100-sxm")[0], [(model_spec("qwen2.5-0.5b"), str(tmp_path / "m.gguf"))],
                            tmp_path / "server")

@@ -240,6 +240,8 @@ def test_prequantized_checkpoints_load_as_they_are():
     out = export(bnb, RTX4090, Request(context=8192))
     assert not out.fits and "quantized with bitsandbytes, which vLLM 0.33.0 does not know" in out.notes[0]
     assert out.text.endswith("# no vllm serve command\n") and "argv" not in out.details
+    # a refusal with a GPU still names vLLM's constants and assumptions (only a machine without one has none)
+    assert out.constants and out.details == {"nodes_needed": None} and any("assumption:" in n for n in out.notes)
 
 
 def test_online_quantization_needs_compute_capability_75():

@@ -159,5 +159,12 @@ def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> Engin
         a.speed_from = "not predicted: accelerate's offload is not modeled (5-17x slower than vramplan's stream "\
                        "engine, measured on an H200)"
         return a
-    return a.with_speed(p.chosen.speed, p.chosen.max_context_tokens, "vramplan's speed model: the same eager "
-                        "kernels as vramplan's runtime", p.predicted.decode_tokens_per_s)
+    speed = p.chosen.speed
+    if req.compiled:  # plain generate decodes eagerly: price vramplan's eager decode of the same placement
+        from dataclasses import replace
+
+        from ..search import assess
+
+        speed = assess(spec, hw, replace(p.request, compiled=False), c)[1]
+    return a.with_speed(speed, p.chosen.max_context_tokens, "vramplan's speed model: the same eager kernels as "
+                        "vramplan's runtime", p.predicted.decode_tokens_per_s)

@@ -320,6 +320,7 @@ class VLLMAnswer:
     needed: int | None = None
     notes: list = field(default_factory=list)
     refused: str = ""
+    no_gpu: bool = False  # refused before anything of vLLM's applies: no CUDA GPU
 
 
 def vllm_layout(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> VLLMAnswer:
@@ -328,8 +329,9 @@ def vllm_layout(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> VLLMAnswer:
     req = p.request
     if not hw.has_gpu or hw.accelerator != "cuda":
         why = "has no GPU" if not hw.has_gpu else f"has a {hw.accelerator} GPU"
-        return VLLMAnswer(notes=[], refused=f"vLLM: hardware {hw.name!r} {why}; vramplan plans vLLM on CUDA GPUs "
-                                            "only (vLLM's CPU and Apple backends are not planned)")
+        return VLLMAnswer(notes=[], no_gpu=True, refused=f"vLLM: hardware {hw.name!r} {why}; vramplan plans vLLM "
+                                                         "on CUDA GPUs only (vLLM's CPU and Apple backends are not "
+                                                         "planned)")
     scheme, kv = _scheme_and_kv(p)
     fmt = weight_format(scheme, spec)
     if why := _cannot_run(spec, hw, fmt):
@@ -354,7 +356,7 @@ def export_vllm(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
     req = p.request
     a = vllm_layout(spec, hw, p)
     if a.refused:
-        if a.model is None and a.fmt is None:  # no CUDA GPU: nothing of vLLM's applies
+        if a.no_gpu:  # no CUDA GPU: nothing of vLLM's applies
             return _refuse([a.refused])
         consts = constants(hw)
         return _refuse(a.notes + [a.refused, *assumption_notes(consts)], consts, nodes_needed=None)

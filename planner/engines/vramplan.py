@@ -14,7 +14,8 @@ ENGINE = "vramplan"
 def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> EngineAnswer:
     """The plan itself, in the shape of every engine's answer, with the `vramplan run` that runs it."""
     c = p.choice
-    flags = f" --quant {c.weight_quant} --kv-dtype {c.kv_dtype}" if p.fits else ""
+    flags = (f" --quant {c.weight_quant} --kv-dtype {c.kv_dtype}" if p.fits else "") + (
+        " --compile" if req.compiled else "")
     a = EngineAnswer(engine=ENGINE, weight_quant=c.weight_quant if p.fits else "-",
                      kv_dtype=c.kv_dtype if p.fits else "-", fits=p.fits,
                      how=f"vramplan run --model {spec.name} --hardware {hw.name} --context {req.context}{flags}")
