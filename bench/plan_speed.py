@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 from planner.profiles import resolve_profile  # noqa: E402
 from planner.request import Request  # noqa: E402
 from planner.engines import plan_for_engine  # noqa: E402
-from planner.gguf import _TENSORS_MEMO  # noqa: E402
+from planner.gguf import forget_tensors  # noqa: E402
 from planner.search import plan  # noqa: E402
 from planner.sources import model_spec  # noqa: E402
 
@@ -51,7 +51,7 @@ def main() -> None:
             times.append((time.perf_counter() - t) * 1000)
         engines = []
         for _ in range(REPEATS):  # what `vramplan plan` does: the search, then every other engine's answer
-            _TENSORS_MEMO.clear()  # one plan per process: no file's tensors are known yet
+            forget_tensors()  # one plan per process: no file's tensors are known yet
             t = time.perf_counter()
             plan_for_engine(spec, hw, req)
             engines.append((time.perf_counter() - t) * 1000)

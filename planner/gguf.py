@@ -570,6 +570,11 @@ TENSORS_MEMO_SIZE = 8
 _TENSORS_MEMO: dict[tuple[int, str, bool], tuple[ModelSpec, tuple[GGUFTensor, ...]]] = {}
 
 
+def forget_tensors() -> None:
+    """Empty the memo of gguf_tensors (what a fresh process starts with: bench/plan_speed.py times that)."""
+    _TENSORS_MEMO.clear()
+
+
 def gguf_layer_bytes(spec: ModelSpec, file_type: str, *, imatrix: bool = False) -> list[int]:
     """Data bytes of each decoder layer's tensors (ggml_nbytes, what a backend buffer holds)."""
     out = [0] * spec.num_layers

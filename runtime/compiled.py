@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .generate import cache_argument
+from .generate import cache_argument, forward_logits
 
 
 class StaticDecoder:
@@ -43,10 +43,7 @@ class StaticDecoder:
         if start + n > self.max_len:
             raise ValueError(f"the static cache holds {self.max_len} tokens; positions {start}..{start + n - 1} "
                              "do not fit")
-        positions = torch.arange(start, start + n, device=input_ids.device)
-        out = self.model(input_ids=input_ids, position_ids=positions.unsqueeze(0), cache_position=positions,
-                         use_cache=True, logits_to_keep=1, **{self._arg: self.cache})
-        return out.logits[:, -1, :].float()
+        return forward_logits(self.model, input_ids, start, self.cache, cache_position=True)
 
     def static_decode(self, token: torch.Tensor, position: int) -> torch.Tensor:
         """One compiled decode step for `token` ([1, 1]) at `position`: its fp32 logits, [1, vocab]. The position is a

@@ -93,20 +93,23 @@ def cache_argument(model_class: type) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
-def _forward(model: nn.Module, input_ids: torch.Tensor, start: int, cache) -> torch.Tensor:
+def forward_logits(model: nn.Module, input_ids: torch.Tensor, start: int, cache, *, cache_position: bool = False
+             ) -> torch.Tensor:
     """Run ``input_ids`` (positions start..) through the model; fp32 logits of the last position, [1, vocab].
 
     Only the last position goes through lm_head. It is picked with an index tensor, not
     ``logits_to_keep=1``: that slice keeps the chunk's batch stride, and a bf16 CPU matmul
     on such an input copies the whole lm_head weight each call (+260 MiB for Qwen2.5-0.5B).
+    ``cache_position``: also pass the positions as transformers' cache_position (a StaticCache writes there).
     """
     if hasattr(cache, "static_forward"):  # a compiled decode's static cache (runtime.compiled.StaticDecoder)
         return cache.static_forward(input_ids, start)
     n = input_ids.shape[1]
     positions = torch.arange(start, start + n, device=input_ids.device).unsqueeze(0)
     last = 1 if n == 1 else torch.tensor([n - 1], device=input_ids.device)
+    extra = {"cache_position": positions[0]} if cache_position else {}
     out = model(input_ids=input_ids, position_ids=positions, use_cache=True, logits_to_keep=last,
-                **{cache_argument(type(model)): cache})
+                **{cache_argument(type(model)): cache}, **extra)
     return out.logits[:, -1, :].float()
 
 
@@ -122,7 +125,7 @@ def prefill(model: nn.Module, input_ids: torch.Tensor, cache, prefill_chunk: int
     logits = None
     for start in range(0, n, prefill_chunk):
         chunk = input_ids[:, start:start + prefill_chunk]
-        logits = _forward(model, chunk, start, cache)
+        logits = forward_logits(model, chunk, start, cache)
         if on_chunk is not None:
             on_chunk(chunk.shape[1])
     return logits
@@ -133,7 +136,7 @@ def decode_one_token(model: nn.Module, token: torch.Tensor, position: int, cache
     ``cache``, its compiled step."""
     if hasattr(cache, "static_decode"):
         return cache.static_decode(token, position)
-    return _forward(model, token, position, cache)
+    return forward_logits(model, token, position, cache)
 
 
 def sample(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..choice import OffloadMode
 from ..hardware import HardwareProfile
 from ..memory import gpu_capacity
-from ..modelspec import Kind, ModelSpec, Role, context_limit, dtype_bytes
+from ..modelspec import Kind, ModelSpec, Role, dtype_bytes
 from ..plan import Plan
 from ..quant import SCHEMES
 from ..request import Request
@@ -518,5 +518,5 @@ def max_context(spec: ModelSpec, lay: Layout, req: Request) -> int | None:
     if any(getattr(a, "window", None) for a in spec.attention) or lay.kv_per_sequence_bytes <= 0:
         return None
     tokens = (lay.kv_pool_bytes - lay.null_block_bytes) * req.context // lay.kv_per_sequence_bytes
-    limit, _ = context_limit(spec)
+    limit, _ = rules.derived_max_model_len(spec)  # vLLM's own limit, not vramplan's
     return int(min(tokens, limit) if limit else tokens)
