@@ -15,12 +15,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-import render
-from planner.errors import VramplanError
-from planner.quant import KV_SCHEMES, SCHEMES
-from render import out
+from vramplan import render
+from vramplan.planner.errors import VramplanError
+from vramplan.planner.quant import KV_SCHEMES, SCHEMES
+from vramplan.render import out
 
-from cli_errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOTHING_FITS,  # noqa: F401 - the
+from vramplan.cli_errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOTHING_FITS,  # noqa: F401 - the
                         RUNTIME_PACKAGES, error_table, exit_code, on_sigterm)  # codes and table, as cli.py's docstring
 # What the runtime extra installs: a command that needs one of these says how to get it.
 
@@ -105,7 +105,7 @@ def _save_path(save: str | None, flag: str = "--save", inputs: dict[str, list[st
     what the command reads: saving over one of them is refused, before any work too."""
     if save is None:
         return None
-    from runtime.files import check_writable
+    from vramplan.runtime.files import check_writable
 
     path = str(check_writable(save))
     for name, files in (inputs or {}).items():
@@ -139,8 +139,8 @@ def build_request(context: str | None, batch: int | None, prompt_tokens: int | N
                   vram_budget: str | None, ram_budget: str | None, headroom: str | None, prefill_chunk: int | None,
                   *, nodes: int | None = None, engine: str | None = None, allow_context_overflow: bool = False,
                   expert_placement: str | None = None, compiled: bool = False):
-    from planner.request import DEFAULT_HEADROOM_BYTES, DEFAULT_PREFILL_CHUNK, Request
-    from planner.units import parse_bytes, parse_context
+    from vramplan.planner.request import DEFAULT_HEADROOM_BYTES, DEFAULT_PREFILL_CHUNK, Request
+    from vramplan.planner.units import parse_bytes, parse_context
 
     return Request(
         context=parse_context(context if context is not None else "4k"), batch=1 if batch is None else batch,
@@ -159,7 +159,7 @@ def _fit_default_context(req, context_flag: str | None, spec):
     """Without --context the default (4k) is cut to what the model is made for, when that is shorter."""
     from dataclasses import replace
 
-    from planner.modelspec import context_limit
+    from vramplan.planner.modelspec import context_limit
 
     limit = context_limit(spec)[0]
     if context_flag is not None or not 0 < limit < req.context:
@@ -171,8 +171,8 @@ def _fit_default_context(req, context_flag: str | None, spec):
 def resolve_model(model: str, revision: str | None):
     """--model and --revision: where the model comes from (a directory, the HF cache, the catalog, the hub) and its
     exact inventory."""
-    from runtime.hub import resolve
-    from runtime.inventory import load_spec
+    from vramplan.runtime.hub import resolve
+    from vramplan.runtime.inventory import load_spec
 
     source = resolve(model, revision=revision)
     if source.note:
@@ -184,7 +184,7 @@ def resolve_hardware(hardware: str | None):
     """The profile named or at a path; without --hardware, this machine's cached quick probe."""
     if hardware is not None:
         return named_profile(hardware)[0]
-    from runtime.this_machine import busy_note, this_machine
+    from vramplan.runtime.this_machine import busy_note, this_machine
 
     here = this_machine()
     if here.probed_now:
@@ -202,7 +202,7 @@ def resolve_hardware(hardware: str | None):
 
 def named_profile(name: str):
     """A profile by name or path, and its file; a name that other files of the search path share says which won."""
-    from planner.profiles import name_shadows, resolve_profile
+    from vramplan.planner.profiles import name_shadows, resolve_profile
 
     profile, path = resolve_profile(name)
     shadows = name_shadows(name)
@@ -216,7 +216,7 @@ def named_profile(name: str):
 @app.command("models")
 def models_cmd(as_json: JsonOpt = False) -> None:
     """The built-in catalog: architectures known without any download."""
-    from planner.sources import catalog_rows
+    from vramplan.planner.sources import catalog_rows
 
     rows = catalog_rows()
     if as_json:
@@ -249,10 +249,10 @@ def probe_cmd(
     import re
     from pathlib import Path
 
-    from planner.profile_yaml import profile_to_dict
-    from runtime.files import save_profile
-    from runtime.probe import probe
-    from runtime.this_machine import store_or_why
+    from vramplan.planner.profile_yaml import profile_to_dict
+    from vramplan.runtime.files import save_profile
+    from vramplan.runtime.probe import probe
+    from vramplan.runtime.this_machine import store_or_why
 
     path = _save_path(save)
     with out.status("probing this machine") as status:
@@ -278,7 +278,7 @@ def probe_cmd(
 @profiles_app.command("list")
 def profiles_list_cmd(as_json: JsonOpt = False) -> None:
     """Every profile usable by name, where it lives, and whether it validates."""
-    from planner.profiles import list_profiles, search_dirs
+    from vramplan.planner.profiles import list_profiles, search_dirs
 
     entries = list_profiles()
     if not as_json:
@@ -308,7 +308,7 @@ def profiles_show_cmd(
                                           "own).")] = False,
 ) -> None:
     """One profile in full: GPUs, host, link, overheads, calibration, notes."""
-    from planner.profile_yaml import dumps_profile, profile_to_dict
+    from vramplan.planner.profile_yaml import dumps_profile, profile_to_dict
 
     fmt = _format(as_json, as_yaml)
     profile, path = named_profile(name)
@@ -325,8 +325,8 @@ def profiles_validate_cmd(
     paths: Annotated[list[str], typer.Argument(help="Profile YAML files to check.")],
 ) -> None:
     """Check profile files strictly; exit 1 if any is invalid (one message per bad file)."""
-    from planner.errors import ProfileError
-    from planner.profile_yaml import load_profile
+    from vramplan.planner.errors import ProfileError
+    from vramplan.planner.profile_yaml import load_profile
 
     bad = 0
     for p in paths:
@@ -377,9 +377,9 @@ def plan_cmd(
                                           "(tests/data/public_gpu/records.jsonl).")] = False,
 ) -> None:
     """Will it fit, how, and how fast: quantization, KV dtype and GPU/CPU split for a target context."""
-    from planner.engines import EMIT_ENGINES, check_emit
-    from planner.engines import emit as write_for
-    from planner.engines import plan_for_engine
+    from vramplan.planner.engines import EMIT_ENGINES, check_emit
+    from vramplan.planner.engines import emit as write_for
+    from vramplan.planner.engines import plan_for_engine
 
     fmt = _format(as_json, as_yaml)
     path = _save_path(save, inputs={"--hardware": _given_files(hardware), "--model": _model_files(model)})
@@ -406,7 +406,7 @@ def plan_cmd(
     export = write_for(target, spec, hw, p) if target is not None else None
     d = p.to_dict()
     if path:
-        from runtime.files import save_data
+        from vramplan.runtime.files import save_data
 
         save_data(path, d, default="yaml")
     if export is not None:
@@ -456,11 +456,11 @@ def calibrate_cmd(
 ) -> None:
     """Run a small matrix of real runs here and fit the speed model into the profile's calibration."""
     _long_command()
-    from planner.profile_yaml import profile_to_dict
-    from planner.units import parse_context
-    from runtime.calibrate import calibrate, check_fits, load_runs, matrix_for
-    from runtime.files import save_data, save_profile
-    from runtime.this_machine import differences, this_machine_profile
+    from vramplan.planner.profile_yaml import profile_to_dict
+    from vramplan.planner.units import parse_context
+    from vramplan.runtime.calibrate import calibrate, check_fits, load_runs, matrix_for
+    from vramplan.runtime.files import save_data, save_profile
+    from vramplan.runtime.this_machine import differences, this_machine_profile
 
     out.set_mode(json=as_json)
     run_files = tuple(p.strip() for p in add_runs.split(",") if p.strip()) if add_runs else ()
@@ -492,7 +492,7 @@ def calibrate_cmd(
     for w in dropped:
         out.warn(w)
     if hw is None:
-        from runtime.probe import probe
+        from vramplan.runtime.probe import probe
 
         with out.status("probing this machine (full measurements)..."):
             hw = probe(quick=False).profile
@@ -513,11 +513,11 @@ def calibrate_cmd(
 
 
 def _calibrate_llamacpp(hw, here, models, ggufs, llama_server, prompts, new_tokens, path, runs_path, as_json):
-    from planner.profile_yaml import profile_to_dict
-    from planner.units import parse_context
-    from runtime.files import save_data, save_profile
-    from runtime.llamacpp_calibrate import DEFAULT_NEW_TOKENS, DEFAULT_PROMPTS, calibrate_llamacpp
-    from runtime.llamacpp_run import find_llama_server
+    from vramplan.planner.profile_yaml import profile_to_dict
+    from vramplan.planner.units import parse_context
+    from vramplan.runtime.files import save_data, save_profile
+    from vramplan.runtime.llamacpp_calibrate import DEFAULT_NEW_TOKENS, DEFAULT_PROMPTS, calibrate_llamacpp
+    from vramplan.runtime.llamacpp_run import find_llama_server
 
     if not ggufs or len(ggufs) != len(models):
         raise UsageError(f"--engine llama.cpp: give one --models entry per --gguf file ({len(models)} models, "
@@ -528,7 +528,7 @@ def _calibrate_llamacpp(hw, here, models, ggufs, llama_server, prompts, new_toke
     pairs = [(resolve_model(m, None)[1], f) for m, f in zip(models, ggufs)]
     server = find_llama_server(llama_server)
     if hw is None:  # the fit divides by this machine's measured bandwidth and compute
-        from runtime.probe import probe
+        from vramplan.runtime.probe import probe
 
         with out.status("probing this machine (full measurements)..."):
             hw = probe(quick=False).profile
@@ -591,8 +591,8 @@ def run_cmd(
 ) -> None:
     """Run the model as planned, stream the text, and report predicted versus measured."""
     _long_command()
-    from planner.plan import load_plan
-    from planner.search import plan
+    from vramplan.planner.plan import load_plan
+    from vramplan.planner.search import plan
 
     out.set_mode(json=as_json)
     if max_new_tokens < 1:
@@ -637,14 +637,14 @@ def run_cmd(
         if not req.kv_dtype:  # only the caches this transformers can build
             from dataclasses import replace
 
-            from runtime.kvcache import available_kv_dtypes
+            from vramplan.runtime.kvcache import available_kv_dtypes
 
             req = replace(req, kv_dtype=available_kv_dtypes())
         p = plan(spec, hw, req)
         if not p.fits:
             render.plan(p.to_dict())
             raise typer.Exit(EXIT_NOTHING_FITS)
-    from runtime.execute import execute
+    from vramplan.runtime.execute import execute
 
     # main() turns SIGTERM into KeyboardInterrupt: execute stops generating and still reports
     report = execute(p, spec, hw, source, dummy_weights=dummy_weights, prompt_text=text,
@@ -663,7 +663,7 @@ def _report_run(report, as_json: bool, path) -> None:
         out.raw("\n")
         render.run_report(d)
     if path:
-        from runtime.files import save_data
+        from vramplan.runtime.files import save_data
 
         save_data(path, d, default="json")
         out.info(f"run report saved to {path}")
@@ -674,7 +674,7 @@ def _report_run(report, as_json: bool, path) -> None:
 def _run_llamacpp(model, revision, plan_file, planning: dict, hardware, gguf, llama_server, text, prompt_tokens,
                   max_new_tokens, temperature, seed, as_json):
     """`run --engine llama.cpp`: llama.cpp's plan for the GGUF file's type, run by llama-server; the report."""
-    from runtime.llamacpp_run import find_llama_server, plan_for_file, run_llamacpp
+    from vramplan.runtime.llamacpp_run import find_llama_server, plan_for_file, run_llamacpp
 
     if gguf is None:
         raise UsageError("--engine llama.cpp runs a GGUF file: pass --gguf PATH (convert_hf_to_gguf.py's output)")
@@ -711,7 +711,7 @@ def _prompt_text(prompt: str | None, prompt_file: str | None, prompt_tokens: int
     if prompt is not None and prompt_file is not None:
         raise UsageError("give --prompt or --prompt-file, not both")
     if prompt_file is not None:
-        from planner.textfiles import read_text
+        from vramplan.planner.textfiles import read_text
 
         try:
             prompt = read_text(prompt_file)

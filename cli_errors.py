@@ -9,9 +9,9 @@ import signal
 import sys
 from typing import Any
 
-import render
-from planner.errors import VramplanError
-from render import out
+from vramplan import render
+from vramplan.planner.errors import VramplanError
+from vramplan.render import out
 
 EXIT_NOTHING_FITS = 1
 EXIT_BAD_INPUT = 2

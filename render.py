@@ -23,10 +23,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from planner.choice import experts_in_ram_text
-from planner.errors import VramplanError
-from planner.modelspec import INVENTORY_HAND_WRITTEN
-from planner.units import format_bandwidth, format_bytes, format_count, format_flops, format_tokens
+from vramplan.planner.choice import experts_in_ram_text
+from vramplan.planner.errors import VramplanError
+from vramplan.planner.modelspec import INVENTORY_HAND_WRITTEN
+from vramplan.planner.units import format_bandwidth, format_bytes, format_count, format_flops, format_tokens
 
 
 # Work predicted to take less than this gets no progress bar (it would only flash); work with no prediction, or
@@ -408,7 +408,7 @@ def _experts_where(c: dict) -> str:
     on_cpu = c["moe_layers"] if placement == "cpu" else placement
     flag = ""
     if c.get("engine") == "llama.cpp" and where:
-        from planner.engines.llamacpp_rules import n_cpu_moe
+        from vramplan.planner.engines.llamacpp_rules import n_cpu_moe
 
         flag = f" (--n-cpu-moe {n_cpu_moe(where)})"
     return f", routed experts of {experts_in_ram_text(on_cpu, c['moe_layers'], where)} in RAM{flag}"

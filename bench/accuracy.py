@@ -24,7 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+__import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when not installed
 
 # Not the calibration's matrix (qwen2.5-0.5b and llama-3.2-1b at prompts 64 and 384).
 CPU_DEFAULT = dict(models="qwen3-0.6b,gemma-2-2b", quants="bf16,quanto-int8,quanto-int4", contexts="2k",
@@ -34,9 +35,9 @@ TARGETS_GPU = {"decode_pct": 10.0, "ttft_pct": 15.0, "vram_pct": 3.0, "vram_abs_
 
 
 def run_row(model, quant, kv_dtype, context, prompt, new_tokens, hw, vram_budget, offload, gpu_layers=None) -> dict:
-    from planner.request import Request
-    from planner.units import parse_bytes, parse_context
-    from runtime.worker import RunFailed, RunJob, run_fresh
+    from vramplan.planner.request import Request
+    from vramplan.planner.units import parse_bytes, parse_context
+    from vramplan.runtime.worker import RunFailed, RunJob, run_fresh
 
     req = Request(context=parse_context(context), prompt_tokens=prompt, quant=(quant,), kv_dtype=(kv_dtype,),
                   vram_budget_bytes=parse_bytes(vram_budget) if vram_budget else None, offload=offload,
@@ -194,11 +195,11 @@ def main() -> None:
         replot(args.machine, results)
         return
 
-    from planner.profiles import resolve_profile
-    from planner.units import parse_context
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.units import parse_context
 
     hw = resolve_profile(args.hardware)[0]
-    from runtime.calibrate import versions
+    from vramplan.runtime.calibrate import versions
 
     rows: list[dict] = []
     offloaded = args.vram_budget or args.gpu_layers is not None

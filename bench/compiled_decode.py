@@ -23,13 +23,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+__import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when not installed
 
 
 def _timed_generate(model, ids, new_tokens: int, device: str, **kw) -> float:
     import torch
 
-    from runtime.measure import synchronize
+    from vramplan.runtime.measure import synchronize
 
     synchronize(device)
     t0 = time.perf_counter()
@@ -49,9 +50,9 @@ def per_token_s(model, ids, new_tokens: int, device: str, repeats: int, **kw) ->
 def measure(config: dict, quant: str, device: str, prompt: int, new_tokens: int, repeats: int, mode: str) -> dict:
     import torch
 
-    from planner.quant import SCHEMES
-    from runtime.generate import synthetic_prompt
-    from runtime.load import load_model
+    from vramplan.planner.quant import SCHEMES
+    from vramplan.runtime.generate import synthetic_prompt
+    from vramplan.runtime.load import load_model
 
     model = load_model(config, scheme=SCHEMES[quant], dummy_weights=True, device=device,
                        random_device=device if device != "cpu" else None).model
@@ -110,8 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
 
-    from planner.sources import resolve_model
-    from runtime.calibrate import versions
+    from vramplan.planner.sources import resolve_model
+    from vramplan.runtime.calibrate import versions
 
     mode = args.mode or ("default" if args.device == "cpu" else "reduce-overhead")
     config = resolve_model(args.model).config

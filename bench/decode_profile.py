@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+__import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when not installed
 TOP_OPS = 12
 
 
@@ -35,11 +36,11 @@ def profile_one(config: dict, quant: str, attn: str, device: str, prompt: int, s
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from planner.quant import KV_SCHEMES, SCHEMES
-    from runtime.generate import decode_one_token, prefill, synthetic_prompt
-    from runtime.kvcache import make_cache
-    from runtime.load import load_model
-    from runtime.measure import synchronize
+    from vramplan.planner.quant import KV_SCHEMES, SCHEMES
+    from vramplan.runtime.generate import decode_one_token, prefill, synthetic_prompt
+    from vramplan.runtime.kvcache import make_cache
+    from vramplan.runtime.load import load_model
+    from vramplan.runtime.measure import synchronize
 
     model = load_model(config, scheme=SCHEMES[quant], dummy_weights=True, device=device,
                        random_device=device if device != "cpu" else None).model
@@ -143,8 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
 
-    from planner.sources import resolve_model
-    from runtime.calibrate import versions
+    from vramplan.planner.sources import resolve_model
+    from vramplan.runtime.calibrate import versions
 
     config = resolve_model(args.model).config
     rows = []

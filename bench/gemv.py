@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+__import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when not installed
 
-from planner.units import MiB  # noqa: E402
+from vramplan.planner.units import MiB  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 STREAM_BYTES = 512 * MiB  # weight copies per shape: more than any CPU cache
@@ -31,8 +32,8 @@ STREAM_BYTES = 512 * MiB  # weight copies per shape: more than any CPU cache
 
 def shapes(model: str) -> list[tuple[str, int, int]]:
     """(name, in, out) of layer 0's linears and the lm_head."""
-    from planner.modelspec import Kind
-    from planner.sources import model_spec
+    from vramplan.planner.modelspec import Kind
+    from vramplan.planner.sources import model_spec
 
     spec = model_spec(model)
     out = [(t.name.split(".")[-2], t.shape[1], t.shape[0]) for t in spec.layer_tensors(0)

@@ -27,9 +27,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+__import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when not installed
 
-from planner.gguf import GGUF_FILE_TYPES  # noqa: E402
+from vramplan.planner.gguf import GGUF_FILE_TYPES  # noqa: E402
 
 # Small models, every dimension a multiple of 256 unless the case tests the fallback.
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+__import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout (the GPU machine installs none): in PYTHONPATH
 PY = sys.executable
 # What a device call may spend: its limit is 10 minutes; keep a margin for the wheel install and the transfers.
 DEFAULT_BUDGET_S = 560
@@ -184,7 +186,7 @@ def run_step(step: Step, work: Path, remaining_s: float) -> Record:
     if timeout_s < MIN_STEP_S:
         return Record(step.name, f"not run: {remaining_s:.0f} s left of the budget", command=command)
     log = work / f"{step.name}.log"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
     with open(log, "w") as f:
         proc = subprocess.Popen(command, shell=True, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,

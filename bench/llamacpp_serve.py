@@ -42,21 +42,21 @@ from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+__import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when not installed
 
 from gguf_golden import CONVERT_TEMPLATE, convert, llama_cpp_commit, quantize  # noqa: E402
 
-from planner.architectures import spec_from_config  # noqa: E402
-from planner.engines import llamacpp_rules as rules  # noqa: E402
-from planner.gguf import gguf_file_bytes  # noqa: E402
-from planner.engines.llamacpp import (LLAMA_CPP_BACKENDS, ServerRun, fit_llamacpp,  # noqa: E402
+from vramplan.planner.architectures import spec_from_config  # noqa: E402
+from vramplan.planner.engines import llamacpp_rules as rules  # noqa: E402
+from vramplan.planner.gguf import gguf_file_bytes  # noqa: E402
+from vramplan.planner.engines.llamacpp import (LLAMA_CPP_BACKENDS, ServerRun, fit_llamacpp,  # noqa: E402
                                       llama_server_command, plan_llamacpp)
-from planner.profile_yaml import dumps_profile  # noqa: E402
-from planner.profile_yaml import load_profile  # noqa: E402
-from planner.request import Request  # noqa: E402
-from planner.units import MiB  # noqa: E402
-from runtime.llamacpp_run import free_port, proc_memory, wait_healthy  # noqa: E402
+from vramplan.planner.profile_yaml import dumps_profile  # noqa: E402
+from vramplan.planner.profile_yaml import load_profile  # noqa: E402
+from vramplan.planner.request import Request  # noqa: E402
+from vramplan.planner.units import MiB  # noqa: E402
+from vramplan.runtime.llamacpp_run import free_port, proc_memory, wait_healthy  # noqa: E402
 
 REFERENCE = ROOT.parent / "shared" / "reference" / "hf-configs"
 # A small MoE of our own (no catalog MoE converts and runs in minutes on 2 cores): Qwen3-MoE rules.

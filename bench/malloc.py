@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+__import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when not installed
 
-from planner.units import MiB  # noqa: E402
+from vramplan.planner.units import MiB  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 
@@ -42,12 +43,12 @@ SETTINGS = {
 CHILD = r"""
 import json, sys, time
 import psutil, torch
-from planner.quant import KV_SCHEMES, SCHEMES
-from planner.sources import load_spec, resolve_model
-from runtime.generate import decode_one_token, prefill, synthetic_prompt
-from runtime.kvcache import make_cache
-from runtime.load import load_model
-from runtime.measure import PeakMemorySampler
+from vramplan.planner.quant import KV_SCHEMES, SCHEMES
+from vramplan.planner.sources import load_spec, resolve_model
+from vramplan.runtime.generate import decode_one_token, prefill, synthetic_prompt
+from vramplan.runtime.kvcache import make_cache
+from vramplan.runtime.load import load_model
+from vramplan.runtime.measure import PeakMemorySampler
 
 model, quant, kv, prompt, new_tokens, chunk = sys.argv[1:7]
 prompt, new_tokens, chunk = int(prompt), int(new_tokens), int(chunk)
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
             clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
             proc = subprocess.run([sys.executable, "-c", CHILD, args.model, args.quant, kv, str(args.prompt),
                                    str(args.new_tokens), str(args.prefill_chunk)],
-                                  env={**clean, **env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+                                  env={**clean, **env}, capture_output=True, text=True)
             row = {"kv_dtype": kv, "setting": name, "env": env, "repeat": repeat}
             if proc.returncode == 0:
                 row.update(json.loads(proc.stdout.strip().splitlines()[-1]))

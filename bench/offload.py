@@ -43,17 +43,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+__import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when not installed
 
 import torch  # noqa: E402
 
-from planner.profiles import resolve_profile  # noqa: E402
-from planner.quant import SCHEMES  # noqa: E402
-from planner.sources import resolve_model  # noqa: E402
-from runtime.generate import generate, synthetic_prompt  # noqa: E402
-from runtime.load import load_model  # noqa: E402
-from runtime.measure import free_memory  # noqa: E402
-from runtime.offload import apply_offload  # noqa: E402
+from vramplan.planner.profiles import resolve_profile  # noqa: E402
+from vramplan.planner.quant import SCHEMES  # noqa: E402
+from vramplan.planner.sources import resolve_model  # noqa: E402
+from vramplan.runtime.generate import generate, synthetic_prompt  # noqa: E402
+from vramplan.runtime.load import load_model  # noqa: E402
+from vramplan.runtime.measure import free_memory  # noqa: E402
+from vramplan.runtime.offload import apply_offload  # noqa: E402
 
 CPU_SANITY_LABEL = "CPU sanity run, not the GPU benchmark"
 TARGET_SPEEDUP = {"bnb-nf4": 3.0, "bf16": 1.5}

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+__import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when not installed
 
 RESULTS_DIR = ROOT / "bench" / "results"
 # The other process: holds `n` bytes on the GPU until killed; says "ready" once they are allocated and touched.
@@ -57,12 +58,12 @@ def main(argv=None) -> int:
 def _run(args) -> dict:
     import torch
 
-    from planner.profiles import resolve_profile
-    from planner.request import Request
-    from planner.search import plan
-    from planner.sources import load_spec, resolve_model
-    from planner.units import parse_bytes, parse_context
-    from runtime.execute import execute
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.request import Request
+    from vramplan.planner.search import plan
+    from vramplan.planner.sources import load_spec, resolve_model
+    from vramplan.planner.units import parse_bytes, parse_context
+    from vramplan.runtime.execute import execute
 
     free, total = torch.cuda.mem_get_info()
     leave = parse_bytes(args.ballast_free)

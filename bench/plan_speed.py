@@ -13,14 +13,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+__import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when not installed
 
-from planner.profiles import resolve_profile  # noqa: E402
-from planner.request import Request  # noqa: E402
-from planner.engines import plan_for_engine  # noqa: E402
-from planner.gguf import forget_tensors  # noqa: E402
-from planner.search import plan  # noqa: E402
-from planner.sources import model_spec  # noqa: E402
+from vramplan.planner.profiles import resolve_profile  # noqa: E402
+from vramplan.planner.request import Request  # noqa: E402
+from vramplan.planner.engines import plan_for_engine  # noqa: E402
+from vramplan.planner.gguf import forget_tensors  # noqa: E402
+from vramplan.planner.search import plan  # noqa: E402
+from vramplan.planner.sources import model_spec  # noqa: E402
 
 CASES = [
     ("meta-llama/Llama-3.1-405B", "128k", "h200"),
@@ -35,7 +36,7 @@ TARGET_MS = 100.0
 
 
 def main() -> None:
-    from planner.units import parse_context
+    from vramplan.planner.units import parse_context
 
     rows = []
     for model, ctx, hw_name in CASES:

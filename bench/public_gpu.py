@@ -27,16 +27,17 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+__import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when not installed
 
-from planner.choice import OffloadMode  # noqa: E402
-from planner.engines.llamacpp import plan_llamacpp  # noqa: E402
-from planner.hardware import FittedEntry, HardwareProfile, PublicFit  # noqa: E402
-from planner.profile_yaml import format_seconds_exact, load_profile, loads_profile, public_fit_to_dict  # noqa: E402,E501
-from planner.profiles import shipped_profiles_dir  # noqa: E402
-from planner.request import Request  # noqa: E402
-from planner.search import plan  # noqa: E402
-from planner.speed import compiled_scheme, estimate_compiled  # noqa: E402
+from vramplan.planner.choice import OffloadMode  # noqa: E402
+from vramplan.planner.engines.llamacpp import plan_llamacpp  # noqa: E402
+from vramplan.planner.hardware import FittedEntry, HardwareProfile, PublicFit  # noqa: E402
+from vramplan.planner.profile_yaml import format_seconds_exact, load_profile, loads_profile, public_fit_to_dict  # noqa: E402,E501
+from vramplan.planner.profiles import shipped_profiles_dir  # noqa: E402
+from vramplan.planner.request import Request  # noqa: E402
+from vramplan.planner.search import plan  # noqa: E402
+from vramplan.planner.speed import compiled_scheme, estimate_compiled  # noqa: E402
 from public_gpu_corpus import (CORPUS, ENGINES, FIT_DATE, GPUS, KNOWN_MISSES, MEMORY_TOLERANCE, MODELS,  # noqa: E402,F401
                                RESULTS, SPLIT, TARGET_MEDIAN_PCT, TARGET_WORST_PCT, Case, base_profile, decode_cases,
                                gpu_key, memory_checks, model_spec, records)

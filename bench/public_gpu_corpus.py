@@ -9,16 +9,16 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from planner.architectures import spec_from_config
-from planner.engines.llamacpp import fit_group
-from planner.hardware import GPUSpec, HardwareProfile, HostSpec, LinkSpec, Overheads
-from planner.modelspec import ModelSpec
-from planner.profile_yaml import load_profile
-from planner.profiles import shipped_profiles_dir
-from planner.request import Request
-from planner.sources import catalog_config
-from planner.speed import compiled_scheme
-from planner.units import parse_bandwidth, parse_bytes, parse_flops
+from vramplan.planner.architectures import spec_from_config
+from vramplan.planner.engines.llamacpp import fit_group
+from vramplan.planner.hardware import GPUSpec, HardwareProfile, HostSpec, LinkSpec, Overheads
+from vramplan.planner.modelspec import ModelSpec
+from vramplan.planner.profile_yaml import load_profile
+from vramplan.planner.profiles import shipped_profiles_dir
+from vramplan.planner.request import Request
+from vramplan.planner.sources import catalog_config
+from vramplan.planner.speed import compiled_scheme
+from vramplan.planner.units import parse_bandwidth, parse_bytes, parse_flops
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "public_gpu"
@@ -326,8 +326,8 @@ def memory_checks() -> list[dict]:
 def _llamacpp_memory(r: dict) -> list[dict]:
     """llama.cpp's buffers for the record's launch (main / llama-cli / llama-perplexity: one sequence, -ngl all):
     the GPU's model buffer (every layer and the output layer), the host's (token_embd), the KV and compute buffers."""
-    from planner.engines import llamacpp_rules as rules
-    from planner.units import MiB
+    from vramplan.planner.engines import llamacpp_rules as rules
+    from vramplan.planner.units import MiB
 
     spec = model_spec(r["model"])
     model = rules.gguf_model(spec, r["file_type"])
@@ -357,8 +357,8 @@ def _vllm_memory(r: dict) -> list[dict]:
     """vLLM's start-up figures from planner/engines/vllm.py's rules at the record's gpu_memory_utilization, TP and
     max_model_len: weights, the KV pool, its tokens and the concurrency it gives, the CUDA graphs, and whether it
     starts at all."""
-    from planner.engines import vllm as V
-    from planner.units import GiB
+    from vramplan.planner.engines import vllm as V
+    from vramplan.planner.units import GiB
 
     spec = model_spec(r["model"])
     key = gpu_key(r["gpu"])

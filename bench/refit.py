@@ -21,13 +21,14 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+__import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when not installed
 METRICS = ("decode_tokens_per_s", "ttft_s", "peak_vram_bytes")
 
 
 def refit(hw, run_files: list[str]):
-    from planner.calibration import fit
-    from runtime.calibrate import fastest_per_point, load_runs, versions
+    from vramplan.planner.calibration import fit
+    from vramplan.runtime.calibrate import fastest_per_point, load_runs, versions
 
     every = load_runs(tuple(run_files))
     records = fastest_per_point(every)
@@ -41,11 +42,11 @@ def refit(hw, run_files: list[str]):
 
 
 def repredict(hw, row: dict) -> dict:
-    from cli import build_request
-    from planner.search import plan
-    from planner.sources import resolve_model
-    from runtime.execute import predicted_for_run
-    from runtime.inventory import load_spec
+    from vramplan.cli import build_request
+    from vramplan.planner.search import plan
+    from vramplan.planner.sources import resolve_model
+    from vramplan.runtime.execute import predicted_for_run
+    from vramplan.runtime.inventory import load_spec
 
     spec = load_spec(resolve_model(row["model"]))
     req = build_request(row["context"], None, row["prompt_tokens"], None, row["quant"], row["kv_dtype"],
@@ -64,8 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="directory for refit.json / refit.md")
     args = ap.parse_args(argv)
 
-    from planner.profile_yaml import dumps_profile
-    from planner.profiles import resolve_profile
+    from vramplan.planner.profile_yaml import dumps_profile
+    from vramplan.planner.profiles import resolve_profile
 
     hw, warnings, n_runs, n_points = refit(resolve_profile(args.hardware)[0], args.runs.split(","))
     rows = []

@@ -24,7 +24,7 @@ TARGET_S = 0.2
 PLAN = ["cli.py", "plan", "--model", "llama-3.1-8b", "--context", "32k", "-H", "rtx-4090"]
 COMMANDS = {
     "python -c pass": ["-c", "pass"],
-    "import cli": ["-c", "import cli"],
+    "import cli": ["-c", "import vramplan.cli"],
     "vramplan plan (table)": PLAN,
     "vramplan plan --json": [*PLAN, "--json"],
     "vramplan models --json": ["cli.py", "models", "--json"],
@@ -45,9 +45,11 @@ def compile_(*a, **k):
     t = time.perf_counter(); r = _compile(*a, **k); cost["regex_s"] += time.perf_counter() - t; return r
 dataclasses._process_class, re._compile = process, compile_
 import contextlib, io
-import cli
+from vramplan import cli
 t1 = time.perf_counter()
-import planner.engines, planner.engines.compare, planner.search, render
+from vramplan import render
+from vramplan.planner import engines, search
+from vramplan.planner.engines import compare
 t2 = time.perf_counter()
 phases = {}
 def timed(mod, name):
@@ -55,8 +57,8 @@ def timed(mod, name):
     def g(*a, **k):
         t = time.perf_counter(); r = f(*a, **k); phases[key] = phases.get(key, 0) + time.perf_counter() - t; return r
     setattr(mod, name, g)
-for mod, name in ((cli, "resolve_model"), (cli, "resolve_hardware"), (planner.search, "plan"),
-                  (planner.engines.compare, "engine_rows"), (render, "plan")):
+for mod, name in ((cli, "resolve_model"), (cli, "resolve_hardware"), (search, "plan"), (compare, "engine_rows"),
+                  (render, "plan")):
     timed(mod, name)
 sys.argv = ["vramplan", *sys.argv[1:]]
 with contextlib.redirect_stdout(io.StringIO()):

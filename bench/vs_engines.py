@@ -33,8 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+__import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when not installed
 
 # bits -> (vramplan / transformers scheme, GGUF file type)
 WIDTHS = {16: ("bf16", "BF16"), 8: ("quanto-int8", "Q8_0"), 4: ("quanto-int4", "Q4_0")}
@@ -127,8 +127,8 @@ def main(argv=None) -> int:
         ap.error("llama.cpp needs --llama-cpp and --bin (or leave it out of --engines)")
 
     import llamacpp_serve as ls
-    from planner.sources import resolve_model
-    from runtime.calibrate import versions
+    from vramplan.planner.sources import resolve_model
+    from vramplan.runtime.calibrate import versions
 
     work = args.work or Path(tempfile.mkdtemp(prefix="vs-engines-"))
     work.mkdir(parents=True, exist_ok=True)

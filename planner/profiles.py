@@ -35,7 +35,7 @@ class ProfileEntry(NamedTuple):
 
 
 def shipped_profiles_dir() -> Path:
-    import profiles  # the package that holds the shipped YAML files
+    from vramplan import profiles  # the package that holds the shipped YAML files
 
     return Path(profiles.__file__).resolve().parent
 

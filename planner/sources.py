@@ -59,7 +59,7 @@ class CatalogEntry:
 
 @lru_cache(maxsize=1)
 def catalog() -> tuple[CatalogEntry, ...]:
-    index = json.loads(resources.files("planner.catalog").joinpath("index.json").read_text())
+    index = json.loads(resources.files("vramplan.planner.catalog").joinpath("index.json").read_text())
     return tuple(
         CatalogEntry(e["id"], e["file"], tuple(e.get("aliases", ())), e.get("provenance", "")) for e in index["models"]
     )
@@ -68,7 +68,7 @@ def catalog() -> tuple[CatalogEntry, ...]:
 @lru_cache(maxsize=None)
 def catalog_config(entry_id: str) -> dict:
     entry = next(e for e in catalog() if e.id == entry_id)
-    return json.loads(resources.files("planner.catalog").joinpath(entry.file).read_text())
+    return json.loads(resources.files("vramplan.planner.catalog").joinpath(entry.file).read_text())
 
 
 def catalog_rows() -> list[dict]:

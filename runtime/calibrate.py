@@ -18,15 +18,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from planner.calibration import ExpertSample, Sample, fit, fit_experts
-from planner.errors import VramplanError
-from planner.hardware import HardwareProfile
-from planner.memory import layer_costs
-from planner.quant import KV_SCHEMES, SCHEMES
-from planner.request import Request
-from planner.sources import resolve_model
-from planner.speed import decode_work, prefill_attention_flop, prefill_flop
-from runtime.inventory import load_spec  # counted as the installed transformers loads it
+from vramplan.planner.calibration import ExpertSample, Sample, fit, fit_experts
+from vramplan.planner.errors import VramplanError
+from vramplan.planner.hardware import HardwareProfile
+from vramplan.planner.memory import layer_costs
+from vramplan.planner.quant import KV_SCHEMES, SCHEMES
+from vramplan.planner.request import Request
+from vramplan.planner.sources import resolve_model
+from vramplan.planner.speed import decode_work, prefill_attention_flop, prefill_flop
+from vramplan.runtime.inventory import load_spec  # counted as the installed transformers loads it
 
 from .progress import Advance, Track, no_track
 
@@ -63,7 +63,7 @@ def matrix_for(hw: HardwareProfile, *, models: tuple[str, ...] = (), quants: tup
                prompts: tuple[int, ...] = (), new_tokens: int | None = None, repeats: int | None = None,
                kv_dtypes: tuple[str, ...] | None = None, on_gpu: bool | None = None) -> Matrix:
     """The default matrix for this machine, with what the user chose instead; bad choices are refused."""
-    from planner.sources import find_in_catalog
+    from vramplan.planner.sources import find_in_catalog
 
     if on_gpu is None:
         on_gpu = _on_gpu(hw)
@@ -118,7 +118,7 @@ def check_fits(hw: HardwareProfile, matrix: Matrix, *, named: tuple[str, ...] = 
     """Plan every point (model x scheme x prompt) against `hw` before anything is loaded. A point of a model the user
     named (`named`) that does not fit is refused (DoesNotFitError, what it needs vs has); a point of the default
     matrix drops its (model, scheme) pair with a warning. Returns the matrix to run and the warnings."""
-    from planner.search import plan
+    from vramplan.planner.search import plan
 
     if on_gpu is None:
         on_gpu = _on_gpu(hw)
@@ -186,7 +186,7 @@ def load_runs(paths: tuple[str, ...]) -> list[RunRecord]:
 
     import yaml
 
-    from planner.textfiles import read_text
+    from vramplan.planner.textfiles import read_text
 
     from .files import suffix_format
 

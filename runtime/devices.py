@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.errors import VramplanError
-from runtime.tensors import module_leaves
+from vramplan.planner.errors import VramplanError
+from vramplan.runtime.tensors import module_leaves
 
 CPU = torch.device("cpu")
 

@@ -16,10 +16,10 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from planner.quant import WeightScheme
-from runtime.modeling import attention_kwargs, decoder_layers, strict_fp32_pattern
-from runtime.quantize import backend
-from runtime.tensors import release_freed_heap
+from vramplan.planner.quant import WeightScheme
+from vramplan.runtime.modeling import attention_kwargs, decoder_layers, strict_fp32_pattern
+from vramplan.runtime.quantize import backend
+from vramplan.runtime.tensors import release_freed_heap
 
 DEFAULT_INIT_STD = 0.02  # when a config has no initializer_range
 

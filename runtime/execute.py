@@ -15,15 +15,15 @@ import time
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
-from planner.choice import ComputeDevice, OffloadMode
-from planner.errors import PlanError, VramplanError
-from planner.hardware import HardwareProfile
-from planner.modelspec import ModelSpec, context_limit
-from planner.plan import Plan, hardware_fingerprint, model_ref
-from planner.quant import KV_SCHEMES, SCHEMES
-from planner.search import assess
-from planner.search import plan as make_plan
-from planner.sources import ModelSource
+from vramplan.planner.choice import ComputeDevice, OffloadMode
+from vramplan.planner.errors import PlanError, VramplanError
+from vramplan.planner.hardware import HardwareProfile
+from vramplan.planner.modelspec import ModelSpec, context_limit
+from vramplan.planner.plan import Plan, hardware_fingerprint, model_ref
+from vramplan.planner.quant import KV_SCHEMES, SCHEMES
+from vramplan.planner.search import assess
+from vramplan.planner.search import plan as make_plan
+from vramplan.planner.sources import ModelSource
 
 from .progress import Track, no_track
 

@@ -38,7 +38,7 @@ import abc
 import torch
 from torch import nn
 
-from planner.quant import BNB_NESTED_BLOCKSIZE, WeightScheme, experts_int4_group
+from vramplan.planner.quant import BNB_NESTED_BLOCKSIZE, WeightScheme, experts_int4_group
 
 COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 # torch 2.13's CPU _weight_int8pack_mm crashes (SIGSEGV) for more than one row when in_features is not a multiple

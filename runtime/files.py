@@ -21,10 +21,10 @@ from typing import Any
 
 import yaml
 
-from planner.errors import VramplanError
-from planner.hardware import HardwareProfile
-from planner.profile_yaml import dumps_profile, profile_to_dict
-from planner.textfiles import file_kind
+from vramplan.planner.errors import VramplanError
+from vramplan.planner.hardware import HardwareProfile
+from vramplan.planner.profile_yaml import dumps_profile, profile_to_dict
+from vramplan.planner.textfiles import file_kind
 
 # The permission bits open(2) asks for when a program creates a file; the umask is taken from them (POSIX).
 NEW_FILE_MODE = 0o666

@@ -32,9 +32,9 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from planner.quant import KV_SCHEMES, KVScheme
-from runtime.kvcache import make_cache
-from runtime.measure import is_oom, synchronize
+from vramplan.planner.quant import KV_SCHEMES, KVScheme
+from vramplan.runtime.kvcache import make_cache
+from vramplan.runtime.measure import is_oom, synchronize
 
 EDGE_FRACTION = 0.10       # the share of decode steps averaged for the start / end rates
 SPECIAL_TOKEN_IDS = 11     # synthetic prompts avoid ids 0..10 (pad/bos/eos live there in most vocabularies)

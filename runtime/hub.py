@@ -41,10 +41,10 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from planner.errors import (AmbiguousModelError, CheckpointError, ConfigError, HubAccessError, HubError,
+from vramplan.planner.errors import (AmbiguousModelError, CheckpointError, ConfigError, HubAccessError, HubError,
                             HubUnreachableError, ModelNotFoundError, VramplanError)
-from planner.modelspec import canonical_dtype
-from planner.sources import (HeaderTensor, ModelSource, hf_cache_dir, index_shards, parse_safetensors_header,
+from vramplan.planner.modelspec import canonical_dtype
+from vramplan.planner.sources import (HeaderTensor, ModelSource, hf_cache_dir, index_shards, parse_safetensors_header,
                              read_config, resolve_model, safetensors_header_length, weight_files)
 
 # Seconds to wait for the hub to connect or to send the next bytes.
@@ -84,7 +84,7 @@ def resolve(name: str, *, revision: str | None = None) -> ModelSource:
 # ------------------------------------------------------------------ vramplan's cache of headers
 def header_cache_path(snapshot: Path) -> Path:
     """Where the headers of an HF-cache snapshot (…/models--{org}--{name}/snapshots/{commit}) are cached."""
-    from runtime.this_machine import cache_dir
+    from vramplan.runtime.this_machine import cache_dir
 
     return cache_dir() / "hub" / snapshot.parent.parent.name / f"{snapshot.name}.json"
 
@@ -113,7 +113,7 @@ def load_headers(path: Path) -> tuple[HeaderTensor, ...]:
 
 def save_headers(path: Path, repo: str, commit: str, files: dict[str, list[HeaderTensor]]) -> str | None:
     """Write the headers for the next (maybe offline) call; the reason when that failed, else None."""
-    from runtime.files import WriteError, save_json
+    from vramplan.runtime.files import WriteError, save_json
 
     data = {"format": HEADER_CACHE_FORMAT, "repo": repo, "commit": commit,
             "files": {f: [[t.name, t.dtype, list(t.shape), t.nbytes] for t in ts] for f, ts in files.items()}}
@@ -142,7 +142,7 @@ def from_hub(repo: str, revision: str | None, catalog_miss: str = "") -> ModelSo
 
 def hub_deadline_s() -> float:
     """HUB_DEADLINE_S, or $VRAMPLAN_HUB_DEADLINE_S (seconds > 0)."""
-    from runtime.this_machine import env_number
+    from vramplan.runtime.this_machine import env_number
 
     return env_number(HUB_DEADLINE_ENV, HUB_DEADLINE_S, unit="seconds", allow_zero=False)
 

@@ -16,13 +16,13 @@ import importlib.util
 import re
 from dataclasses import replace
 
-from planner.architectures.fp32 import FP32_DTYPE
-from planner.errors import UnsupportedArchitectureError
-from planner.generic import (CONTEXT_KEYS, HEAD_KEYS, HIDDEN_KEYS, INTERMEDIATE_KEYS, KV_HEAD_KEYS, LAYER_KEYS,
+from vramplan.planner.architectures.fp32 import FP32_DTYPE
+from vramplan.planner.errors import UnsupportedArchitectureError
+from vramplan.planner.generic import (CONTEXT_KEYS, HEAD_KEYS, HIDDEN_KEYS, INTERMEDIATE_KEYS, KV_HEAD_KEYS, LAYER_KEYS,
                              TOP_K_KEYS, classify, is_routed_expert, refuse_unmodelled_state, spec_from_tensors)
-from planner.modelspec import INVENTORY_META_DEVICE, Kind, ModelSpec, Role, TensorSpec
-from planner.sources import ModelSource
-from planner.sources import load_spec as planner_load_spec
+from vramplan.planner.modelspec import INVENTORY_META_DEVICE, Kind, ModelSpec, Role, TensorSpec
+from vramplan.planner.sources import ModelSource
+from vramplan.planner.sources import load_spec as planner_load_spec
 
 # Config attributes read through the config object (attribute_map aliases, defaults, values its __init__ derives).
 RESOLVED_KEYS = (*LAYER_KEYS, *HEAD_KEYS, *KV_HEAD_KEYS, *HIDDEN_KEYS, *INTERMEDIATE_KEYS, *CONTEXT_KEYS, *TOP_K_KEYS,
@@ -76,7 +76,7 @@ def spec_from_transformers(config: dict, name: str, source: str) -> ModelSpec:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
 
-    from runtime.modeling import config_from_dict, decoder_layers, strict_fp32_pattern
+    from vramplan.runtime.modeling import config_from_dict, decoder_layers, strict_fp32_pattern
 
     cfg = config_from_dict(config, trust_remote_code=False)
     verbosity = transformers_logging.get_verbosity()

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from transformers.cache_utils import Cache, DynamicCache, QuantizedCache
 
-from planner.errors import VramplanError
-from planner.quant import KV_SCHEMES, KVScheme
+from vramplan.planner.errors import VramplanError
+from vramplan.planner.quant import KV_SCHEMES, KVScheme
 
 # The cache backends this module builds (KVScheme.backend).
 BACKENDS = ("dynamic", "fp8", "quanto")

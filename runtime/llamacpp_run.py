@@ -24,8 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from planner.errors import VramplanError
-from planner.gguf import GGUF_FILE_TYPES
+from vramplan.planner.errors import VramplanError
+from vramplan.planner.gguf import GGUF_FILE_TYPES
 
 from .execute import DEFAULT_PROMPT_TOKENS, Metrics, RunReport
 
@@ -86,7 +86,7 @@ def _skip(f, kind: int) -> None:
 def plan_for_file(spec, hw, req, gguf: str | os.PathLike, max_new_tokens: int, *, prompt_given: bool):
     """llama.cpp's plan (planner/engines/llamacpp.py) for the GGUF file's own type; the torch runtime's synthetic prompt
     length (DEFAULT_PROMPT_TOKENS, fewer when the context is short) where neither a prompt nor a length is given."""
-    from planner.engines.llamacpp import plan_llamacpp
+    from vramplan.planner.engines.llamacpp import plan_llamacpp
 
     file_type = gguf_file_type(gguf)
     if req.quant and req.quant != (file_type,) and tuple(q.upper() for q in req.quant) != (file_type,):
@@ -135,7 +135,7 @@ def run_llamacpp(p, spec, hw, gguf: str | os.PathLike, server: Path, *, prompt_t
                  on_text: Callable[[str], None] | None = None,
                  say: Callable[[str], None] = lambda _: None) -> RunReport:
     """Start llama-server with the plan's command on `gguf`, stream one completion, stop it; the report."""
-    from planner.engines.llamacpp import llama_server_command, plan_llamacpp
+    from vramplan.planner.engines.llamacpp import llama_server_command, plan_llamacpp
 
     report, gguf = RunReport(plan=p, device="cuda" if p.choice.on_gpu else "cpu"), Path(gguf)
     n_prompt = prompt_tokens if prompt_text is None else None

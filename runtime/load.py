@@ -17,21 +17,21 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from planner.errors import (
+from vramplan.planner.errors import (
     CheckpointError,
     ConfigError,
     ModelNotFoundError,
     VramplanError,
 )
-from planner.quant import WeightScheme
-from planner.sources import read_safetensors_header, weight_files
-from runtime.devices import resolve_device
-from runtime.dummy import build_dummy
-from runtime.experts import quantize_experts
-from runtime.measure import is_oom
-from runtime.modeling import attention_kwargs, config_from_dict, config_from_dir, decoder_layers
-from runtime.quantize import backend, unsupported
-from runtime.tensors import count_tensor_bytes, release_freed_heap
+from vramplan.planner.quant import WeightScheme
+from vramplan.planner.sources import read_safetensors_header, weight_files
+from vramplan.runtime.devices import resolve_device
+from vramplan.runtime.dummy import build_dummy
+from vramplan.runtime.experts import quantize_experts
+from vramplan.runtime.measure import is_oom
+from vramplan.runtime.modeling import attention_kwargs, config_from_dict, config_from_dir, decoder_layers
+from vramplan.runtime.quantize import backend, unsupported
+from vramplan.runtime.tensors import count_tensor_bytes, release_freed_heap
 
 COMPUTE_DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from torch import nn
 from transformers import AutoConfig
 
-from planner.errors import ConfigError, UnsupportedArchitectureError
+from vramplan.planner.errors import ConfigError, UnsupportedArchitectureError
 
 
 def config_from_dict(raw: Mapping[str, Any], trust_remote_code: bool):

@@ -37,11 +37,11 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from planner.errors import VramplanError
-from runtime.modeling import decoder_layers
-from runtime.devices import CPU, move_module, resolve_device, send_to_device
-from runtime.stream import LayerStream, distinct_bytes, public_scalars
-from runtime.tensors import count_tensor_bytes, module_leaves
+from vramplan.planner.errors import VramplanError
+from vramplan.runtime.modeling import decoder_layers
+from vramplan.runtime.devices import CPU, move_module, resolve_device, send_to_device
+from vramplan.runtime.stream import LayerStream, distinct_bytes, public_scalars
+from vramplan.runtime.tensors import count_tensor_bytes, module_leaves
 
 MODES = ("stream", "cpu")
 

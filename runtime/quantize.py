@@ -17,10 +17,10 @@ import logging
 import torch
 from torch import nn
 
-from planner.errors import VramplanError
-from planner.quant import WeightScheme
-from runtime.experts import quantize_experts
-from runtime.measure import is_oom
+from vramplan.planner.errors import VramplanError
+from vramplan.planner.quant import WeightScheme
+from vramplan.runtime.experts import quantize_experts
+from vramplan.runtime.measure import is_oom
 
 
 class Backend:

@@ -21,9 +21,9 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from planner.errors import VramplanError
-from runtime.devices import bnb4_device_form, move_module
-from runtime.tensors import Leaf, is_wrapper, module_leaves, release_freed_heap
+from vramplan.planner.errors import VramplanError
+from vramplan.runtime.devices import bnb4_device_form, move_module
+from vramplan.runtime.tensors import Leaf, is_wrapper, module_leaves, release_freed_heap
 
 SLOT_COUNT = 2
 # Every tensor in a flat layer buffer starts on a multiple of this (the CUDA allocator's alignment): views stay aligned

@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.errors import ProfileError, VramplanError
-from planner.hardware import HardwareProfile
-from planner.profile_yaml import load_profile
-from planner.units import format_bytes
+from vramplan.planner.errors import ProfileError, VramplanError
+from vramplan.planner.hardware import HardwareProfile
+from vramplan.planner.profile_yaml import load_profile
+from vramplan.planner.units import format_bytes
 
 from .files import WriteError, save_profile
 from .probe.host import BUSY_NOTE_PREFIX, machine_fingerprint

@@ -15,10 +15,10 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from planner.errors import VramplanError
-from planner.hardware import HardwareProfile
-from planner.profile_yaml import profile_from_dict, profile_to_dict
-from planner.request import Request
+from vramplan.planner.errors import VramplanError
+from vramplan.planner.hardware import HardwareProfile
+from vramplan.planner.profile_yaml import profile_from_dict, profile_to_dict
+from vramplan.planner.request import Request
 
 from .execute import RunReport
 
@@ -49,7 +49,7 @@ class RunJob:
 def run_fresh(job: RunJob, *, timeout_s: float | None = None) -> RunReport:
     """`job` in a new Python process; its report, or RunFailed saying why there is none."""
     try:
-        r = subprocess.run([sys.executable, "-m", "runtime.worker"], input=json.dumps(asdict(job)), text=True,
+        r = subprocess.run([sys.executable, "-m", "vramplan.runtime.worker"], input=json.dumps(asdict(job)), text=True,
                            capture_output=True, cwd=ROOT, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise RunFailed(f"{job.model}: the run took longer than {timeout_s:g} s") from None
@@ -60,8 +60,8 @@ def run_fresh(job: RunJob, *, timeout_s: float | None = None) -> RunReport:
 
 
 def _run(job: RunJob) -> RunReport:
-    from planner.search import plan
-    from planner.sources import resolve_model
+    from vramplan.planner.search import plan
+    from vramplan.planner.sources import resolve_model
 
     from .execute import execute
     from .inventory import load_spec  # counted as the installed transformers loads it

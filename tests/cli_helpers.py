@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import cli
+from vramplan import cli
 
 # Variables a developer's shell may set that would change what a test sees.
 USER_VARIABLES = ("VRAMPLAN_PROFILES", "VRAMPLAN_DEBUG", "VRAMPLAN_PROBE_MAX_AGE_DAYS", "VRAMPLAN_HUB_DEADLINE_S")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.quant import SCHEMES
+from vramplan.planner.quant import SCHEMES
 
 # hidden 64, 2 layers, GQA 2:1 with head_dim 32 (quanto's KV groups of 64 need
 # heads x head_dim to be a multiple of 64), intermediate 256 so that a down_proj has
@@ -77,7 +77,7 @@ def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def load_tiny(tiny_checkpoints):
     """load_tiny(arch, weight_quant, compute_dtype="bf16") -> LoadedModel, each loaded once per session."""
-    from runtime.load import load_model
+    from vramplan.runtime.load import load_model
 
     cache: dict[tuple[str, str, str], object] = {}
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.architectures import SUPPORTED_MODEL_TYPES, spec_from_config
-from planner.errors import ConfigError, UnsupportedArchitectureError
-from planner.modelspec import Kind, Role
+from vramplan.planner.architectures import SUPPORTED_MODEL_TYPES, spec_from_config
+from vramplan.planner.errors import ConfigError, UnsupportedArchitectureError
+from vramplan.planner.modelspec import Kind, Role
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -334,7 +334,7 @@ def test_kv_cache_shapes_match_a_real_forward():
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
     ids = torch.randint(0, cfg.vocab_size, (1, 10))
     cache = transformers.DynamicCache(config=cfg)
-    from runtime.generate import cache_argument
+    from vramplan.runtime.generate import cache_argument
 
     with torch.inference_mode():
         model(ids, **{cache_argument(type(model)): cache}, use_cache=True)
@@ -430,7 +430,7 @@ def test_absurd_sizes_are_config_errors_naming_the_field(model_type, field, valu
 
 def test_every_size_a_builder_reads_has_a_bound(monkeypatch):
     """Adding a builder that reads an unbounded size field fails here: bound it in FIELD_MAXIMUM."""
-    from planner.architectures import config as config_module
+    from vramplan.planner.architectures import config as config_module
 
     read: set[str] = set()
     original = config_module.Cfg.int
@@ -451,8 +451,8 @@ def test_every_size_a_builder_reads_has_a_bound(monkeypatch):
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from planner.architectures.config import FIELD_MAXIMUM  # noqa: E402
-from planner.modelspec import ModelSpec  # noqa: E402
+from vramplan.planner.architectures.config import FIELD_MAXIMUM  # noqa: E402
+from vramplan.planner.modelspec import ModelSpec  # noqa: E402
 
 DELETE = object()
 JSON_VALUES = st.one_of(

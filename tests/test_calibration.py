@@ -7,13 +7,13 @@ import dataclasses
 
 import pytest
 
-from planner.calibration import RESIDUAL_WARN_PCT, Sample, fit
-from planner.hardware import MAX_EFFICIENCY
-from planner.profile_yaml import dumps_profile, loads_profile
-from planner.profiles import resolve_profile
-from planner.request import Request
-from planner.search import plan
-from planner.sources import model_spec
+from vramplan.planner.calibration import RESIDUAL_WARN_PCT, Sample, fit
+from vramplan.planner.hardware import MAX_EFFICIENCY
+from vramplan.planner.profile_yaml import dumps_profile, loads_profile
+from vramplan.planner.profiles import resolve_profile
+from vramplan.planner.request import Request
+from vramplan.planner.search import plan
+from vramplan.planner.sources import model_spec
 
 BW, PEAK = 30e9, 0.4e12
 
@@ -141,7 +141,7 @@ def test_quantized_kv_is_predicted_slower_on_a_cpu_when_its_update_costs_more():
 
 # ---------------------------------------------------------------- routed experts
 def test_fit_experts_recovers_bandwidth_and_per_call_cost():
-    from planner.calibration import ExpertSample, fit_experts
+    from vramplan.planner.calibration import ExpertSample, fit_experts
 
     bw, eff, call = 40e9, 0.6, 50e-6
     samples = [ExpertSample(device="cpu", quant="quanto-int4", bandwidth_bytes_per_s=bw, bytes_read=b * k, calls=k,
@@ -156,7 +156,7 @@ def test_fit_experts_recovers_bandwidth_and_per_call_cost():
 
 def test_moe_decode_prices_each_routed_expert_and_the_calibration_replaces_the_default():
     """Qwen3-30B-A3B on a CPU: 48 MoE layers x 8 routed experts a token; the per-call cost adds 384 calls a step."""
-    from planner.hardware import Calibration, CalibrationEntry
+    from vramplan.planner.hardware import Calibration, CalibrationEntry
 
     hw = resolve_profile("cpu-ddr5-desktop")[0]
     spec = model_spec("Qwen/Qwen3-30B-A3B")
@@ -220,7 +220,7 @@ def test_prefill_fit_tells_the_attention_kernel_from_the_matmuls():
 
 
 def test_an_unmeasurable_prefill_attention_keeps_the_default_and_stores_nothing():
-    from planner.speed import DEFAULT_PREFILL_ATTENTION_EFFICIENCY
+    from vramplan.planner.speed import DEFAULT_PREFILL_ATTENTION_EFFICIENCY
 
     # short prompts only: attention is under 3 % of the FLOPs, so the matmul efficiency is fitted with the
     # default attention efficiency taken out, and no attention entry is invented
@@ -276,9 +276,9 @@ def test_each_attention_implementation_gets_its_own_prefill_efficiency():
 
 
 def test_runs_saved_before_prefill_attention_was_counted_get_it_counted_on_load():
-    from planner.sources import model_spec
-    from planner.speed import prefill_attention_flop
-    from runtime.calibrate import RunRecord
+    from vramplan.planner.sources import model_spec
+    from vramplan.planner.speed import prefill_attention_flop
+    from vramplan.runtime.calibrate import RunRecord
 
     s = dataclasses.asdict(prefill_runs(0.6, 0.17, prompts=(2048,))[0])
     del s["prefill_attention_flops"]
@@ -333,10 +333,10 @@ def test_the_same_weights_with_eager_attention_fit_the_eager_kernel_apart():
 def test_the_warm_up_runs_at_the_shortest_timed_prompt_so_the_first_timed_prefill_is_warm(monkeypatch):
     """A GPU loads a kernel the first time a shape needs it: an 8-token warm-up left the first timed prefill cold (an
     H200 took 0.46 s for a 512-token prefill once, then 0.05 s for 2048). The warm-up runs the shortest timed prompt."""
-    import runtime.generate as generate_module
+    import vramplan.runtime.generate as generate_module
     from conftest import tiny_config_dict
-    from planner.architectures import spec_from_config
-    from runtime.calibrate import CPU_MATRIX, _run_model
+    from vramplan.planner.architectures import spec_from_config
+    from vramplan.runtime.calibrate import CPU_MATRIX, _run_model
 
     lengths = []
     real = generate_module.generate
@@ -357,7 +357,7 @@ def test_the_warm_up_runs_at_the_shortest_timed_prompt_so_the_first_timed_prefil
 def test_the_allocator_reserve_a_run_used_is_its_peak_vram_beyond_the_counted_bytes():
     """The H200's Llama-3.1-8B bnb-nf4 run: 7,298,088,960 B at its peak against 7,672,829,440 predicted with the
     default 512 MiB reserve, so 155 MiB of the reserve was used; no VRAM (a CPU run): nothing measured."""
-    from runtime.calibrate import allocator_excess
+    from vramplan.runtime.calibrate import allocator_excess
 
     assert allocator_excess(7_298_088_960, 7_672_829_440, 512 * 2**20) == 162_130_432
     assert allocator_excess(None, 7_672_829_440, 512 * 2**20) is None
@@ -368,7 +368,7 @@ def test_a_measured_allocator_reserve_replaces_the_default_and_its_note(monkeypa
     """calibrate() on a machine whose fresh runs measured the allocator's reserve (a GPU's, given here: this machine
     has none) stores it in the profile's overheads and replaces the probe's "not measured" note; the real matrix runs
     (one tiny model on the CPU)."""
-    import runtime.calibrate as calibrate_module
+    import vramplan.runtime.calibrate as calibrate_module
 
     hw = resolve_profile("cpu-ddr5-desktop")[0]
     hw = dataclasses.replace(hw, notes=hw.notes + ("allocator reserve 512.00 MiB is vramplan's default, not measured",))
@@ -387,7 +387,7 @@ def test_a_measured_allocator_reserve_replaces_the_default_and_its_note(monkeypa
 def test_runs_of_the_same_point_from_two_calls_keep_the_fastest():
     """--add-runs merges an earlier call's runs: a point measured twice keeps its fastest decode (and fastest TTFT),
     as the repeats of one call do; other points are all kept."""
-    from runtime.calibrate import RunRecord, fastest_per_point
+    from vramplan.runtime.calibrate import RunRecord, fastest_per_point
 
     def record(model, prompt, tok_s, ttft, impl="sdpa"):
         sample = dataclasses.replace(synth(1e9, 1e6, 16), decode_s_per_token=1 / tok_s, prefill_s=ttft,

@@ -138,7 +138,7 @@ LLAMA_70B_4090 = ("--model", "llama-3.1-70b", "--context", "32k", "--hardware", 
 def test_balanced_keeps_the_quality_floor_and_says_why(capsys):
     """Only Q2_K options are within 50 % of the fastest: balanced must not take Q2_K (+56 % perplexity), and the
     reasons say the floor outranked speed."""
-    from planner.request import BALANCED_MAX_QUALITY_COST_PCT
+    from vramplan.planner.request import BALANCED_MAX_QUALITY_COST_PCT
 
     code, d = plan_json(capsys, *LLAMA_70B_4090)
     assert code == 0
@@ -162,11 +162,11 @@ def test_balanced_without_an_option_above_the_floor_chooses_among_all(capsys):
 
 
 def test_balanced_floor_is_a_request_field_echoed_in_the_plan():
-    from planner.errors import PlanError
-    from planner.profiles import resolve_profile
-    from planner.request import BALANCED_MAX_QUALITY_COST_PCT, Request
-    from planner.search import plan
-    from planner.sources import model_spec
+    from vramplan.planner.errors import PlanError
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.request import BALANCED_MAX_QUALITY_COST_PCT, Request
+    from vramplan.planner.search import plan
+    from vramplan.planner.sources import model_spec
 
     with pytest.raises(PlanError, match="quality floor"):
         Request(context=4096, balanced_max_quality_cost_pct=-1)
@@ -205,8 +205,8 @@ def test_ollama_base_checkpoint_without_a_base_tag_gets_its_own_gguf(capsys):
 def test_ollama_instruct_checkpoints_get_instruct_tags():
     from dataclasses import replace
 
-    from planner.engines.ollama import LIBRARY, ollama_tag
-    from planner.sources import model_spec
+    from vramplan.planner.engines.ollama import LIBRARY, ollama_tag
+    from vramplan.planner.sources import model_spec
 
     spec = model_spec("llama-3.1-8b")
     for name, tag in [("meta-llama/Llama-3.1-8B-Instruct", "llama3.1:8b-instruct-q4_K_M"),

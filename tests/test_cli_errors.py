@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import cli
+from vramplan import cli
 from cli_helpers import assert_one_line_error, isolate, run_cli as main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import tiny_config_dict
-from planner.quant import SCHEMES
-from runtime.generate import generate, synthetic_prompt, warm_up
-from runtime.load import load_model
+from vramplan.planner.quant import SCHEMES
+from vramplan.runtime.generate import generate, synthetic_prompt, warm_up
+from vramplan.runtime.load import load_model
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def tiny_fp32():
 
 
 def test_compiled_decode_gives_the_eager_tokens(tiny_fp32):
-    from runtime.compiled import StaticDecoder
+    from vramplan.runtime.compiled import StaticDecoder
 
     prompt = synthetic_prompt(20, 512, seed=4)
     eager = generate(tiny_fp32, prompt, max_new_tokens=10, prefill_chunk=8)
@@ -32,7 +32,7 @@ def test_compiled_decode_gives_the_eager_tokens(tiny_fp32):
 
 
 def test_the_static_cache_refuses_positions_past_its_length(tiny_fp32):
-    from runtime.compiled import StaticDecoder
+    from vramplan.runtime.compiled import StaticDecoder
 
     static = StaticDecoder(tiny_fp32, max_len=8, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="holds 8 tokens"):
@@ -40,10 +40,10 @@ def test_the_static_cache_refuses_positions_past_its_length(tiny_fp32):
 
 
 def test_the_planner_prices_a_compiled_decode_without_dispatch_and_only_what_compiles():
-    from planner.profiles import resolve_profile
-    from planner.request import Request
-    from planner.search import plan
-    from planner.sources import model_spec
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.request import Request
+    from vramplan.planner.search import plan
+    from vramplan.planner.sources import model_spec
 
     spec, hw = model_spec("llama-3.1-8b"), resolve_profile("h100-sxm")[0]
     eager, compiled = (plan(spec, hw, Request(context=8192, compiled=c)) for c in (False, True))
@@ -98,10 +98,10 @@ def test_a_short_compiled_run_still_warms_up(tmp_path, capsys, monkeypatch):
 def test_the_planner_keeps_compile_on_gpu_0_of_several():
     from dataclasses import replace
 
-    from planner.profiles import resolve_profile
-    from planner.request import Request
-    from planner.search import plan
-    from planner.sources import model_spec
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.request import Request
+    from vramplan.planner.search import plan
+    from vramplan.planner.sources import model_spec
 
     h100 = resolve_profile("h100-sxm")[0]
     two = h100.replace(name="h100-x2", gpus=(replace(h100.gpus[0], count=2),))

@@ -4,14 +4,14 @@ original length it extends makes a longer context valid; one that does not (gemm
 from __future__ import annotations
 
 import pytest
-import cli
-from planner.architectures import spec_from_config
-from planner.errors import PlanError
-from planner.modelspec import context_limit
-from planner.profiles import resolve_profile
-from planner.request import Request
-from planner.search import plan
-from planner.sources import model_spec
+from vramplan import cli
+from vramplan.planner.architectures import spec_from_config
+from vramplan.planner.errors import PlanError
+from vramplan.planner.modelspec import context_limit
+from vramplan.planner.profiles import resolve_profile
+from vramplan.planner.request import Request
+from vramplan.planner.search import plan
+from vramplan.planner.sources import model_spec
 
 QWEN = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 32768,

@@ -9,16 +9,16 @@ from dataclasses import replace
 import pytest
 
 from cli_helpers import run_cli
-from planner.engines import ENGINES as REGISTRY
-from planner.engines import compare, plan_for_engine
-from planner.engines.vllm import VLLMModel, search, vllm_layout, weight_format
-from planner.engines.vllm_rules import tp_fraction
-from planner.gguf import gguf_tensors
-from planner.profiles import resolve_profile
-from planner.request import Request
-from planner.search import plan
-from planner.sources import model_spec
-from planner.speed import compiled_scheme, estimate_compiled
+from vramplan.planner.engines import ENGINES as REGISTRY
+from vramplan.planner.engines import compare, plan_for_engine
+from vramplan.planner.engines.vllm import VLLMModel, search, vllm_layout, weight_format
+from vramplan.planner.engines.vllm_rules import tp_fraction
+from vramplan.planner.gguf import gguf_tensors
+from vramplan.planner.profiles import resolve_profile
+from vramplan.planner.request import Request
+from vramplan.planner.search import plan
+from vramplan.planner.sources import model_spec
+from vramplan.planner.speed import compiled_scheme, estimate_compiled
 
 ENGINES = ["vramplan", "llama.cpp", "ollama", "vllm", "transformers"]
 H100 = resolve_profile("h100-sxm")[0]
@@ -55,7 +55,7 @@ def test_every_engine_answers_in_one_shape_and_the_fastest_is_the_largest_predic
 
 
 def test_llamacpp_row_is_llamacpps_own_plan_at_the_plans_file_type():
-    from planner.engines.llamacpp import GGUF_FOR_SCHEME, plan_llamacpp
+    from vramplan.planner.engines.llamacpp import GGUF_FOR_SCHEME, plan_llamacpp
 
     spec, hw, req, p = _plan("qwen3-30b-a3b", "rtx-3060-12gb", 32768)
     row = p.engines[1]
@@ -144,8 +144,8 @@ def test_plain_transformers_with_a_split_is_not_priced_and_with_quanto_refused()
 
 
 def test_emit_goes_through_the_registry_and_refuses_what_a_gguf_plan_cannot_feed():
-    from planner.engines import check_emit, emit
-    from planner.errors import PlanError
+    from vramplan.planner.engines import check_emit, emit
+    from vramplan.planner.errors import PlanError
 
     spec, hw, req, p = _plan("llama-3.1-8b", "rtx-4090", 8192)
     for e in REGISTRY[1:]:

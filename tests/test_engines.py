@@ -12,22 +12,22 @@ from dataclasses import replace
 
 import pytest
 
-from planner.choice import Choice, ComputeDevice, OffloadMode
-from planner.engines import emit, plan_for_engine
-from planner.engines import llamacpp_rules as rules
-from planner.engines.llamacpp import LlamaCppChoice
-from planner.engines.ollama import ollama_tag, published_file_types
-from planner.engines.vllm import VLLMModel, pp_partitions, search, weight_format
-from planner.engines.vllm_rules import LayerKV
-from planner.errors import PlanError
-from planner.gguf import GGUF_FILE_TYPES, gguf_tensors
-from planner.memory import CPUMemory, MemoryBreakdown
-from planner.plan import Candidate, Plan, hardware_ref, model_ref
-from planner.profiles import resolve_profile
-from planner.request import Request
-from planner.sources import model_spec
-from planner.speed import SpeedEstimate
-from planner.units import MiB
+from vramplan.planner.choice import Choice, ComputeDevice, OffloadMode
+from vramplan.planner.engines import emit, plan_for_engine
+from vramplan.planner.engines import llamacpp_rules as rules
+from vramplan.planner.engines.llamacpp import LlamaCppChoice
+from vramplan.planner.engines.ollama import ollama_tag, published_file_types
+from vramplan.planner.engines.vllm import VLLMModel, pp_partitions, search, weight_format
+from vramplan.planner.engines.vllm_rules import LayerKV
+from vramplan.planner.errors import PlanError
+from vramplan.planner.gguf import GGUF_FILE_TYPES, gguf_tensors
+from vramplan.planner.memory import CPUMemory, MemoryBreakdown
+from vramplan.planner.plan import Candidate, Plan, hardware_ref, model_ref
+from vramplan.planner.profiles import resolve_profile
+from vramplan.planner.request import Request
+from vramplan.planner.sources import model_spec
+from vramplan.planner.speed import SpeedEstimate
+from vramplan.planner.units import MiB
 
 RTX4090 = resolve_profile("rtx-4090")[0]
 TWO_4090 = RTX4090.replace(name="rtx-4090-x2", gpus=(replace(RTX4090.gpus[0], count=2),))
@@ -568,7 +568,7 @@ def test_export_is_the_golden_text(case, engine):
 
 
 def _assumed(export) -> list[str]:
-    from planner.engines.common import assumption_notes
+    from vramplan.planner.engines.common import assumption_notes
 
     return [n.removeprefix("assumption: ") for n in assumption_notes(export.constants)]
 
@@ -657,7 +657,7 @@ def test_llamacpp_quality_cost_is_the_perplexity_readme_delta():
 def test_llamacpp_plans_every_gguf_file_type(file_type):
     """`vramplan plan --engine llama.cpp --quant Q4_0` (llama-bench's default type) and --quant Q3_K_S crashed with a
     KeyError: every file type llama-quantize writes plans, exports, and sizes its file by planner/gguf.py's bytes."""
-    from planner.gguf import gguf_file_bytes
+    from vramplan.planner.gguf import gguf_file_bytes
 
     req = Request(context=4096, engine="llama.cpp", quant=(file_type,), kv_dtype=("f16",))
     p = plan_for_engine(LLAMA_8B, RTX4090, req)
@@ -671,7 +671,7 @@ def test_llamacpp_plans_every_gguf_file_type(file_type):
 def test_ggml_block_layouts_are_ggml_type_traits():
     """ggml/src/ggml.c type_traits: blck_size QK4_0 = QK8_0 = 32, QK_K = 256, type_size = sizeof(block_*) as the
     static_asserts of ggml/src/ggml-common.h add up (ggml_half 2 B, K_SCALE_SIZE 12)."""
-    from planner.gguf import GGML_TYPES
+    from vramplan.planner.gguf import GGML_TYPES
 
     traits = {"Q4_0": (32, 2 + 16), "Q4_1": (32, 4 + 16), "Q5_0": (32, 2 + 4 + 16), "Q5_1": (32, 4 + 4 + 16),
               "Q8_0": (32, 2 + 32), "Q2_K": (256, 4 + 16 + 64), "Q3_K": (256, 2 + 64 + 32 + 12),
@@ -712,7 +712,7 @@ def test_llamacpp_window_caches_with_many_slots():
 def test_llamacpp_prompt_processing_with_layers_in_ram_runs_on_the_gpu():
     """Op offload (ggml-backend.cpp, ggml-cuda.cu GGML_OP_OFFLOAD_MIN_BATCH 32): each ubatch of 32+ tokens runs on the
     GPU and copies the weights in RAM over the link (pageable: mmap); decode stays on the CPU."""
-    from planner.engines import llamacpp
+    from vramplan.planner.engines import llamacpp
 
     spec = model_spec("llama-3.1-70b")
     req = Request(context=8192, engine="llama.cpp", quant=("Q4_K_M",), kv_dtype=("f16",))
@@ -726,7 +726,7 @@ def test_llamacpp_prompt_processing_with_layers_in_ram_runs_on_the_gpu():
     # the GPU's share is the prompt with every layer on the GPU
     resident = replace(c, gpu_layers=80, gpu_layers_per_device=(80,), offload=OffloadMode.NONE)
     fp = llamacpp.footprint(spec, RTX4090, req, model, "f16")
-    from planner.speed import estimate
+    from vramplan.planner.speed import estimate
 
     fast_hw = llamacpp.speed_hardware(RTX4090, spec, "Q4_K_M", "f16")[0]  # the constants llama.cpp's plans use
     gpu = estimate(rules.as_run(spec), fast_hw, replace(req, prefill_chunk=512), llamacpp.SPEED_SCHEME,
@@ -763,7 +763,7 @@ def test_llamacpp_choice_names_and_ngl_with_several_gpus():
         replace(c, kv_dtype="fp8")
     with pytest.raises(PlanError, match="summing to gpu_layers"):
         replace(c, gpu_layers_per_device=(20, 19))
-    from planner.engines.llamacpp import llama_server_command
+    from vramplan.planner.engines.llamacpp import llama_server_command
 
     p = replace(CASES["two-gpus"]()[2], request=Request(context=4096, engine="llama.cpp"))
     p = replace(p, chosen=replace(p.chosen, choice=c, weight_quant=c.weight_quant, kv_dtype=c.kv_dtype))
@@ -779,7 +779,7 @@ def test_llamacpp_moe_keeps_the_fewest_experts_in_ram():
                                                kv_dtype=("f16",)))
     c = p.choice
     assert c.gpu_layers == 48 and 0 < c.expert_layers_on_cpu < 48
-    from planner.engines.llamacpp import footprint
+    from vramplan.planner.engines.llamacpp import footprint
 
     fp = footprint(spec, RTX4090, p.request, rules.gguf_model(spec, "Q8_0"), "f16")
     assert fp.pack(48, c.expert_layers_on_cpu) is not None and fp.pack(48, c.expert_layers_on_cpu - 1) is None
@@ -863,7 +863,7 @@ def test_ollama_tags_follow_the_library_convention():
 def test_ollama_from_names_the_planned_model_base_or_instruct():
     """A base (pretrained) checkpoint is never exported as a chat / instruct tag: it gets the library's -text tag, or
     its own GGUF when the library has none."""
-    from planner.engines.ollama import INSTRUCT_ONLY, LIBRARY
+    from vramplan.planner.engines.ollama import INSTRUCT_ONLY, LIBRARY
 
     instruct = ("-Instruct", "-it", "-chat", "Qwen/Qwen3-", "microsoft/phi-4", "deepseek-ai/DeepSeek-R1",
                 "deepseek-ai/DeepSeek-V3", "Phi-3-mini-4k-instruct")
@@ -888,7 +888,7 @@ def test_transformers_quanto_cannot_split_and_says_so():
 
 
 def test_emit_refuses_what_the_plan_cannot_feed():
-    from planner.engines import check_emit
+    from vramplan.planner.engines import check_emit
 
     with pytest.raises(PlanError, match="--emit vllm needs vramplan's plan"):
         check_emit("vllm", "llama.cpp")
@@ -900,7 +900,7 @@ def test_emit_refuses_what_the_plan_cannot_feed():
 def test_llamacpp_export_caps_the_prompt_cache_at_what_the_plan_leaves_free():
     """llama-server keeps finished prompts' KV state in RAM up to --cache-ram (8192 MiB by default): where the plan
     leaves less free, the command caps it there; where it leaves nothing, it is disabled."""
-    from planner.engines.llamacpp import llama_server_command
+    from vramplan.planner.engines.llamacpp import llama_server_command
 
     spec = model_spec("qwen3-0.6b")
     req = Request(context=4096, engine="llama.cpp", quant=("Q4_K_M",), kv_dtype=("f16",))
@@ -952,8 +952,8 @@ def test_ollama_modelfile_leaves_the_placement_to_llamacpp_fit():
 def test_ollama_plan_is_llamacpp_under_ollamas_launch():
     """-np numParallel: one stream of num_ctx cells per slot and one logits row per slot (llama-server's graph), not a
     unified pool with 512 logits rows; -c num_ctx x numParallel; -ub num_batch."""
-    from planner.engines import llamacpp
-    from planner.engines.ollama import OLLAMA_SERVE_RAM_ASSUMED, ollama_launch, plan_ollama
+    from vramplan.planner.engines import llamacpp
+    from vramplan.planner.engines.ollama import OLLAMA_SERVE_RAM_ASSUMED, ollama_launch, plan_ollama
 
     req = Request(context=8192, batch=4, engine="llama.cpp", quant=("Q4_K_M",), kv_dtype=("f16",))
     launch = ollama_launch(LLAMA_8B, RTX4090, req, "Q4_K_M")
@@ -985,7 +985,7 @@ def test_ollama_plan_is_llamacpp_under_ollamas_launch():
     (32768, 8500 / 1024, 11, 512),  # medium context steps down to 512 for headroom
 ])
 def test_ollama_automatic_num_batch_is_ollamas(context, predicted_gib, available_gib, want):
-    from planner.engines.ollama import auto_num_batch
+    from vramplan.planner.engines.ollama import auto_num_batch
 
     assert auto_num_batch(context, int(predicted_gib * 2**30), int(available_gib * 2**30)) == want
 
@@ -993,8 +993,8 @@ def test_ollama_automatic_num_batch_is_ollamas(context, predicted_gib, available
 def test_ollama_predicted_vram_and_gpu_choice():
     """llm.PredictServerVRAM: the GGUF's size + an f16 KV of 2 x layers x the fewest KV heads x hidden / the most heads
     x context x 2; Ollama runs a model on one GPU of several when 80 % of its free memory holds that."""
-    from planner.engines.ollama import ollama_launch, predicted_server_vram
-    from planner.gguf import gguf_file_bytes
+    from vramplan.planner.engines.ollama import ollama_launch, predicted_server_vram
+    from vramplan.planner.gguf import gguf_file_bytes
 
     size = gguf_file_bytes(LLAMA_8B, "Q4_K_M")
     assert predicted_server_vram(LLAMA_8B, size, 8192) == size + 2 * 32 * 8 * (4096 // 32) * 8192 * 2

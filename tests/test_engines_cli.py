@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import isolate, run_cli as main
-from planner.engines import emit, plan_for_engine
-from planner.profiles import resolve_profile
-from planner.request import Request
-from planner.sources import model_spec
+from vramplan.planner.engines import emit, plan_for_engine
+from vramplan.planner.profiles import resolve_profile
+from vramplan.planner.request import Request
+from vramplan.planner.sources import model_spec
 
 
 @pytest.fixture(autouse=True)

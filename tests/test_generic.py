@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import ConfigError, UnsupportedArchitectureError
-from planner.generic import attention_layouts, classify, kv_width, refuse_unmodelled_state
-from planner.modelspec import (INVENTORY_HAND_WRITTEN, INVENTORY_HEADERS, INVENTORY_META_DEVICE, Kind, Role,
+from vramplan.planner.errors import ConfigError, UnsupportedArchitectureError
+from vramplan.planner.generic import attention_layouts, classify, kv_width, refuse_unmodelled_state
+from vramplan.planner.modelspec import (INVENTORY_HAND_WRITTEN, INVENTORY_HEADERS, INVENTORY_META_DEVICE, Kind, Role,
                                TensorSpec)
-from planner.quant import SCHEMES
-from planner.sources import load_spec, resolve_model
+from vramplan.planner.quant import SCHEMES
+from vramplan.planner.sources import load_spec, resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None or
@@ -163,8 +163,8 @@ def _tiny_cases():
 @needs_torch
 @pytest.mark.parametrize("case", _tiny_cases())
 def test_meta_device_inventory_equals_the_builder(case):
-    from planner.architectures import spec_from_config
-    from runtime.inventory import spec_from_transformers
+    from vramplan.planner.architectures import spec_from_config
+    from vramplan.runtime.inventory import spec_from_transformers
     from test_architectures import tiny_config
 
     import transformers
@@ -188,8 +188,8 @@ HEADER_CASES = ["llama", "llama-tied-bias", "qwen3_moe", "qwen2_moe", "gemma2", 
 def test_header_inventory_equals_the_builder(case, tmp_path):
     """save_pretrained writes experts per expert (mixtral as w1/w2/w3, granitemoe fused under other names): the
     header path must still count what the builder counts, under every quantization scheme."""
-    from planner.generic import spec_from_headers
-    from planner.sources import apply_headers, normalized_headers, source_headers
+    from vramplan.planner.generic import spec_from_headers
+    from vramplan.planner.sources import apply_headers, normalized_headers, source_headers
     from test_architectures import tiny_config
 
     source = resolve_model(str(_save(tiny_config(case), tmp_path / case)))
@@ -235,8 +235,8 @@ def _cached_elements(model, tokens: int) -> int:
 @needs_torch
 @pytest.mark.parametrize("mt", sorted(NO_BUILDER))
 def test_models_without_a_builder_match_the_real_model(mt, tmp_path):
-    from planner.architectures import BUILDERS
-    from runtime.inventory import spec_from_transformers
+    from vramplan.planner.architectures import BUILDERS
+    from vramplan.runtime.inventory import spec_from_transformers
 
     assert mt not in BUILDERS
     model = _no_builder_model(mt)
@@ -257,7 +257,7 @@ def test_models_without_a_builder_match_the_real_model(mt, tmp_path):
 def test_models_without_a_builder_plan_end_to_end(tmp_path):
     """stablelm from its checkpoint (headers; no torch in the CLI process) and gpt_neox from its config alone
     (transformers on the meta device), each planned through the CLI."""
-    from runtime.inventory import spec_from_transformers
+    from vramplan.runtime.inventory import spec_from_transformers
 
     stablelm = tmp_path / "stablelm"
     _no_builder_model("stablelm").save_pretrained(stablelm)

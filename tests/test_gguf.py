@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-import planner.gguf as gguf
-from planner.architectures import spec_from_config
-from planner.errors import PlanError, UnsupportedArchitectureError
-from planner.gguf import (
+import vramplan.planner.gguf as gguf
+from vramplan.planner.architectures import spec_from_config
+from vramplan.planner.errors import PlanError, UnsupportedArchitectureError
+from vramplan.planner.gguf import (
     GGML_TYPES,
     GGUF_FILE_TYPES,
     fallback_type,
@@ -33,7 +33,7 @@ from planner.gguf import (
     tensor_info_bytes,
     use_more_bits,
 )
-from planner.sources import model_spec
+from vramplan.planner.sources import model_spec
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "gguf_golden.json").read_text())
 
@@ -223,7 +223,7 @@ def test_unmapped_tensor_is_named_in_the_error():
     spec = _tiny()
     from dataclasses import replace
 
-    from planner.modelspec import Kind, Role, TensorSpec
+    from vramplan.planner.modelspec import Kind, Role, TensorSpec
     odd = TensorSpec(name="model.layers.0.mlp.mystery.weight", shape=(4, 4), role=Role.MLP, kind=Kind.LINEAR, layer=0)
     with pytest.raises(UnsupportedArchitectureError, match="model.layers.0.mlp.mystery.weight"):
         gguf_tensors(replace(spec, tensors=spec.tensors + (odd,)), "Q4_K_M")

@@ -12,14 +12,15 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.errors import ProfileError
-from planner.hardware import (SCHEMA_VERSION, Calibration, CalibrationEntry, GPUSpec, HardwareProfile, HostSpec,
-                              LinkSpec, Overheads)
-from planner.profile_yaml import (dumps_profile, format_bandwidth_exact, format_bytes_exact, format_flops_exact,
-                                  format_seconds_exact, load_profile, loads_profile, profile_from_dict, profile_to_dict)
-from planner.profiles import list_profiles, resolve_profile, shipped_profiles_dir
-from planner.units import MiB, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
-from runtime.files import save_profile
+from vramplan.planner.errors import ProfileError
+from vramplan.planner.hardware import (SCHEMA_VERSION, Calibration, CalibrationEntry, GPUSpec, HardwareProfile,
+                                       HostSpec, LinkSpec, Overheads)
+from vramplan.planner.profile_yaml import (dumps_profile, format_bandwidth_exact, format_bytes_exact,
+                                           format_flops_exact, format_seconds_exact, load_profile, loads_profile,
+                                           profile_from_dict, profile_to_dict)
+from vramplan.planner.profiles import list_profiles, resolve_profile, shipped_profiles_dir
+from vramplan.planner.units import MiB, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
+from vramplan.runtime.files import save_profile
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(shipped_profiles_dir().glob("*.yaml"))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fake_hub import FakeHub, safetensors_bytes
-from planner.architectures import spec_from_config
+from vramplan.planner.architectures import spec_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_LLAMA = {
@@ -266,7 +266,7 @@ def test_no_network_is_said_fast(env):
 
 def test_a_hub_that_never_answers_times_out_in_under_10_s(env):
     """A listening socket that never answers (a black hole): the configured timeout, not huggingface_hub's none."""
-    from runtime.hub import HUB_TIMEOUT_S
+    from vramplan.runtime.hub import HUB_TIMEOUT_S
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -302,7 +302,7 @@ def test_malformed_header_is_one_line(hub, env):
 # ------------------------------------------------------------------ a server that ignores Range
 def test_a_server_that_ignores_range_still_sends_no_weights(hub):
     """A 200 with the whole file instead of a 206: the client takes the header's bytes and hangs up."""
-    from runtime.hub import remote_header
+    from vramplan.runtime.hub import remote_header
 
     tensors = {"w": ("BF16", (4096, 2560))}  # 20 MiB of data behind a short header
     data, n = safetensors_bytes(tensors)
@@ -322,7 +322,7 @@ PLANNER_ONLY = """
 import sys, time
 sys.modules['torch'] = None; sys.modules['transformers'] = None  # the planner-only install: neither importable
 t0 = time.perf_counter()
-import cli
+from vramplan import cli
 try:
     cli.main(sys.argv[1:])
 except SystemExit as e:

@@ -156,8 +156,8 @@ def test_other_flags_say_why(capsys, flag, value, says):
 
 
 def test_parsers_refuse_nan_inf_and_absurd_values():
-    from planner.errors import UnitError
-    from planner.units import (
+    from vramplan.planner.errors import UnitError
+    from vramplan.planner.units import (
         parse_bandwidth,
         parse_flops,
         parse_fraction,
@@ -178,7 +178,7 @@ def test_parsers_refuse_nan_inf_and_absurd_values():
 
 
 def test_a_profile_quantity_beyond_any_machine_names_its_key(capsys, tmp_path):
-    from planner.profiles import shipped_profiles_dir
+    from vramplan.planner.profiles import shipped_profiles_dir
 
     text = (shipped_profiles_dir() / "rtx-4090.yaml").read_text()
     bad = tmp_path / "big.yaml"
@@ -192,7 +192,7 @@ def test_a_profile_quantity_beyond_any_machine_names_its_key(capsys, tmp_path):
 def profile_dict(**changes) -> dict:
     import yaml
 
-    from planner.profiles import shipped_profiles_dir
+    from vramplan.planner.profiles import shipped_profiles_dir
 
     d = yaml.safe_load((shipped_profiles_dir() / "rtx-4090.yaml").read_text())
     d.update(changes)
@@ -208,7 +208,7 @@ def write_profile(path, **changes):
 
 
 def test_more_gpus_than_one_machine_holds_are_refused_with_the_key(capsys, tmp_path):
-    from planner.hardware import MAX_GPUS_PER_PROFILE
+    from vramplan.planner.hardware import MAX_GPUS_PER_PROFILE
 
     base = profile_dict()
     gpu = base["gpus"][0]

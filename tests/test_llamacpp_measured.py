@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from planner.architectures import spec_from_config
-from planner.engines import llamacpp_rules as rules
-from planner.engines.llamacpp import (LLAMA_CPP_BACKENDS, SPEED_LABEL, ServerRun, fit_llamacpp, llama_server_command,
-                                      plan_llamacpp, speed_hardware, with_llamacpp_calibration)
-from planner.profile_yaml import load_profile
-from planner.request import Request
-from planner.units import MiB
+from vramplan.planner.architectures import spec_from_config
+from vramplan.planner.engines import llamacpp_rules as rules
+from vramplan.planner.engines.llamacpp import (LLAMA_CPP_BACKENDS, SPEED_LABEL, ServerRun, fit_llamacpp,
+                                               llama_server_command, plan_llamacpp, speed_hardware,
+                                               with_llamacpp_calibration)
+from vramplan.planner.profile_yaml import load_profile
+from vramplan.planner.request import Request
+from vramplan.planner.units import MiB
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = json.loads((ROOT / "bench" / "results" / "llamacpp-serve-cpu-dev.json").read_text())
@@ -150,7 +151,7 @@ def test_calibrated_speed_on_the_runs_it_was_fitted_to(name):
 
 
 def test_a_gpu_profile_says_its_gpu_has_no_llamacpp_entries():
-    from planner.profiles import resolve_profile
+    from vramplan.planner.profiles import resolve_profile
 
     gpu = replace(resolve_profile("rtx-4090")[0], calibration=HW.calibration)
     spec = _case("qwen3-0.6b-q4km-f16")[1]

@@ -11,8 +11,8 @@ import struct
 import pytest
 
 from cli_helpers import assert_one_line_error, isolate, run_cli
-from planner.errors import VramplanError
-from runtime.llamacpp_run import gguf_file_type
+from vramplan.planner.errors import VramplanError
+from vramplan.runtime.llamacpp_run import gguf_file_type
 
 
 def _string(s: str) -> bytes:
@@ -93,9 +93,9 @@ def test_a_real_llama_server_run_reports_predicted_and_measured(tmp_path, monkey
 
 
 def test_calibrate_with_llamacpp_checks_its_inputs_before_any_server(tmp_path, monkeypatch, capsys):
-    from planner.profiles import resolve_profile
-    from planner.sources import model_spec
-    from runtime.llamacpp_calibrate import calibrate_llamacpp
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.sources import model_spec
+    from vramplan.runtime.llamacpp_calibrate import calibrate_llamacpp
 
     isolate(tmp_path, monkeypatch)
     write_gguf(tmp_path / "m.gguf", 2)
@@ -123,10 +123,10 @@ def test_calibrate_with_llamacpp_checks_its_inputs_before_any_server(tmp_path, m
                     reason="needs a built llama-server ($VRAMPLAN_LLAMA_SERVER) and a GGUF file ($VRAMPLAN_TEST_GGUF, "
                            "converted from $VRAMPLAN_TEST_GGUF_MODEL)")
 def test_calibrate_with_a_real_llama_server_fits_what_llamacpp_plans_then_use(tmp_path, monkeypatch, capsys):
-    from planner.engines.llamacpp import plan_llamacpp
-    from planner.profile_yaml import loads_profile
-    from planner.request import Request
-    from planner.sources import model_spec
+    from vramplan.planner.engines.llamacpp import plan_llamacpp
+    from vramplan.planner.profile_yaml import loads_profile
+    from vramplan.planner.request import Request
+    from vramplan.planner.sources import model_spec
 
     gguf, model = os.environ["VRAMPLAN_TEST_GGUF"], os.environ.get("VRAMPLAN_TEST_GGUF_MODEL", "qwen2.5-0.5b")
     server = os.environ["VRAMPLAN_LLAMA_SERVER"]

@@ -16,10 +16,10 @@ import pytest
 
 from cli_helpers import assert_one_line_error, isolate, run_cli as main
 from fake_hub import FakeHub
-from planner.profile_yaml import load_profile
-from planner.sources import load_spec, resolve_model
-from runtime import this_machine
-from runtime.calibrate import CPU_MATRIX, DoesNotFitError, Matrix, check_fits, point_request
+from vramplan.planner.profile_yaml import load_profile
+from vramplan.planner.sources import load_spec, resolve_model
+from vramplan.runtime import this_machine
+from vramplan.runtime.calibrate import CPU_MATRIX, DoesNotFitError, Matrix, check_fits, point_request
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,8 +89,8 @@ def test_check_fits_keeps_what_fits_and_drops_an_auto_point_that_does_not():
 
 def test_a_calibration_point_on_a_gpu_must_hold_every_layer_there():
     """calibrate loads the whole model on the GPU: a point fits only if it fits there, not by offloading."""
-    from planner.profiles import resolve_profile
-    from planner.search import plan
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.search import plan
 
     hw = resolve_profile("rtx-3060-12gb")[0]
     spec = load_spec(resolve_model("llama-3.1-8b"))
@@ -151,7 +151,7 @@ def test_a_profile_saved_here_is_this_machine_and_others_are_not(capsys, tmp_pat
 
 
 def _gib(n: int) -> str:
-    from planner.units import format_bytes
+    from vramplan.planner.units import format_bytes
 
     return format_bytes(n)
 

@@ -15,15 +15,15 @@ from dataclasses import replace
 import pytest
 
 from cli_helpers import isolate, run_cli as main
-from planner.architectures import spec_from_config
-from planner.architectures.fp32 import VERIFIED_TRANSFORMERS
-from planner.engines.llamacpp_rules import as_run
-from planner.memory import SDPA_MATH_KV_FP32_COPIES, SDPA_MATH_SCORE_FP32_COPIES, layer_costs, workspace_bytes
-from planner.profile_yaml import profile_from_dict
-from planner.quant import KV_SCHEMES, SCHEMES
-from planner.request import Request
-from planner.search import plan
-from planner.speed import decode_work, estimate, prefill_expand_flop_per_layer
+from vramplan.planner.architectures import spec_from_config
+from vramplan.planner.architectures.fp32 import VERIFIED_TRANSFORMERS
+from vramplan.planner.engines.llamacpp_rules import as_run
+from vramplan.planner.memory import SDPA_MATH_KV_FP32_COPIES, SDPA_MATH_SCORE_FP32_COPIES, layer_costs, workspace_bytes
+from vramplan.planner.profile_yaml import profile_from_dict
+from vramplan.planner.quant import KV_SCHEMES, SCHEMES
+from vramplan.planner.request import Request
+from vramplan.planner.search import plan
+from vramplan.planner.speed import decode_work, estimate, prefill_expand_flop_per_layer
 
 # A small DeepSeek-V3: 4 heads, q_lora 24, kv_lora 32, qk_nope 16, qk_rope 8, v 12; layer 0 dense, 1-2 MoE (8 experts).
 DS3 = {"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
@@ -214,7 +214,7 @@ def test_planned_fp32_tensors_are_the_ones_the_installed_transformers_holds(mode
     from_pretrained) holds exactly the tensors the rule marks, for the installed version, and the planned bytes."""
     import transformers
 
-    from runtime.load import load_model
+    from vramplan.runtime.load import load_model
 
     config = _tiny_config(model_type)
     spec = spec_from_config(config, name=model_type, transformers_version=transformers.__version__)
@@ -228,7 +228,7 @@ def test_a_loaded_checkpoint_holds_what_the_dummy_build_holds(tmp_path):
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from runtime.load import load_model
+    from vramplan.runtime.load import load_model
 
     config = _tiny_config("deepseek_v3")
     values = dict(config)
@@ -260,10 +260,10 @@ def test_inspect_names_the_transformers_version_and_the_expansion(tmp_path, caps
 PREFILL_RSS = """
 import json, resource, sys
 import torch
-from planner.quant import KV_SCHEMES, SCHEMES
-from runtime.generate import prefill, synthetic_prompt
-from runtime.kvcache import make_cache
-from runtime.load import load_model
+from vramplan.planner.quant import KV_SCHEMES, SCHEMES
+from vramplan.runtime.generate import prefill, synthetic_prompt
+from vramplan.runtime.kvcache import make_cache
+from vramplan.runtime.load import load_model
 
 config, tokens, chunk = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 model = load_model(config, scheme=SCHEMES["bf16"], dummy_weights=True).model
@@ -309,7 +309,7 @@ def test_the_installed_transformers_version_is_read_without_importing_it():
 
     import transformers
 
-    from runtime.inventory import installed_transformers_version
+    from vramplan.runtime.inventory import installed_transformers_version
 
     root = Path(__file__).resolve().parents[1]
     assert installed_transformers_version() == transformers.__version__

@@ -32,13 +32,13 @@ import pytest
 import torch
 
 from conftest import TINY_COMMON, save_tiny_model
-from planner.architectures import spec_from_config
-from planner.modelspec import Kind
-from planner.quant import SCHEMES
-from runtime.experts import QuantizedExperts, QuantizedRowExperts, quantize_experts
-from runtime.generate import synthetic_prompt
-from runtime.load import load_model
-from runtime.tensors import count_tensor_bytes, module_leaves
+from vramplan.planner.architectures import spec_from_config
+from vramplan.planner.modelspec import Kind
+from vramplan.planner.quant import SCHEMES
+from vramplan.runtime.experts import QuantizedExperts, QuantizedRowExperts, quantize_experts
+from vramplan.runtime.generate import synthetic_prompt
+from vramplan.runtime.load import load_model
+from vramplan.runtime.tensors import count_tensor_bytes, module_leaves
 
 QUANTIZED = ["bnb-int8", "bnb-nf4", "bnb-nf4-dq", "bnb-fp4", "bnb-fp4-dq", "quanto-int8", "quanto-int4"]
 MOE = dict(num_experts_per_tok=2)
@@ -148,7 +148,7 @@ def test_expert_nbytes_is_one_experts_share_of_the_plan(quant):
 
 def _library_tensors(quant: str, weight: torch.Tensor) -> dict[str, torch.Tensor]:
     """The tensors the library's own Linear layer holds for the same [out, in] matrix, by our buffer names."""
-    from runtime.quantize import backend
+    from vramplan.runtime.quantize import backend
 
     scheme = SCHEMES[quant]
     linear = torch.nn.Sequential(torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype))
@@ -339,7 +339,7 @@ def test_llama4_router_keeps_its_class_and_the_model_runs(moe_checkpoints, quant
 def test_offload_engine_streams_and_clones_quantized_experts():
     """The offload engine packs each offloaded layer, experts included, into one buffer and clones a layer for its
     slots: logits stay bit-identical to the model's own (device=cpu: the same code, plain copies)."""
-    from runtime.offload import apply_offload
+    from vramplan.runtime.offload import apply_offload
 
     model = load_model({**moe_config("mixtral"), "num_hidden_layers": 3}, scheme=SCHEMES["bnb-nf4"],
                        dummy_weights=True).model
@@ -388,9 +388,9 @@ def test_dummy_build_quantizes_experts_layer_by_layer():
     script = f"""
 import json, sys
 sys.path[:0] = [{str(root)!r}, {str(root / "tests")!r}]
-from planner.quant import SCHEMES
-from runtime.load import load_model
-from runtime.measure import PeakMemorySampler
+from vramplan.planner.quant import SCHEMES
+from vramplan.runtime.load import load_model
+from vramplan.runtime.measure import PeakMemorySampler
 config = json.loads({json.dumps(json.dumps(config))})
 warm = json.loads({json.dumps(json.dumps(moe_config("qwen3_moe")))})
 load_model(warm, scheme=SCHEMES["quanto-int4"], dummy_weights=True)  # imports, first calls
@@ -439,9 +439,9 @@ def test_experts_move_between_cpu_and_cuda_as_a_whole(quant):
 def test_the_calibration_times_routed_experts_per_scheme():
     """`vramplan calibrate`'s experts micro-benchmark: both expert sizes x both k, bytes = k x one expert's bytes as
     the quantized module holds them, and a fit with a positive per-call cost and an efficiency within (0, 1]."""
-    from planner.calibration import fit_experts
-    from planner.profiles import resolve_profile
-    from runtime.calibrate import EXPERT_SHAPES, EXPERT_TOP_K, measure_experts
+    from vramplan.planner.calibration import fit_experts
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.runtime.calibrate import EXPERT_SHAPES, EXPERT_TOP_K, measure_experts
 
     hw = resolve_profile("cpu-ddr5-desktop")[0]
     samples, warnings = measure_experts(hw, ("quanto-int4",), "cpu")

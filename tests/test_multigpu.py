@@ -11,12 +11,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli import app
-from planner.choice import OffloadMode
-from planner.profiles import resolve_profile
-from planner.request import Request
-from planner.search import assess, plan
-from planner.sources import model_spec
+from vramplan.cli import app
+from vramplan.planner.choice import OffloadMode
+from vramplan.planner.profiles import resolve_profile
+from vramplan.planner.request import Request
+from vramplan.planner.search import assess, plan
+from vramplan.planner.sources import model_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from conftest import save_tiny_model, tiny_config
-from planner.errors import VramplanError
-from runtime.generate import first_logits, generate, synthetic_prompt
-from planner.quant import SCHEMES
-from runtime.load import load_model
-from runtime.tensors import count_tensor_bytes
-from runtime.offload import OffloadedLayer, apply_offload
+from vramplan.planner.errors import VramplanError
+from vramplan.runtime.generate import first_logits, generate, synthetic_prompt
+from vramplan.planner.quant import SCHEMES
+from vramplan.runtime.load import load_model
+from vramplan.runtime.tensors import count_tensor_bytes
+from vramplan.runtime.offload import OffloadedLayer, apply_offload
 
 ARCHS = ("llama", "qwen2", "gemma2")  # untied embeddings (llama, qwen2 with q/k/v biases), tied + sliding window
 QUANTS = ("bf16", "bnb-nf4", "bnb-int8")
@@ -376,7 +376,7 @@ def test_bnb4_cpu_packed_layer_bound_for_cuda_gets_the_cuda_layout_back(double_q
     import bitsandbytes.functional as F
     from bitsandbytes.functional import _convert_weight_packed_for_cpu
 
-    from runtime.stream import bnb4_device_form
+    from vramplan.runtime.stream import bnb4_device_form
 
     torch.manual_seed(0)
     layer = torch.nn.Sequential(bnb.nn.Linear4bit(256, 128, bias=False, compute_dtype=torch.bfloat16,

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planner.architectures import spec_from_config
-from planner.errors import PlanError
-from planner.profile_yaml import profile_from_dict
-from planner.memory import layer_costs, workspace_bytes
-from planner.plan import Plan
-from planner.profiles import resolve_profile
-from planner.quant import KV_SCHEMES, SCHEMES
-from planner.request import Request
-from planner.search import plan
-from planner.sources import model_spec
-from planner.units import GiB
+from vramplan.planner.architectures import spec_from_config
+from vramplan.planner.errors import PlanError
+from vramplan.planner.profile_yaml import profile_from_dict
+from vramplan.planner.memory import layer_costs, workspace_bytes
+from vramplan.planner.plan import Plan
+from vramplan.planner.profiles import resolve_profile
+from vramplan.planner.quant import KV_SCHEMES, SCHEMES
+from vramplan.planner.request import Request
+from vramplan.planner.search import plan
+from vramplan.planner.sources import model_spec
+from vramplan.planner.units import GiB
 
 ROOT = Path(__file__).resolve().parents[1]
 

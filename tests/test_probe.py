@@ -13,11 +13,11 @@ import psutil
 import pynvml
 import pytest
 
-from planner.profile_yaml import dumps_profile, load_profile, loads_profile, profile_from_dict, profile_to_dict
-from planner.units import GiB, MiB
-from runtime import probe as probe_mod
-from runtime.probe import core as probe_core
-from runtime.probe import (
+from vramplan.planner.profile_yaml import dumps_profile, load_profile, loads_profile, profile_from_dict, profile_to_dict
+from vramplan.planner.units import GiB, MiB
+from vramplan.runtime import probe as probe_mod
+from vramplan.runtime.probe import core as probe_core
+from vramplan.runtime.probe import (
     HostReading,
     MigDevice,
     NvmlGpu,
@@ -443,7 +443,7 @@ def test_quick_probe_imports_no_torch_and_is_fast(tmp_path):
 
 
 def test_this_machine_profile_is_cached(tmp_path, monkeypatch):
-    from runtime import this_machine as profiles
+    from vramplan.runtime import this_machine as profiles
 
     monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path))
     first = profiles.this_machine_profile()

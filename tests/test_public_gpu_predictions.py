@@ -23,10 +23,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import public_gpu as pg  # noqa: E402
 
-from planner.profiles import resolve_profile  # noqa: E402
-from planner.request import Request  # noqa: E402
-from planner.search import plan  # noqa: E402
-from planner.sources import model_spec  # noqa: E402
+from vramplan.planner.profiles import resolve_profile  # noqa: E402
+from vramplan.planner.request import Request  # noqa: E402
+from vramplan.planner.search import plan  # noqa: E402
+from vramplan.planner.sources import model_spec  # noqa: E402
 
 CHECKS = pg.memory_checks()
 

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from planner.architectures import spec_from_config
-from planner.quant import SCHEMES
+from vramplan.planner.architectures import spec_from_config
+from vramplan.planner.quant import SCHEMES
 
 pytest.importorskip("torch")
 

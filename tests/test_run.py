@@ -16,12 +16,12 @@ import yaml
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from planner.errors import PlanError, VramplanError  # noqa: E402
-from planner.profiles import resolve_profile  # noqa: E402
-from planner.request import Request  # noqa: E402
-from planner.search import plan  # noqa: E402
-from planner.sources import load_spec, resolve_model  # noqa: E402
-from runtime.execute import RunReport, execute  # noqa: E402
+from vramplan.planner.errors import PlanError, VramplanError  # noqa: E402
+from vramplan.planner.profiles import resolve_profile  # noqa: E402
+from vramplan.planner.request import Request  # noqa: E402
+from vramplan.planner.search import plan  # noqa: E402
+from vramplan.planner.sources import load_spec, resolve_model  # noqa: E402
+from vramplan.runtime.execute import RunReport, execute  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HW = "cpu-ddr5-desktop"  # a CPU-only profile: plans run on this machine's CPU whatever it is
@@ -92,7 +92,7 @@ def test_run_quantized_on_cpu_agrees_with_bf16(tiny_dirs, reference, quant):
 
 
 def test_an_interrupted_run_keeps_what_it_measured(tiny_dirs, monkeypatch):
-    from runtime import execute as ex
+    from vramplan.runtime import execute as ex
 
     real = ex._Streamer.push
     seen = []
@@ -112,9 +112,9 @@ def test_an_interrupted_run_keeps_what_it_measured(tiny_dirs, monkeypatch):
 
 
 def test_the_context_is_enforced_before_loading(tiny_dirs, monkeypatch):
-    import runtime.load
+    from vramplan.runtime import load
 
-    monkeypatch.setattr(runtime.load, "load_model", lambda *a, **k: pytest.fail("loaded despite the context"))
+    monkeypatch.setattr(load, "load_model", lambda *a, **k: pytest.fail("loaded despite the context"))
     with pytest.raises(VramplanError, match="more than the plan's context of 64"):
         run_here(tiny_dirs["llama"], context=64, prompt_tokens=80)
     with pytest.raises(VramplanError, match=r"plus 100000 new tokens exceed the plan's context"):
@@ -123,8 +123,8 @@ def test_the_context_is_enforced_before_loading(tiny_dirs, monkeypatch):
 
 def test_oom_replans_with_a_lower_budget():
     """The OOM path, without a GPU: a plan for a 24 GiB card and a peak that overshot it."""
-    from planner.sources import model_spec
-    from runtime.execute import Measured, _replan_after_oom
+    from vramplan.planner.sources import model_spec
+    from vramplan.runtime.execute import Measured, _replan_after_oom
 
     spec = model_spec("llama-3.1-8b")
     hw = resolve_profile("rtx-4090")[0]
@@ -236,7 +236,7 @@ def test_cli_refusals_are_one_line_exit_2(tiny_dirs, tmp_path, args):
 
 
 def test_load_plan_refuses_what_cannot_run(tmp_path):
-    from planner.plan import load_plan
+    from vramplan.planner.plan import load_plan
 
     (tmp_path / "deep.yaml").write_text("[" * 5000 + "]" * 5000)
     (tmp_path / "dup.yaml").write_text("schema_version: 1\nschema_version: 1\n")

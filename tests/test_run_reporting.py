@@ -24,14 +24,14 @@ import yaml
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import render  # noqa: E402
+from vramplan import render  # noqa: E402
 from cli_helpers import isolate  # noqa: E402
-from planner.profiles import resolve_profile  # noqa: E402
-from planner.request import Request  # noqa: E402
-from planner.search import plan  # noqa: E402
-from planner.sources import load_spec, resolve_model  # noqa: E402
-from runtime.execute import RunReport, execute  # noqa: E402
-from runtime.generate import EDGE_FRACTION  # noqa: E402
+from vramplan.planner.profiles import resolve_profile  # noqa: E402
+from vramplan.planner.request import Request  # noqa: E402
+from vramplan.planner.search import plan  # noqa: E402
+from vramplan.planner.sources import load_spec, resolve_model  # noqa: E402
+from vramplan.runtime.execute import RunReport, execute  # noqa: E402
+from vramplan.runtime.generate import EDGE_FRACTION  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HW = "cpu-ddr5-desktop"  # a CPU-only profile: plans run on this machine's CPU whatever it is

@@ -29,13 +29,13 @@ import pytest
 import torch
 
 from conftest import FULL_ATTENTION_ARCHS, TINY_ARCHS, tiny_config, tiny_config_dict
-from planner.errors import CheckpointError, VramplanError
-from runtime.generate import cache_argument, first_logits, generate, synthetic_prompt, warm_up
-from runtime.kvcache import make_cache
-from planner.quant import KV_SCHEMES, SCHEMES
-from runtime.load import _device_map_for, load_model, offload_device_map
-from runtime.tensors import count_tensor_bytes
-from runtime.measure import PeakMemorySampler, Timer
+from vramplan.planner.errors import CheckpointError, VramplanError
+from vramplan.runtime.generate import cache_argument, first_logits, generate, synthetic_prompt, warm_up
+from vramplan.runtime.kvcache import make_cache
+from vramplan.planner.quant import KV_SCHEMES, SCHEMES
+from vramplan.runtime.load import _device_map_for, load_model, offload_device_map
+from vramplan.runtime.tensors import count_tensor_bytes
+from vramplan.runtime.measure import PeakMemorySampler, Timer
 
 ARCHS = tuple(TINY_ARCHS)
 PROMPT = synthetic_prompt(32, 512, seed=1)
@@ -178,7 +178,7 @@ def test_dummy_weights_are_seeded_and_gemma3_builds_its_text_model():
 def test_dummy_values_drawn_in_chunks_fill_every_element_from_the_seeded_stream(monkeypatch):
     """A GPU-drawn build fills each CPU tensor chunk by chunk (chunk boundaries inside a tensor and a short last
     chunk). Driven here on the CPU's generator, where one draw in chunks must equal one whole draw of the stream."""
-    import runtime.dummy as dummy
+    import vramplan.runtime.dummy as dummy
 
     monkeypatch.setattr(dummy, "RANDOM_CHUNK", 1000)
     t = torch.zeros(37, 101, dtype=torch.bfloat16)
@@ -463,7 +463,7 @@ def test_checkpoint_missing_tensors_is_a_checkpoint_error(tiny_checkpoints, tmp_
 
 
 def test_a_bnb_failure_on_this_device_is_a_one_line_vramplan_error(monkeypatch):
-    import runtime.quantize as quantize
+    import vramplan.runtime.quantize as quantize
 
     def no_kernel(*args, **kwargs):
         raise RuntimeError("no kernel for int8 matmul on this CPU\ndetails...")
@@ -523,9 +523,9 @@ sys.path.insert(0, sys.argv[1] + "/tests")
 import optimum.quanto  # noqa
 from conftest import tiny_config
 from transformers import AutoModelForCausalLM
-from planner.quant import KV_SCHEMES
-from runtime.generate import generate, synthetic_prompt
-from runtime.kvcache import use_pure_torch_quanto_unpack
+from vramplan.planner.quant import KV_SCHEMES
+from vramplan.runtime.generate import generate, synthetic_prompt
+from vramplan.runtime.kvcache import use_pure_torch_quanto_unpack
 torch.manual_seed(0)
 model = AutoModelForCausalLM.from_config(tiny_config("llama"), dtype=torch.bfloat16).eval()
 prompt = synthetic_prompt(140, 512, seed=5)
@@ -559,7 +559,7 @@ print(json.dumps({"ok": ok, "ours": any(l.startswith("CPU:") and "runtime/kvcach
     (ValueError("out of memory"), False),  # only runtime errors carry allocator messages
 ])
 def test_is_oom_tells_memory_from_bugs(error, oom):
-    from runtime.measure import is_oom
+    from vramplan.runtime.measure import is_oom
 
     assert is_oom(error) is oom
 

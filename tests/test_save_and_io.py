@@ -252,9 +252,9 @@ def test_a_plan_saved_as_json_runs_and_a_run_report_saves_as_yaml(capsys, tmp_pa
 
 
 def test_a_profile_saved_as_json_reads_back(capsys, tmp_path):
-    from planner.profile_yaml import load_profile, profile_to_dict
-    from planner.profiles import resolve_profile
-    from runtime.files import save_profile
+    from vramplan.planner.profile_yaml import load_profile, profile_to_dict
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.runtime.files import save_profile
 
     profile = resolve_profile(HW)[0]
     save_profile(profile, tmp_path / "box.json")
@@ -266,9 +266,9 @@ def test_a_profile_saved_as_json_reads_back(capsys, tmp_path):
 
 @pytest.mark.parametrize("name", ["runs.json", "runs.yaml", "runs.data"])
 def test_saved_runs_read_back_in_the_format_their_suffix_names(tmp_path, name):
-    from planner.calibration import Sample
-    from runtime.calibrate import RunRecord, load_runs
-    from runtime.files import save_data
+    from vramplan.planner.calibration import Sample
+    from vramplan.runtime.calibrate import RunRecord, load_runs
+    from vramplan.runtime.files import save_data
 
     sample = Sample(device="cpu", backend="torch", quant="bf16", bandwidth_bytes_per_s=5e10, peak_flops=1e12,
                     bytes_read_per_token=1e9, kv_bytes_per_token=1e6, attention_flops_per_token=1e6,
@@ -340,8 +340,8 @@ def test_stdout_closed_after_the_first_line_ends_quietly_with_0():
 SIGNAL_HOOK = """
 import os, signal, sys, threading
 sys.path.insert(0, os.getcwd())
-import cli
-import planner.engines
+from vramplan import cli
+from vramplan.planner import engines
 
 
 def planning_that_waits(*args, **kwargs):
@@ -350,7 +350,7 @@ def planning_that_waits(*args, **kwargs):
     raise SystemExit("the signal did not stop the command")
 
 
-planner.engines.plan_for_engine = planning_that_waits
+engines.plan_for_engine = planning_that_waits
 cli.main(sys.argv[2:])
 """
 
@@ -371,9 +371,9 @@ def test_main_turns_sigterm_into_keyboard_interrupt_while_it_runs_and_restores_i
         seen["handler"] = signal.getsignal(signal.SIGTERM)
         raise KeyboardInterrupt  # end the command as Ctrl-C would
 
-    import planner.engines
+    from vramplan.planner import engines
 
-    monkeypatch.setattr(planner.engines, "plan_for_engine", planning_that_looks)
+    monkeypatch.setattr(engines, "plan_for_engine", planning_that_looks)
     before = signal.getsignal(signal.SIGTERM)
     code, _, err = main(capsys, *PLAN_ARGS)
     assert code == 130 and "interrupted" in err
@@ -436,8 +436,8 @@ def test_a_plan_cut_to_100_lines_is_refused_before_any_model_loads(capsys, tmp_p
 
 
 def test_a_plan_cut_at_any_line_is_refused(saved_plan, tmp_path):
-    from planner.errors import PlanError
-    from planner.plan import load_plan
+    from vramplan.planner.errors import PlanError
+    from vramplan.planner.plan import load_plan
 
     lines = saved_plan.read_text().splitlines(True)
     load_plan(saved_plan)  # the whole file loads

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fake_hub import safetensors_bytes
-from planner.architectures import spec_from_config
-from planner.errors import CheckpointError, ModelNotFoundError, VramplanError
-from planner.sources import (
+from vramplan.planner.architectures import spec_from_config
+from vramplan.planner.errors import CheckpointError, ModelNotFoundError, VramplanError
+from vramplan.planner.sources import (
     catalog, find_in_catalog, model_spec, read_safetensors_header, resolve_model,
 )
 

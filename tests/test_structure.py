@@ -23,18 +23,44 @@ MODULE_WRITES = {"os": {"replace", "rename", "remove", "unlink", "makedirs", "mk
 MAX_LINES = 800
 
 
-def _imports(path: Path) -> set[str]:
+# Everything installs under one package, `vramplan` (pyproject's package-dir maps it to the repository root), so
+# `vramplan.runtime` is the runtime: the checks below name modules as the repository does (runtime, cli, ...).
+REPO_MODULES = {"planner", "runtime", "profiles", "cli", "cli_errors", "render"}
+
+
+def _top(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "vramplan" and len(parts) > 1 else parts[0]
+
+
+def _absolute(place: Path, node: ast.ImportFrom) -> list[str]:
+    """What a `from ... import` names, absolute and under `vramplan` (relative ones resolved from the file's place in
+    the repository)."""
+    if not node.level:
+        return [node.module or ""]
+    package = ["vramplan", *place.parent.parts]
+    base = package[:len(package) - node.level + 1]
+    if node.module:
+        return [".".join([*base, node.module])]
+    return [".".join([*base, a.name]) for a in node.names]  # `from .. import runtime`
+
+
+def _imports(path: Path, place: Path | None = None) -> set[str]:
+    place = place or path.relative_to(ROOT)
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):  # ast.walk: imports inside functions too
         if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            names |= {_top(a.name) for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            full = _absolute(place, node)
+            names |= {_top(m) for m in full if m}
+            if full == ["vramplan"]:  # `from vramplan import runtime`
+                names |= {a.name for a in node.names}
         elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__":
             arg = node.args[0] if node.args else None
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                names.add(arg.value.split(".")[0])
-    return names
+                names.add(_top(arg.value))
+    return names - {"vramplan"}
 
 
 @pytest.mark.parametrize("path", PLANNER, ids=lambda p: str(p.relative_to(ROOT)))
@@ -67,8 +93,14 @@ def _assert_writes_nothing(path: Path) -> None:
 def test_a_planted_impurity_is_caught(tmp_path):
     """The two checks above can fail: an import inside a function, and a write."""
     sneaky = tmp_path / "sneaky.py"
-    sneaky.write_text("def f():\n    import torch.nn\n    return __import__('runtime.probe')\n")
-    assert {"torch", "runtime"} <= _imports(sneaky)
+    sneaky.write_text("def f():\n    import torch.nn\n    return __import__('vramplan.runtime.probe')\n")
+    assert {"torch", "runtime"} <= _imports(sneaky, place=Path("planner/sneaky.py"))
+    for line in ("from vramplan import cli", "from vramplan.render import out", "from ..runtime import load",
+                 "from .. import runtime"):
+        sneaky.write_text(line + "\n")
+        assert _imports(sneaky, place=Path("planner/sneaky.py")) & FORBIDDEN_IN_PLANNER, line
+    sneaky.write_text("from ..choice import Choice\nfrom . import speed\n")
+    assert not _imports(sneaky, place=Path("planner/engines/sneaky.py")) & FORBIDDEN_IN_PLANNER
     writer = tmp_path / "writer.py"
     writer.write_text("import os\ndef f(p):\n    os.replace(p, p + '.bak')\n")
     with pytest.raises(AssertionError, match="calls os.replace"):
@@ -77,9 +109,9 @@ def test_a_planted_impurity_is_caught(tmp_path):
 
 def test_every_scheme_has_a_runtime_half():
     pytest.importorskip("torch")
-    from planner.quant import KV_SCHEMES, SCHEMES
-    from runtime.kvcache import BACKENDS as KV_BACKENDS
-    from runtime.quantize import BACKENDS
+    from vramplan.planner.quant import KV_SCHEMES, SCHEMES
+    from vramplan.runtime.kvcache import BACKENDS as KV_BACKENDS
+    from vramplan.runtime.quantize import BACKENDS
 
     assert {s.backend for s in SCHEMES.values()} <= set(BACKENDS)
     assert {k.backend for k in KV_SCHEMES.values()} <= set(KV_BACKENDS)
@@ -116,6 +148,7 @@ def _module_graph(package: str) -> dict[str, set[str]]:
                     if node.level else node.module or ""
                 submodules = {f"{module}.{a.name}" for a in node.names} & set(files)
                 deps |= submodules or {module}  # `from . import x` of a submodule x needs x, not the package's body
+        deps = {d.removeprefix("vramplan.") for d in deps}
         graph[name] = {d for d in deps if d in files and d != name}
     return graph
 
@@ -134,6 +167,24 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         return None
 
     return next((c for n in sorted(graph) if n not in state and (c := visit(n, [n]))), None)
+
+
+SOURCES = [p for p in ROOT.rglob("*.py") if not {"tests", ".git", "build"} & set(p.relative_to(ROOT).parts[:1])
+           and "data" not in p.relative_to(ROOT).parts and ".egg" not in str(p)] + sorted((ROOT / "tests").glob("*.py"))
+
+
+def test_every_import_goes_through_the_vramplan_package():
+    """`planner`, `runtime`, `render`... are also other projects' names on the index: vramplan's own code imports them
+    as vramplan.planner etc. (or relatively), never by the bare name, which an installed vramplan does not provide."""
+    bare = {}
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            hits = [n for n in names if n.split(".")[0] in REPO_MODULES]
+            if hits:
+                bare.setdefault(str(path.relative_to(ROOT)), []).extend(hits)
+    assert not bare, bare
 
 
 @pytest.mark.parametrize("package", ["runtime", "planner"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from planner.errors import UnitError, VramplanError
-from planner.units import (
+from vramplan.planner.errors import UnitError, VramplanError
+from vramplan.planner.units import (
     GiB, MiB, format_bytes, format_tokens, parse_bandwidth, parse_bytes, parse_context, parse_flops, parse_fraction,
     parse_seconds,
 )

@@ -6,13 +6,13 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.profile_yaml import profile_from_dict
-from planner.profiles import list_profiles, resolve_profile
-from planner.quant import KV_SCHEMES, SCHEMES
-from planner.request import Request
-from planner.search import plan
-from planner.sources import catalog, model_spec
-from planner.units import GiB
+from vramplan.planner.profile_yaml import profile_from_dict
+from vramplan.planner.profiles import list_profiles, resolve_profile
+from vramplan.planner.quant import KV_SCHEMES, SCHEMES
+from vramplan.planner.request import Request
+from vramplan.planner.search import plan
+from vramplan.planner.sources import catalog, model_spec
+from vramplan.planner.units import GiB
 
 MODELS = [e.id for e in catalog()]
 PROFILES = [e.name for e in list_profiles() if e.profile is not None]

@@ -20,7 +20,7 @@ from typing import get_args
 
 import pytest
 
-from planner.engines import vllm_rules as rules
+from vramplan.planner.engines import vllm_rules as rules
 
 vllm = pytest.importorskip("vllm")
 if vllm.__version__ != rules.VLLM_VERSION:
@@ -30,10 +30,10 @@ import torch  # noqa: E402  (vLLM needs it; only where vLLM is installed)
 import vllm.platforms as platforms  # noqa: E402
 from vllm.platforms.interface import Platform, PlatformEnum  # noqa: E402
 
-from planner.engines.vllm import VLLMModel, weight_format  # noqa: E402
-from planner.profiles import resolve_profile  # noqa: E402
-from planner.request import Request  # noqa: E402
-from planner.sources import model_spec  # noqa: E402
+from vramplan.planner.engines.vllm import VLLMModel, weight_format  # noqa: E402
+from vramplan.planner.profiles import resolve_profile  # noqa: E402
+from vramplan.planner.request import Request  # noqa: E402
+from vramplan.planner.sources import model_spec  # noqa: E402
 from test_vllm_rules import FLAG_CASES, export  # noqa: E402
 
 

@@ -11,20 +11,20 @@ from dataclasses import replace
 
 import pytest
 
-from planner.choice import Choice, ComputeDevice, OffloadMode
-from planner.engines import emit
-from planner.engines import vllm_rules as rules
-from planner.engines.vllm import (CUDA_HIDDEN_BYTES_ASSUMED, CUDAGRAPH_BYTES_ASSUMED, NCCL_BYTES_ASSUMED,
+from vramplan.planner.choice import Choice, ComputeDevice, OffloadMode
+from vramplan.planner.engines import emit
+from vramplan.planner.engines import vllm_rules as rules
+from vramplan.planner.engines.vllm import (CUDA_HIDDEN_BYTES_ASSUMED, CUDAGRAPH_BYTES_ASSUMED, NCCL_BYTES_ASSUMED,
                                   NON_TORCH_DISTRIBUTED_BYTES_ASSUMED)
-from planner.engines.vllm import constants
-from planner.memory import CPUMemory, MemoryBreakdown
-from planner.plan import Candidate, Plan, hardware_ref, model_ref
-from planner.profiles import resolve_profile
-from planner.quant import SCHEMES
-from planner.request import Request
-from planner.sources import model_spec
-from planner.speed import SpeedEstimate
-from planner.units import GiB, MiB
+from vramplan.planner.engines.vllm import constants
+from vramplan.planner.memory import CPUMemory, MemoryBreakdown
+from vramplan.planner.plan import Candidate, Plan, hardware_ref, model_ref
+from vramplan.planner.profiles import resolve_profile
+from vramplan.planner.quant import SCHEMES
+from vramplan.planner.request import Request
+from vramplan.planner.sources import model_spec
+from vramplan.planner.speed import SpeedEstimate
+from vramplan.planner.units import GiB, MiB
 
 RTX4090 = resolve_profile("rtx-4090")[0]
 RTX4090_X8 = RTX4090.replace(name="rtx-4090-x8", gpus=(replace(RTX4090.gpus[0], count=8),))

@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from planner.hardware import SCHEMA_VERSION, GPUSpec, HardwareProfile, HostSpec, LinkSpec, Overheads
-from planner.units import (GiB, MiB, format_bandwidth, format_bytes, format_flops, parse_bandwidth, parse_flops,
-                           parse_seconds)
+from vramplan.planner.hardware import SCHEMA_VERSION, GPUSpec, HardwareProfile, HostSpec, LinkSpec, Overheads
+from vramplan.planner.units import (GiB, MiB, format_bandwidth, format_bytes, format_flops, parse_bandwidth,
+                                    parse_flops, parse_seconds)
 from .datasheets import (APPLE_CHIPS, DEFAULT_ALLOCATOR_RESERVE_BYTES, DEFAULT_CUDA_CONTEXT_BYTES,
                          DEFAULT_KERNEL_LAUNCH_S, GPU_FLOPS_PER_BYTE_GUESS, UNIFIED_NVIDIA_GPUS, _apple_chip,
                          norm_gpu_name, apple_gpu_share, estimate_gpu_bf16_flops, match_datasheet, typical_link)

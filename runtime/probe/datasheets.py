@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from planner.hardware import GPUSpec, LinkSpec
-from planner.units import GiB, MiB, format_bandwidth, format_flops, parse_seconds
+from vramplan.planner.hardware import GPUSpec, LinkSpec
+from vramplan.planner.units import GiB, MiB, format_bandwidth, format_flops, parse_seconds
 from .nvml import NvmlGpu
 
 # Host <-> GPU copies that a PCIe link of each generation typically achieves at x16,
@@ -70,9 +70,9 @@ def norm_gpu_name(name: str) -> str:
 
 def match_datasheet(name: str, memory_bytes: int | None) -> tuple[GPUSpec, str] | None:
     """The GPUSpec of a shipped profile whose GPU has this name (and about this memory)."""
-    from planner.profiles import shipped_profiles_dir
-    from planner.profile_yaml import load_profile
-    from planner.errors import ProfileError
+    from vramplan.planner.profiles import shipped_profiles_dir
+    from vramplan.planner.profile_yaml import load_profile
+    from vramplan.planner.errors import ProfileError
 
     want = norm_gpu_name(name)
     directory = shipped_profiles_dir()

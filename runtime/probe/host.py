@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.hardware import SCHEMA_VERSION
-from planner.units import format_flops
+from vramplan.planner.hardware import SCHEMA_VERSION
+from vramplan.planner.units import format_flops
 from .nvml import NvmlUnavailable, read_nvml
 
 # cgroup v1 writes "no limit" as a huge number (PAGE_COUNTER_MAX rounded to pages).

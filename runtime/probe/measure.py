@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from planner.units import MiB, format_bytes
+from vramplan.planner.units import MiB, format_bytes
 
 # RAM bandwidth: copy this many bytes (quick probe / full probe), counted read + written, best of repeats.
 QUICK_RAM_COPY_BYTES = 128 * MiB

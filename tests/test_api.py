@@ -1,0 +1,75 @@
+"""The one import namespace and its Python API: `vramplan.plan()` answers what `vramplan plan --json` answers, bad
+input raises the errors the command line prints, and `import vramplan` costs nothing until used."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import vramplan
+from vramplan.planner.errors import ConfigError, UnitError, VramplanError
+from vramplan.planner.plan import Plan
+
+from cli_helpers import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_plan_from_python_is_the_command_lines_plan(capsys):
+    p = vramplan.plan("llama-3.1-8b", hardware="rtx-4090", context="32k", vram_budget="20GiB", prefer="speed")
+    assert isinstance(p, Plan) and p.fits
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama-3.1-8b", "-H", "rtx-4090", "--context", "32k",
+                           "--vram-budget", "20GiB", "--prefer", "speed", "--json")
+    assert code == 0
+    cli = json.loads(out)
+    assert json.loads(json.dumps(p.to_dict(), default=str)) == cli
+    assert p.request.vram_budget_bytes == 20 * 2**30 and p.request.context == 32768
+    assert [e["engine"] for e in p.engines][:2] == ["vramplan", "llama.cpp"] and p.fastest_engine["engine"]
+
+
+def test_typed_inputs_and_forced_options():
+    spec, hw = vramplan.model("qwen2.5-0.5b"), vramplan.hardware("rtx-3060-12gb")
+    p = vramplan.plan(spec, hw, 4096, quant="bnb-nf4", kv_dtype=("bf16",))
+    assert p.model["id"] == spec.name and p.hardware["name"] == hw.name
+    assert {c.weight_quant for c in p.candidates} == {"bnb-nf4"} and {c.kv_dtype for c in p.candidates} == {"bf16"}
+    llama = vramplan.plan(spec, hw, "8k", engine="llama.cpp")
+    assert llama.fits and llama.request.engine == "llama.cpp"
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(context="32q"), UnitError, "32q"),
+    (dict(vram_budget="lots"), UnitError, "lots"),
+    (dict(tokens_per_s=3), ConfigError, "tokens_per_s"),
+    (dict(quant="int3"), VramplanError, "int3"),
+    (dict(hardware="no-such-gpu"), VramplanError, "no-such-gpu"),
+])
+def test_bad_input_raises_the_command_lines_error(kwargs, error, match):
+    kwargs = {"hardware": "rtx-4090", **kwargs}
+    with pytest.raises(error, match=match):
+        vramplan.plan("llama-3.1-8b", **kwargs)
+
+
+def test_import_vramplan_is_free_and_the_bare_names_are_not_installed():
+    code = ("import sys, vramplan; heavy = {'torch', 'typer', 'rich', 'yaml', 'vramplan.planner'} & set(sys.modules);"
+            "print(sorted(heavy))")
+    r = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]", r.stdout
+    for bare in ("planner", "runtime", "render", "cli"):
+        r = subprocess.run([sys.executable, "-c", f"import {bare}"], cwd="/", capture_output=True, text=True)
+        assert r.returncode != 0 and "ModuleNotFoundError" in r.stderr, (bare, r.stderr)
+
+
+def test_every_package_in_the_repository_is_installed():
+    """pyproject lists the packages (package-dir maps the root to `vramplan`): a new subpackage left out of the list
+    would be missing from a wheel while an editable install still finds it."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"] == {"vramplan": "."}
+    inits = [p.relative_to(ROOT) for p in ROOT.glob("*/**/__init__.py")]
+    here = {"vramplan", *("vramplan." + ".".join(p.parent.parts) for p in inits
+                          if not {"tests", "bench", "build", ".git"} & set(p.parts) and ".egg" not in str(p))}
+    assert set(config["packages"]) == here
