@@ -281,13 +281,14 @@ class Placement:
 
     split: resident decoder layers per GPU, in device order (layers 0..split[0]-1 on GPU 0, the next split[1] on
     GPU 1, ...); empty on a machine without a GPU. The other layers are offloaded in `mode`: streamed layers run
-    on GPU 0, and GPU 0 also holds the input embedding (when on a GPU), lm_head and the final norm. experts_on_cpu:
-    how many MoE layers (the first ones) keep their routed experts in RAM, computed by the CPU.
+    on GPU 0, and GPU 0 also holds the input embedding (when on a GPU), lm_head and the final norm.
+    expert_layers_on_cpu: how many MoE layers (the first ones) keep their routed experts in RAM, computed by the CPU
+    (the Choice's field of that name; its indices are the Choice's expert_layers_in_ram).
     """
 
     split: tuple[int, ...]
     mode: OffloadMode = OffloadMode.NONE
-    experts_on_cpu: int = 0
+    expert_layers_on_cpu: int = 0
 
     @property
     def n(self) -> int:
@@ -296,7 +297,7 @@ class Placement:
     @classmethod
     def of(cls, c: Choice) -> "Placement":
         return cls(split=tuple(c.gpu_layers_per_device) if c.on_gpu else (), mode=c.offload,
-                   experts_on_cpu=c.expert_layers_on_cpu)
+                   expert_layers_on_cpu=c.expert_layers_on_cpu)
 
 
 class Footprint:
@@ -365,9 +366,9 @@ class Footprint:
         costs, L, n = self.costs, self.L, p.n
         on_gpu = self.gpu_count > 0
         computes_here = not on_gpu or (p.mode is OffloadMode.CPU and n < L)  # these keep KV and activations here
-        weights = (self.pw[L] - self.pw[n] + self._experts_in_ram(0, n, p.experts_on_cpu)
+        weights = (self.pw[L] - self.pw[n] + self._experts_in_ram(0, n, p.expert_layers_on_cpu)
                    + (0 if self.embeddings_on_gpu(n) else costs.embed_bytes) + (0 if on_gpu else costs.head_bytes))
-        activations = computes_here and (n < L or not on_gpu) or p.experts_on_cpu > 0
+        activations = computes_here and (n < L or not on_gpu) or p.expert_layers_on_cpu > 0
         workspace = (self.ws_cpu if computes_here else self.ws) if activations else 0  # attention here, or experts
         return (weights, self.pkv[L] - self.pkv[n] if computes_here else 0, workspace,
                 self.req.runtime_base_ram_bytes)
@@ -376,7 +377,7 @@ class Footprint:
         out, start = [], 0
         for d in range(self.gpu_count):
             count = p.split[d] if d < len(p.split) else 0
-            out.append(GPUMemory(*self._gpu_terms(d, start, count, p.n, p.mode, p.experts_on_cpu),
+            out.append(GPUMemory(*self._gpu_terms(d, start, count, p.n, p.mode, p.expert_layers_on_cpu),
                                  capacity_bytes=self.capacities[d]))
             start += count
         return tuple(out)

@@ -62,8 +62,8 @@ def _choice(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, hw: HardwarePro
     return Choice(weight_quant=scheme.name, kv_dtype=kv.name, gpu_layers=n, total_layers=L,
                   offload=OffloadMode.NONE if n == L else p.mode, compute_device=ComputeDevice(hw.accelerator),
                   embeddings_on_gpu=embeddings_on_gpu(n, L, spec.tie_word_embeddings), gpu_layers_per_device=p.split,
-                  moe_layers=len(moe), expert_layers_on_cpu=p.experts_on_cpu,
-                  expert_layers_in_ram=tuple(moe[:p.experts_on_cpu]))
+                  moe_layers=len(moe), expert_layers_on_cpu=p.expert_layers_on_cpu,
+                  expert_layers_in_ram=tuple(moe[:p.expert_layers_on_cpu]))
 
 
 def check_experts(spec: ModelSpec, req: Request) -> None:

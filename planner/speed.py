@@ -598,10 +598,10 @@ class _Model:
         self.device = self._layer_devices(L)
         self.streamed = {i for i in range(c.gpu_layers, L)} if c.offload is OffloadMode.STREAM else set()
         moe = sorted(spec.moe.moe_layers) if spec.moe is not None else []
-        self.experts_on_cpu = set(moe[:c.expert_layers_on_cpu]) if c.on_gpu else set()
+        self.expert_layers_in_ram = set(moe[:c.expert_layers_on_cpu]) if c.on_gpu else set()
         # the hidden state's path: each layer's device, then lm_head on GPU 0 (the CPU without a GPU)
         path = [self.device[i] for i in range(L)] + [0 if c.on_gpu else CPU_DEVICE]
-        self.crossings = (sum(1 for a, b in zip(path, path[1:]) if a != b) + 2 * len(self.experts_on_cpu))
+        self.crossings = (sum(1 for a, b in zip(path, path[1:]) if a != b) + 2 * len(self.expert_layers_in_ram))
         self.hidden_bytes = spec.hidden_size * dtype_bytes(scheme.compute_dtype) * req.batch  # one token's state
         self.crossing_s = self._crossing_s(1)
         self._works: dict[int, DecodeWork] = {}
@@ -647,7 +647,7 @@ class _Model:
                 streamed_s += max(self.costs.weights[i] / self.link_bytes_per_s, rates.layer_decode_s(w, i))
             elif dev == CPU_DEVICE and self.c.on_gpu:
                 cpu_layers_s += rates.layer_decode_s(w, i)
-            elif i in self.experts_on_cpu:
+            elif i in self.expert_layers_in_ram:
                 resident_s += rates.layer_decode_s(w, i, without_experts=True)
                 experts_s += cpu.experts_s(w.expert_bytes[i], w.expert_calls[i])
             else:
@@ -671,7 +671,7 @@ class _Model:
         t = w.head_bytes / self.main.bandwidth_bytes_per_s
         for i, dev in enumerate(self.device):
             bw = self.rates[dev].bandwidth_bytes_per_s
-            if i in self.experts_on_cpu:
+            if i in self.expert_layers_in_ram:
                 t_layer = ((w.weights_bytes[i] - w.expert_bytes[i] + w.kv_stored_bytes[i]) / bw
                            + w.expert_bytes[i] / cpu_bw)
             else:
@@ -697,7 +697,7 @@ class _Model:
             seg[3] += attention[i]  # attention stays with the layer
             seg[0] += expand[i]  # so does MLA's expansion, a matmul
             experts = self.costs.experts[i] if self.costs.experts else 0
-            if i in self.experts_on_cpu:
+            if i in self.expert_layers_in_ram:
                 cpu = segments.setdefault(CPU_DEVICE, [0.0, 0.0, 0.0, 0.0])
                 cpu[0] += matmul[i] * share[i]
                 cpu[1] += experts
@@ -710,7 +710,8 @@ class _Model:
         head[0] += _head_flop(self.spec) * req.batch
         # each chunk computes every expert its tokens reach once per MoE layer: a fixed cost per expert call
         touched = experts_touched(self.spec, min(req.prefill_chunk, prompt) * req.batch)
-        calls_s = sum(chunks * touched * self.rates[CPU_DEVICE if i in self.experts_on_cpu else dev].experts.per_call_s
+        in_ram = self.expert_layers_in_ram
+        calls_s = sum(chunks * touched * self.rates[CPU_DEVICE if i in in_ram else dev].experts.per_call_s
                       for i, dev in enumerate(self.device) if self.costs.experts and self.costs.experts[i])
         total = calls_s
         for dev, (f, chunk_bytes, link_bytes, attention_f) in segments.items():

@@ -333,7 +333,7 @@ class _Attempt:
 
             engine = holder["engine"] = apply_offload(
                 loaded.model, gpu_layers=c.gpu_layers, mode=c.offload.value, device=devices[0], devices=devices,
-                gpu_layers_per_device=c.gpu_layers_per_device, experts_on_cpu=c.expert_layers_on_cpu)
+                gpu_layers_per_device=c.gpu_layers_per_device, expert_layers_on_cpu=c.expert_layers_on_cpu)
             report.notes.append(f"offload engine ({c.offload}): {engine.summary()}")
         report.measured.load_s = time.perf_counter() - t0
         report.notes.extend(n for n in loaded.notes if n not in report.notes)

@@ -52,13 +52,13 @@ MODES = ("stream", "cpu")
 
 def apply_offload(model: nn.Module, *, gpu_layers: int, mode: str, device: str | torch.device,
                   gpu_layers_per_device: tuple[int, ...] | None = None, devices: list | None = None,
-                  experts_on_cpu: int = 0) -> "OffloadEngine":
+                  expert_layers_on_cpu: int = 0) -> "OffloadEngine":
     """Place ``model`` (a CausalLM entirely on the CPU) with ``gpu_layers`` decoder layers on
     ``device`` and the rest offloaded in ``mode`` ("stream" or "cpu"); see the module docstring.
 
     Several GPUs: ``devices`` (the first is ``device``) and ``gpu_layers_per_device`` (layer counts in device
     order, summing to ``gpu_layers``) split the resident layers, the first ones on the first device; everything
-    outside the decoder layers, and streamed layers, stay on the first. ``experts_on_cpu``: the routed experts of
+    outside the decoder layers, and streamed layers, stay on the first. ``expert_layers_on_cpu``: the routed experts of
     the first that many MoE layers stay in RAM and compute on the CPU, the rest of those layers on their GPU."""
     if mode not in (*MODES, "none"):
         raise VramplanError(f"unknown offload mode {mode!r}; one of {', '.join(MODES)}, or none")
@@ -81,7 +81,7 @@ def apply_offload(model: nn.Module, *, gpu_layers: int, mode: str, device: str |
                             f"{', '.join(elsewhere)}")
     engine = OffloadEngine(model, layers, layers_path, mode=mode, gpu_layers=gpu_layers, device=device,
                            layer_devices=[devices[d] for d, k in enumerate(split) for _ in range(k)],
-                           experts_on_cpu=experts_on_cpu)
+                           expert_layers_on_cpu=expert_layers_on_cpu)
     engine.attach()
     return engine
 
@@ -114,14 +114,14 @@ class OffloadEngine:
 
     def __init__(self, model: nn.Module, layers: nn.ModuleList, layers_path: str, *, mode: str,
                  gpu_layers: int, device: torch.device, layer_devices: list[torch.device] | None = None,
-                 experts_on_cpu: int = 0):
+                 expert_layers_on_cpu: int = 0):
         self.model = model
         self.mode = mode
         self.gpu_layers = gpu_layers
         self.device = device
         self.layer_devices: list[torch.device] = layer_devices or [device] * gpu_layers  # of the resident layers
         experts = [(i, m) for i in range(gpu_layers) if (m := _routed_experts(layers[i])) is not None]
-        self._experts_on_cpu: dict[int, nn.Module] = dict(experts[:experts_on_cpu])
+        self._experts_in_ram: dict[int, nn.Module] = dict(experts[:expert_layers_on_cpu])
         self.offloaded_layers: tuple[int, ...] = tuple(range(gpu_layers, len(layers)))
         self.input_embedding_on_host = False
         self.attached = False
@@ -206,7 +206,7 @@ class OffloadEngine:
             "host_bytes": self.host_bytes, "host_buffer_bytes": self.host_buffer_bytes,
             "pinned_bytes": self.pinned_bytes, "slot_bytes": self.slot_bytes,
             "layer_buffer_bytes": self.layer_buffer_bytes, "h2d_bytes_last_forward": self.h2d_bytes_last_forward,
-            "layer_devices": [str(d) for d in self.layer_devices], "experts_on_cpu": sorted(self._experts_on_cpu),
+            "layer_devices": [str(d) for d in self.layer_devices], "expert_layers_in_ram": sorted(self._experts_in_ram),
             "notes": list(self.notes),
         }
 
@@ -220,7 +220,7 @@ class OffloadEngine:
         keep_on_host = [embedding] if self.input_embedding_on_host else []
         moved = [(m, r, self.device) for m, r in _modules_outside(self.model, self._layers, keep_on_host)]
         for i in range(self.gpu_layers):
-            layer, experts = self._layers[i], self._experts_on_cpu.get(i)
+            layer, experts = self._layers[i], self._experts_in_ram.get(i)
             if experts is None:
                 moved.append((layer, True, self.layer_devices[i]))
             else:
@@ -254,7 +254,7 @@ class OffloadEngine:
                 if module is not None:
                     self._hooks.append(module.register_forward_pre_hook(partial(_args_to, self.device)))
         # routed experts in RAM: their inputs go to the CPU, their output back to their layer's device
-        for i, experts in self._experts_on_cpu.items():
+        for i, experts in self._experts_in_ram.items():
             self._hooks.append(experts.register_forward_pre_hook(partial(_all_to, CPU), with_kwargs=True))
             self._hooks.append(experts.register_forward_hook(partial(_output_to, self.layer_devices[i])))
 

@@ -354,9 +354,9 @@ def test_experts_kept_in_ram_compute_on_the_cpu(reference):
     output back to the layer's device), the rest of each layer stays with its device; same logits and tokens."""
     model, ref_logits, ref_tokens = reference("mixtral", "bf16")
     with apply_offload(model, gpu_layers=NUM_LAYERS, mode="none", device="cpu", devices=["cpu", "cpu:1"],
-                       gpu_layers_per_device=(1, 2), experts_on_cpu=2) as engine:
-        assert engine.summary()["experts_on_cpu"] == [0, 1]
-        experts = engine._experts_on_cpu[1]
+                       gpu_layers_per_device=(1, 2), expert_layers_on_cpu=2) as engine:
+        assert engine.summary()["expert_layers_in_ram"] == [0, 1]
+        experts = engine._experts_in_ram[1]
         assert experts is _decoder_layers(model)[1].mlp.experts
         assert experts._forward_pre_hooks and experts._forward_hooks
         assert not _decoder_layers(model)[2].mlp.experts._forward_pre_hooks

@@ -376,8 +376,8 @@ class LlamaCppFootprint:
         self.with_logits = compute_buffer_bytes(spec, req, with_logits=True, slots=slots)
 
     def _gpu_layer_cost(self, i: int, cpu_moe: int) -> int:
-        experts_on_cpu = self.model.experts[i] if i < cpu_moe else 0
-        return self.model.layers[i] - experts_on_cpu + self.kv[i]
+        in_ram = self.model.experts[i] if i < cpu_moe else 0
+        return self.model.layers[i] - in_ram + self.kv[i]
 
     def pack(self, gpu_layers: int, cpu_moe: int) -> Placement | None:
         """The devices' share of the last `gpu_layers` layers and the output layer, filled in device order
