@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from .hardware import HardwareProfile
 from .modelspec import AttentionLayout, ModelSpec, Role, dtype_bytes
 from .choice import Choice, OffloadMode
-from .quant import KVScheme, WeightScheme, kv_bytes_per_layer
+from .quant import KVScheme, WeightScheme, cpu_head_scheme, kv_bytes_per_layer
 from .request import Request
 
 # Copies of the hidden state alive at once during a layer's forward (residual, normed input,
@@ -55,24 +55,36 @@ class WeightCosts:
     embed_bytes: int  # input embedding (0 when tied: counted in head_bytes)
     head_bytes: int  # lm_head (or the tied embedding) + final norm
     experts: tuple[int, ...] = ()  # of each layer's bytes, its routed experts' (0 for dense layers)
+    head_read_bytes: int | None = None  # what a decode step reads of head_bytes (None: all of it)
 
     @property
     def total_bytes(self) -> int:
         return sum(self.layers) + self.embed_bytes + self.head_bytes
 
 
-def weight_costs(spec: ModelSpec, scheme: WeightScheme) -> WeightCosts:
+def weight_costs(spec: ModelSpec, scheme: WeightScheme, cpu_only: bool = False) -> WeightCosts:
+    """`cpu_only`: the model runs on a machine without a GPU, where a scheme may store lm_head its own way
+    (quant.cpu_head_scheme); a tied embedding then stays for the lookup and the head is a second, quantized copy."""
     load = scheme.compute_dtype
     embed = head = 0
+    head_read = None
     for t in spec.non_layer_tensors():
         b = scheme.tensor_bytes(t, load)
         if t.role is Role.EMBEDDING and not spec.tie_word_embeddings:
             embed += b
         else:
             head += b  # lm_head, final norm, tied embedding
+    lm_head = next((t for t in spec.non_layer_tensors() if t.role is Role.LM_HEAD), None) or next(
+        (t for t in spec.non_layer_tensors() if t.role is Role.EMBEDDING and spec.tie_word_embeddings), None)
+    head_scheme = cpu_head_scheme(scheme, lm_head.shape[-1]) if cpu_only and lm_head is not None else None
+    if head_scheme is not None:
+        quantized = head_scheme.linear_bytes(lm_head)
+        head_read = head - scheme.tensor_bytes(lm_head, load) + quantized
+        head += quantized if spec.tie_word_embeddings else quantized - scheme.tensor_bytes(lm_head, load)
     return WeightCosts(layers=tuple(spec.per_layer(lambda ts: scheme.bytes_of(ts, load))), embed_bytes=embed,
                        head_bytes=head, experts=tuple(spec.per_layer(
-                           lambda ts: scheme.bytes_of([t for t in ts if t.role is Role.EXPERT], load))))
+                           lambda ts: scheme.bytes_of([t for t in ts if t.role is Role.EXPERT], load))),
+                       head_read_bytes=head_read)
 
 
 @dataclass(frozen=True)
@@ -84,13 +96,19 @@ class LayerCosts:
     embed_bytes: int  # input embedding (0 when tied: counted in head_bytes)
     head_bytes: int  # lm_head (or the tied embedding) + final norm
     experts: tuple[int, ...] = ()  # of each layer's weights, its routed experts' bytes
+    head_read_bytes: int | None = None  # what a decode step reads of head_bytes (None: all of it)
+
+    @property
+    def head_read(self) -> int:
+        return self.head_bytes if self.head_read_bytes is None else self.head_read_bytes
 
 
 def layer_costs(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Request,
                 weights: WeightCosts | None = None) -> LayerCosts:
     w = weights if weights is not None else weight_costs(spec, scheme)
     return LayerCosts(weights=w.layers, kv=tuple(kv_bytes_per_layer(spec, kv, req.context, req.batch)),
-                      embed_bytes=w.embed_bytes, head_bytes=w.head_bytes, experts=w.experts)
+                      embed_bytes=w.embed_bytes, head_bytes=w.head_bytes, experts=w.experts,
+                      head_read_bytes=w.head_read_bytes)
 
 
 def _prefix(values: tuple[int, ...]) -> list[int]:

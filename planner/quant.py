@@ -73,6 +73,9 @@ class WeightScheme:
     compute_dtype: str = "bfloat16"
     variant: str | None = None  # the library's name for the 4-bit data type: bnb "nf4" or "fp4"
     outlier_threshold: float | None = None  # bnb LLM.int8(): activations above it take the fp16 path
+    # The scheme lm_head takes on a machine without a GPU, where the CPU reads all of it every token (None: it stays
+    # in the load dtype, as transformers leaves it): see cpu_head_scheme.
+    cpu_head: str | None = None
 
     @property
     def quantized(self) -> bool:
@@ -94,6 +97,11 @@ class WeightScheme:
             return int(t.numel * dtype_bytes(t.held_dtype or load))
         if t.kind is Kind.EXPERTS:
             return self._experts_bytes(t)
+        return self.linear_bytes(t)
+
+    def linear_bytes(self, t: TensorSpec) -> int:
+        """Exact bytes of a [out, in] matrix quantized as this scheme's library quantizes an nn.Linear weight (also
+        for one it does not touch by default: lm_head under cpu_head_scheme)."""
         n = t.numel
         out_features = t.shape[0]
         if self.bits == 8:
@@ -212,16 +220,34 @@ SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
     _bnb4("bnb-fp4", "fp4", False, 6.0, _QLORA),
     _bnb4("bnb-fp4-dq", "fp4", True, 6.0, _QLORA),
     WeightScheme(name="quanto-int8", backend="quanto", bits=8, row_scales=True, row_scale_bytes=2.0,
-                 fixed_bytes_per_tensor=8, devices=("cuda", "cpu", "mps"),
+                 fixed_bytes_per_tensor=8, devices=("cuda", "cpu", "mps"), cpu_head="quanto-int8",
                  description="optimum-quanto qint8 weights, one scale per output row",
                  quality=QualityCost(ppl_increase_pct=0.2, source="per-channel int8 weight-only RTN: within noise of "
                                      "fp16 (SmoothQuant, Xiao et al. 2022, arXiv:2211.10438, W8A16 rows)")),
     WeightScheme(name="quanto-int4", backend="quanto", bits=4, group_size=128, scale_bytes=4.0,
-                 fixed_bytes_per_tensor=8, devices=("cuda", "cpu", "mps"), streams_on=(),
+                 fixed_bytes_per_tensor=8, devices=("cuda", "cpu", "mps"), streams_on=(), cpu_head="quanto-int8",
                  description="optimum-quanto qint4 weights, group 128, scale + shift per group",
                  quality=QualityCost(ppl_increase_pct=4.8, source="AWQ (Lin et al. 2023, arXiv:2306.00978) Table 4: "
                                      "Llama-2-7B WikiText-2 perplexity FP16 5.47, INT4 g128 round-to-nearest 5.73")),
 ]}
+
+
+# torch's CPU int8 weight-only matmul (_weight_int8pack_mm, which quanto's qint8 runs there) needs in_features a
+# multiple of 16 for more than one row (runtime/experts.py: INT8PACK_IN_MULTIPLE); a head it cannot take stays as is.
+CPU_HEAD_IN_MULTIPLE = 16
+
+
+def cpu_head_scheme(scheme: WeightScheme, in_features: int) -> WeightScheme | None:
+    """What lm_head [vocab, hidden] is stored as when the model runs on the CPU alone, or None (left in the load dtype).
+
+    The quanto schemes put it in quanto's qint8 (int8 + one bf16 scale per row): on the CPU lm_head is the largest
+    single read of a decode step (Qwen2.5-0.5B: 272 MB in bf16, 17 of 66 ms a token on the 2-core dev VM), and int8
+    halves it (66.0 -> 57.8 ms with quanto-int8 layers, 45.8 -> 37.2 with quanto-int4: bench/results/cpu-head-*.md).
+    8 bits for the head under 4-bit layers too, as llama.cpp keeps output.weight at 6-8 bits in its 4-bit types. A tied
+    embedding stays as it is for the lookup, so the int8 head is a second copy (+0.5 B per element of it)."""
+    if scheme.cpu_head is None or in_features % CPU_HEAD_IN_MULTIPLE:
+        return None
+    return SCHEMES[scheme.cpu_head]
 
 
 @dataclass(frozen=True, kw_only=True)

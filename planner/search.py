@@ -370,7 +370,7 @@ def _alternatives(spec, hw, req) -> list[dict]:
     for scheme in SCHEMES.values():
         if _device_ok(scheme, hw):
             continue
-        weights = weight_costs(spec, scheme)
+        weights = weight_costs(spec, scheme, not hw.has_gpu)
         for kv_name in ALTERNATIVE_KV_DTYPES:
             kv = KV_SCHEMES[kv_name]
             if _kv_ok(spec, kv):
@@ -497,7 +497,7 @@ def assess(spec: ModelSpec, hw: HardwareProfile, req: Request, c: Choice) -> tup
     the same placement, so a run is compared with the plan it runs."""
     req = _measured_runtime(hw, req)
     scheme, kv = SCHEMES[c.weight_quant], KV_SCHEMES[c.kv_dtype]
-    fp = _footprint(spec, hw, req, scheme, kv, weight_costs(spec, scheme))
+    fp = _footprint(spec, hw, req, scheme, kv, weight_costs(spec, scheme, not hw.has_gpu))
     return fp.breakdown(c), estimate(spec, hw, req, speed_scheme(req, scheme), kv, c, fp.costs)
 
 
@@ -511,7 +511,7 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     warnings: list[str] = check_context(spec, req)
     cands = []
     for s in schemes:
-        weights, read = weight_costs(spec, s), read_bytes_per_layer(spec, s, req.batch)
+        weights, read = weight_costs(spec, s, not hw.has_gpu), read_bytes_per_layer(spec, s, req.batch)
         cands.extend(_evaluate(spec, hw, req, s, k, weights, read) for k in kvs)
     common = dict(model=model_ref(spec), hardware=hardware_ref(hw), request=req, candidates=cands,
                   constants=_constants(hw, req))

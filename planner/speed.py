@@ -494,7 +494,7 @@ def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int,
         kv_stored_bytes=[float(b) for b in stored],
         kv_update_bytes=[e * kv.update_extra_bytes_per_element for e in elements],
         attention_flop=decode_attention_flops_per_layer(spec, context, batch),
-        head_bytes=float(costs.head_bytes),
+        head_bytes=float(costs.head_read),
         expand_flop=expand_flop,
         expand_bytes=[m * compute_bytes for m in expand_moved],
     )

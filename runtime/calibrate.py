@@ -21,7 +21,7 @@ from typing import Callable
 from vramplan.planner.calibration import ExpertSample, Sample, fit, fit_experts
 from vramplan.planner.errors import VramplanError
 from vramplan.planner.hardware import HardwareProfile
-from vramplan.planner.memory import layer_costs
+from vramplan.planner.memory import layer_costs, weight_costs
 from vramplan.planner.quant import KV_SCHEMES, SCHEMES
 from vramplan.planner.request import Request
 from vramplan.planner.sources import resolve_model
@@ -256,7 +256,9 @@ def _sample(hw: HardwareProfile, spec, quant: str, kv_dtype: str, prompt: int, m
             result, attention_impl: str) -> Sample:
     scheme, kv = SCHEMES[quant], KV_SCHEMES[kv_dtype]
     req = Request(context=prompt + matrix.new_tokens, prompt_tokens=prompt, prefill_chunk=matrix.prefill_chunk)
-    work = decode_work(spec, scheme, kv, 1, prompt + matrix.new_tokens // 2, layer_costs(spec, scheme, kv, req))
+    # a run on the CPU stores lm_head as the scheme does there (quant.cpu_head_scheme), as the loader does
+    costs = layer_costs(spec, scheme, kv, req, weight_costs(spec, scheme, cpu_only=not on_gpu))
+    work = decode_work(spec, scheme, kv, 1, prompt + matrix.new_tokens // 2, costs)
     return Sample(
         device="gpu" if on_gpu else "cpu", backend=scheme.backend, quant=quant,
         bandwidth_bytes_per_s=hw.gpu.memory_bandwidth_bytes_per_s if on_gpu else hw.host.ram_bandwidth_bytes_per_s,

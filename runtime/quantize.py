@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from vramplan.planner.errors import VramplanError
-from vramplan.planner.quant import WeightScheme
+from vramplan.planner.quant import WeightScheme, cpu_head_scheme
 from vramplan.runtime.experts import quantize_experts
 from vramplan.runtime.measure import is_oom
 
@@ -98,6 +98,30 @@ class Quanto(Backend):
                 buffer = sub._buffers.get(name)
                 if buffer is not None:
                     sub._buffers[name] = buffer.float()
+
+
+def quantize_cpu_head(model: nn.Module, scheme: WeightScheme) -> str | None:
+    """On a model that runs on the CPU alone, store lm_head as planner.quant.cpu_head_scheme says (quanto qint8 for
+    the quanto schemes), as the plan counts it; a tied embedding keeps its own tensor for the lookup. Returns a note
+    for the run's report, or None when the head stays as it is."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_scheme = cpu_head_scheme(scheme, head.in_features) if type(head) is nn.Linear else None
+    if head_scheme is None:
+        return None
+    from optimum.quanto import qtypes
+    from optimum.quanto.nn import QLinear
+
+    name = next(n for n, m in model.named_modules() if m is head)
+    quantized = QLinear.from_module(head, weights=qtypes[_quanto_weights(head_scheme, prefix="q")])
+    quantized.freeze()
+    for buffer in ("input_scale", "output_scale"):  # as Quanto.quantize leaves them: fp32 scalars
+        if quantized._buffers.get(buffer) is not None:
+            quantized._buffers[buffer] = quantized._buffers[buffer].float()
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attr, quantized)
+    return (f"lm_head in {head_scheme.name} on the CPU (read whole every token; planner.quant.cpu_head_scheme)"
+            + ("; the tied embedding keeps its own copy for the lookup" if head.weight is
+               getattr(model.get_input_embeddings(), "weight", None) else ""))
 
 
 # Module names of the routers that subclass nn.Linear (transformers 5.23: llama4's feed_forward.router, phimoe's

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from vramplan.planner.architectures import spec_from_config
+from vramplan.planner.memory import weight_costs
 from vramplan.planner.quant import SCHEMES
 
 pytest.importorskip("torch")
@@ -25,10 +26,60 @@ def test_planned_bytes_equal_loaded_bytes(load_tiny, tiny_checkpoints, arch, qua
     spec = spec_from_config(config, name=arch)
     loaded = load_tiny(arch, quant)
     measured = sum(loaded.weights_bytes_by_device.values())
-    planned = SCHEMES[quant].bytes_of(spec.tensors)
+    # loaded on the CPU alone: lm_head as the scheme stores it there (quant.cpu_head_scheme)
+    planned = weight_costs(spec, SCHEMES[quant], cpu_only=True).total_bytes
     # transformers keeps a few non-persistent buffers (RoPE inv_freq, original_inv_freq) the plan does not count:
     import torch
 
     buffers = sum(b.numel() * b.element_size() for n, b in loaded.model.named_buffers()
                   if "rotary_emb" in n and isinstance(b, torch.Tensor))
     assert planned == measured - buffers, (planned, measured, buffers)
+
+
+@pytest.mark.parametrize("quant", ["quanto-int8", "quanto-int4"])
+def test_a_tied_head_on_the_cpu_is_an_int8_copy_counted_exactly(tmp_path, quant):
+    """On the CPU alone the quanto schemes store lm_head in qint8 (quant.cpu_head_scheme); a tied embedding keeps its
+    bf16 tensor for the lookup, so the head is a second copy: the plan counts both, and the logits stay those of the
+    bf16 head within int8's rounding."""
+    import torch
+
+    from conftest import save_tiny_model, tiny_config
+    from vramplan.runtime.generate import first_logits
+    from vramplan.runtime.load import load_model
+
+    config = tiny_config("qwen2", tie_word_embeddings=True)
+    path = save_tiny_model(config, tmp_path / "tied")
+    spec = spec_from_config(json.loads((path / "config.json").read_text()), name="tied")
+    loaded = load_model(path, scheme=SCHEMES[quant])
+    model = loaded.model
+    assert type(model.lm_head).__name__ == "QLinear" and model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert any("lm_head in quanto-int8" in n and "tied embedding" in n for n in loaded.notes), loaded.notes
+    buffers = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if "rotary_emb" in n)
+    costs = weight_costs(spec, SCHEMES[quant], cpu_only=True)
+    assert costs.total_bytes == sum(loaded.weights_bytes_by_device.values()) - buffers
+    vocab, hidden = spec.vocab_size, config.hidden_size
+    assert costs.head_bytes - weight_costs(spec, SCHEMES[quant]).head_bytes == vocab * hidden + 2 * vocab + 8
+    assert costs.head_read_bytes == vocab * hidden + 2 * vocab + 8 + 2 * hidden  # the int8 head and the final norm
+
+    ids = torch.arange(3, 19).unsqueeze(0)
+    quantized = first_logits(model, ids, 64)
+    model.lm_head = torch.nn.Linear(hidden, vocab, bias=False)
+    model.lm_head.weight = model.model.embed_tokens.weight  # the bf16 head, tied again
+    reference = first_logits(model, ids, 64)
+    assert torch.nn.functional.cosine_similarity(quantized.flatten(), reference.flatten(), dim=0).item() > 0.999
+
+
+def test_a_head_the_int8_kernel_cannot_take_stays_as_loaded():
+    """torch's CPU int8 matmul needs in_features a multiple of 16: such a head stays in bf16, in the plan too."""
+    from vramplan.planner.quant import cpu_head_scheme
+
+    assert cpu_head_scheme(SCHEMES["quanto-int8"], 4096).name == "quanto-int8"
+    assert cpu_head_scheme(SCHEMES["quanto-int4"], 4104) is None
+    assert cpu_head_scheme(SCHEMES["bnb-int8"], 4096) is None and cpu_head_scheme(SCHEMES["bf16"], 4096) is None
+    spec = spec_from_config({**json.loads(json.dumps(_TIED_ODD)), "model_type": "qwen2"}, name="odd")
+    assert weight_costs(spec, SCHEMES["quanto-int8"], cpu_only=True) == weight_costs(spec, SCHEMES["quanto-int8"])
+
+
+_TIED_ODD = dict(hidden_size=72, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=36, vocab_size=512, max_position_embeddings=512,
+                 tie_word_embeddings=True)
