@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from .hardware import HardwareProfile
 from .modelspec import AttentionLayout, ModelSpec, Role, dtype_bytes
 from .choice import Choice, OffloadMode
-from .quant import KVScheme, WeightScheme, cpu_head_scheme, kv_bytes_per_layer
+from .quant import KVScheme, WeightScheme, cpu_head_bytes, cpu_head_scheme, kv_bytes_per_layer
 from .request import Request
 
 # Copies of the hidden state alive at once during a layer's forward (residual, normed input,
@@ -78,7 +78,7 @@ def weight_costs(spec: ModelSpec, scheme: WeightScheme, cpu_only: bool = False) 
         (t for t in spec.non_layer_tensors() if t.role is Role.EMBEDDING and spec.tie_word_embeddings), None)
     head_scheme = cpu_head_scheme(scheme, lm_head.shape[-1]) if cpu_only and lm_head is not None else None
     if head_scheme is not None:
-        quantized = head_scheme.linear_bytes(lm_head)
+        quantized = cpu_head_bytes(lm_head)
         head_read = head - scheme.tensor_bytes(lm_head, load) + quantized
         head += quantized if spec.tie_word_embeddings else quantized - scheme.tensor_bytes(lm_head, load)
     return WeightCosts(layers=tuple(spec.per_layer(lambda ts: scheme.bytes_of(ts, load))), embed_bytes=embed,

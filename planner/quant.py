@@ -97,11 +97,6 @@ class WeightScheme:
             return int(t.numel * dtype_bytes(t.held_dtype or load))
         if t.kind is Kind.EXPERTS:
             return self._experts_bytes(t)
-        return self.linear_bytes(t)
-
-    def linear_bytes(self, t: TensorSpec) -> int:
-        """Exact bytes of a [out, in] matrix quantized as this scheme's library quantizes an nn.Linear weight (also
-        for one it does not touch by default: lm_head under cpu_head_scheme)."""
         n = t.numel
         out_features = t.shape[0]
         if self.bits == 8:
@@ -238,16 +233,24 @@ CPU_HEAD_IN_MULTIPLE = 16
 
 
 def cpu_head_scheme(scheme: WeightScheme, in_features: int) -> WeightScheme | None:
-    """What lm_head [vocab, hidden] is stored as when the model runs on the CPU alone, or None (left in the load dtype).
+    """Whose quantization lm_head [vocab, hidden] takes when the model runs on the CPU alone, or None (it stays in the
+    load dtype); its bytes: cpu_head_bytes.
 
-    The quanto schemes put it in quanto's qint8 (int8 + one bf16 scale per row): on the CPU lm_head is the largest
-    single read of a decode step (Qwen2.5-0.5B: 272 MB in bf16, 17 of 66 ms a token on the 2-core dev VM), and int8
-    halves it (66.0 -> 57.8 ms with quanto-int8 layers, 45.8 -> 37.2 with quanto-int4: bench/results/cpu-head-*.md).
-    8 bits for the head under 4-bit layers too, as llama.cpp keeps output.weight at 6-8 bits in its 4-bit types. A tied
-    embedding stays as it is for the lookup, so the int8 head is a second copy (+0.5 B per element of it)."""
+    The quanto schemes quantize it as quanto's qint8 does (absmax per row) into int8 rows for torch's CPU int8 kernel:
+    on the CPU lm_head is the largest single read of a decode step (Qwen2.5-0.5B: 272 MB in bf16, 17 of 66 ms a token
+    on the 2-core dev VM), and int8 halves it (66.0 -> 57.8 ms with quanto-int8 layers, 45.8 -> 37.2 with quanto-int4,
+    measured by hand; bench/results/vs-engines-cpu-dev.md has the runs). 8 bits under 4-bit layers too, as llama.cpp
+    keeps output.weight at 6-8 bits in its 4-bit types. A tied embedding stays as it is for the lookup, so the int8
+    head is a second copy (+0.5 B per element of it)."""
     if scheme.cpu_head is None or in_features % CPU_HEAD_IN_MULTIPLE:
         return None
     return SCHEMES[scheme.cpu_head]
+
+
+def cpu_head_bytes(t: TensorSpec) -> int:
+    """lm_head [out, in] as runtime.quantize.Int8Head stores it: int8 [out, in] + one bf16 scale per row."""
+    out_features, in_features = t.matrix_shape
+    return out_features * in_features + 2 * out_features
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -100,28 +100,55 @@ class Quanto(Backend):
                     sub._buffers[name] = buffer.float()
 
 
+class Int8Head(nn.Module):
+    """lm_head for the CPU: int8 [vocab, hidden] + one scale per row in the compute dtype, quantized as quanto's qint8
+    (absmax per row) a block of rows at a time, so no full-size temporary is ever held, and multiplied by the kernel
+    quanto's qint8 runs on the CPU, torch's _weight_int8pack_mm (quant.cpu_head_bytes counts this layout)."""
+
+    ROWS_PER_BLOCK = 8192
+
+    def __init__(self, head: nn.Linear):
+        from optimum.quanto import AbsmaxOptimizer, qint8, quantize_weight
+
+        super().__init__()
+        self.in_features, self.out_features = head.in_features, head.out_features
+        weight = head.weight.detach()
+        self.register_buffer("data", torch.empty(weight.shape, dtype=torch.int8))
+        self.register_buffer("scale", torch.empty(self.out_features, dtype=weight.dtype))
+        optimizer = AbsmaxOptimizer()
+        for start in range(0, self.out_features, self.ROWS_PER_BLOCK):
+            w = weight[start:start + self.ROWS_PER_BLOCK]
+            q = quantize_weight(w, qtype=qint8, axis=0, scale=optimizer(w, qtype=qint8, axis=0), optimized=False)
+            self.data[start:start + len(w)] = q._data
+            self.scale[start:start + len(w)] = q._scale.view(-1)
+        self.bias = head.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
+        out = torch._weight_int8pack_mm(a, self.data, self.scale)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 rows"
+
+
 def quantize_cpu_head(model: nn.Module, scheme: WeightScheme) -> str | None:
-    """On a model that runs on the CPU alone, store lm_head as planner.quant.cpu_head_scheme says (quanto qint8 for
-    the quanto schemes), as the plan counts it; a tied embedding keeps its own tensor for the lookup. Returns a note
-    for the run's report, or None when the head stays as it is."""
+    """On a model that runs on the CPU alone, store lm_head as planner.quant.cpu_head_scheme says (int8 rows for the
+    quanto schemes), as the plan counts it; a tied embedding keeps its own tensor for the lookup. Returns a note for
+    the run's report, or None when the head stays as it is."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     head_scheme = cpu_head_scheme(scheme, head.in_features) if type(head) is nn.Linear else None
     if head_scheme is None:
         return None
-    from optimum.quanto import qtypes
-    from optimum.quanto.nn import QLinear
-
     name = next(n for n, m in model.named_modules() if m is head)
-    quantized = QLinear.from_module(head, weights=qtypes[_quanto_weights(head_scheme, prefix="q")])
-    quantized.freeze()
-    for buffer in ("input_scale", "output_scale"):  # as Quanto.quantize leaves them: fp32 scalars
-        if quantized._buffers.get(buffer) is not None:
-            quantized._buffers[buffer] = quantized._buffers[buffer].float()
+    tied = head.weight is getattr(model.get_input_embeddings(), "weight", None)
     parent, _, attr = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, attr, quantized)
-    return (f"lm_head in {head_scheme.name} on the CPU (read whole every token; planner.quant.cpu_head_scheme)"
-            + ("; the tied embedding keeps its own copy for the lookup" if head.weight is
-               getattr(model.get_input_embeddings(), "weight", None) else ""))
+    setattr(model.get_submodule(parent) if parent else model, attr, Int8Head(head))
+    return (f"lm_head in int8 rows ({head_scheme.name}'s qint8) on the CPU, read whole every token "
+            "(planner.quant.cpu_head_scheme)"
+            + ("; the tied embedding keeps its own copy for the lookup" if tied else ""))
 
 
 # Module names of the routers that subclass nn.Linear (transformers 5.23: llama4's feed_forward.router, phimoe's

@@ -38,8 +38,8 @@ def test_planned_bytes_equal_loaded_bytes(load_tiny, tiny_checkpoints, arch, qua
 
 @pytest.mark.parametrize("quant", ["quanto-int8", "quanto-int4"])
 def test_a_tied_head_on_the_cpu_is_an_int8_copy_counted_exactly(tmp_path, quant):
-    """On the CPU alone the quanto schemes store lm_head in qint8 (quant.cpu_head_scheme); a tied embedding keeps its
-    bf16 tensor for the lookup, so the head is a second copy: the plan counts both, and the logits stay those of the
+    """On the CPU alone the quanto schemes store lm_head in int8 rows (quant.cpu_head_scheme); a tied embedding keeps
+    its bf16 tensor for the lookup, so the head is a second copy: the plan counts both, and the logits stay those of the
     bf16 head within int8's rounding."""
     import torch
 
@@ -52,17 +52,19 @@ def test_a_tied_head_on_the_cpu_is_an_int8_copy_counted_exactly(tmp_path, quant)
     spec = spec_from_config(json.loads((path / "config.json").read_text()), name="tied")
     loaded = load_model(path, scheme=SCHEMES[quant])
     model = loaded.model
-    assert type(model.lm_head).__name__ == "QLinear" and model.model.embed_tokens.weight.dtype == torch.bfloat16
-    assert any("lm_head in quanto-int8" in n and "tied embedding" in n for n in loaded.notes), loaded.notes
+    assert type(model.lm_head).__name__ == "Int8Head" and model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert any("lm_head in int8 rows" in n and "tied embedding" in n for n in loaded.notes), loaded.notes
     buffers = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if "rotary_emb" in n)
     costs = weight_costs(spec, SCHEMES[quant], cpu_only=True)
     assert costs.total_bytes == sum(loaded.weights_bytes_by_device.values()) - buffers
     vocab, hidden = spec.vocab_size, config.hidden_size
-    assert costs.head_bytes - weight_costs(spec, SCHEMES[quant]).head_bytes == vocab * hidden + 2 * vocab + 8
-    assert costs.head_read_bytes == vocab * hidden + 2 * vocab + 8 + 2 * hidden  # the int8 head and the final norm
+    assert costs.head_bytes - weight_costs(spec, SCHEMES[quant]).head_bytes == vocab * hidden + 2 * vocab
+    assert costs.head_read_bytes == vocab * hidden + 2 * vocab + 2 * hidden  # the int8 head and the final norm
 
     ids = torch.arange(3, 19).unsqueeze(0)
     quantized = first_logits(model, ids, 64)
+    row = torch.round(model.model.embed_tokens.weight[5].float() / model.lm_head.scale[5].float())
+    assert (model.lm_head.data[5].float() - row).abs().max() <= 1  # absmax rows (quanto rounds in bf16)
     model.lm_head = torch.nn.Linear(hidden, vocab, bias=False)
     model.lm_head.weight = model.model.embed_tokens.weight  # the bf16 head, tied again
     reference = first_logits(model, ids, 64)
