@@ -50,8 +50,8 @@ from gguf_golden import CONVERT_TEMPLATE, convert, llama_cpp_commit, quantize  #
 from vramplan.planner.architectures import spec_from_config  # noqa: E402
 from vramplan.planner.engines import llamacpp_rules as rules  # noqa: E402
 from vramplan.planner.gguf import gguf_file_bytes  # noqa: E402
-from vramplan.planner.engines.llamacpp import (LLAMA_CPP_BACKENDS, ServerRun, fit_llamacpp,  # noqa: E402
-                                      llama_server_command, plan_llamacpp)
+from vramplan.planner.engines.llamacpp import LLAMA_CPP_BACKENDS, llama_server_command, plan_llamacpp  # noqa: E402
+from vramplan.planner.engines.llamacpp_fit import ServerRun, fit_llamacpp  # noqa: E402
 from vramplan.planner.profile_yaml import dumps_profile  # noqa: E402
 from vramplan.planner.profile_yaml import load_profile  # noqa: E402
 from vramplan.planner.request import Request  # noqa: E402

@@ -79,13 +79,14 @@ def _env() -> dict:
     return env
 
 
-def time_process(args: list[str], repeats: int) -> dict:
-    env = _env()
-    subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True)  # writes the bytecode
+def time_process(args: list[str], repeats: int, python: Path | None = None) -> dict:
+    env, python = _env(), str(python or sys.executable)
+    cwd = ROOT if python == sys.executable else Path("/")  # an installed copy must not see this checkout
+    subprocess.run([python, *args], cwd=cwd, env=env, capture_output=True, check=True)  # writes the bytecode
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True)
+        subprocess.run([python, *args], cwd=cwd, env=env, capture_output=True)
         times.append(time.perf_counter() - t0)
     return {"median_s": round(statistics.median(times), 4), "min_s": round(min(times), 4),
             "max_s": round(max(times), 4)}
@@ -120,8 +121,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--machine", default="cpu-dev", help="name used in the result file names")
     ap.add_argument("--repeats", type=int, default=11)
+    ap.add_argument("--installed", type=Path, default=None,
+                    help="also time a venv where vramplan is installed from a wheel, as `pip install vramplan` does "
+                         "(no editable finder in its start-up): python -m venv V && V/bin/pip install .")
     args = ap.parse_args()
     rows = {name: time_process(argv, args.repeats) for name, argv in COMMANDS.items()}
+    if args.installed is not None:
+        venv = args.installed.resolve()
+        rows["python -c pass (installed venv)"] = time_process(["-c", "pass"], args.repeats, venv / "bin" / "python")
+        rows["vramplan plan (installed venv)"] = time_process(["-m", "vramplan.cli", *PLAN[1:]], args.repeats,
+                                                             venv / "bin" / "python")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     out = {"benchmark": "start-up", "machine": args.machine, "date": time.strftime("%Y-%m-%d"),
            "python": platform.python_version(), "repeats": args.repeats, "target_s": TARGET_S,

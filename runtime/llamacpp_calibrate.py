@@ -52,7 +52,7 @@ def calibrate_llamacpp(hw: HardwareProfile, pairs: list[tuple[object, str]], ser
                        prompts: tuple[int, ...] = DEFAULT_PROMPTS, new_tokens: int = DEFAULT_NEW_TOKENS,
                        threads: int | None = None, say: Callable[[str], None] = lambda _: None) -> LlamaCppCalibration:
     """Run every (model spec, GGUF path) at every prompt length and fit llama.cpp's entries into `hw`."""
-    from vramplan.planner.engines.llamacpp import ServerRun, fit_llamacpp
+    from vramplan.planner.engines.llamacpp_fit import ServerRun, fit_llamacpp
 
     if hw.has_gpu:
         raise VramplanError(f"calibrate --engine llama.cpp fits CPU runs (every layer on the CPU): {hw.name} has a "

@@ -730,7 +730,8 @@ def test_llamacpp_prompt_processing_with_layers_in_ram_runs_on_the_gpu():
 
     fast_hw = llamacpp.speed_hardware(RTX4090, spec, "Q4_K_M", "f16")[0]  # the constants llama.cpp's plans use
     gpu = estimate(rules.as_run(spec), fast_hw, replace(req, prefill_chunk=512), llamacpp.SPEED_SCHEME,
-                   llamacpp.kv_scheme("f16"), resident, llamacpp._costs(fp), llamacpp._read_bytes(spec, model, 1))
+                   llamacpp.kv_scheme("f16"), resident, llamacpp.gguf_layer_costs(fp),
+                   llamacpp.gguf_read_bytes(spec, model, 1))
     assert t["op_offload_gpu_s"] == pytest.approx(gpu.ttft_s)
     assert p.chosen.speed.ttft_s == pytest.approx(gpu.ttft_s + t["op_offload_link_s"])
     assert p.chosen.speed.ttft_s < t["ttft_s_without_op_offload"] / 10  # not CPU-bound

@@ -15,9 +15,9 @@ import pytest
 
 from vramplan.planner.architectures import spec_from_config
 from vramplan.planner.engines import llamacpp_rules as rules
-from vramplan.planner.engines.llamacpp import (LLAMA_CPP_BACKENDS, SPEED_LABEL, ServerRun, fit_llamacpp,
-                                               llama_server_command, plan_llamacpp, speed_hardware,
-                                               with_llamacpp_calibration)
+from vramplan.planner.engines.llamacpp import (LLAMA_CPP_BACKENDS, SPEED_LABEL, llama_server_command, plan_llamacpp,
+                                               speed_hardware)
+from vramplan.planner.engines.llamacpp_fit import ServerRun, fit_llamacpp, with_llamacpp_calibration
 from vramplan.planner.profile_yaml import load_profile
 from vramplan.planner.request import Request
 from vramplan.planner.units import MiB
