@@ -248,7 +248,7 @@ def cpu_head_scheme(scheme: WeightScheme, in_features: int) -> WeightScheme | No
 
 
 def cpu_head_bytes(t: TensorSpec) -> int:
-    """lm_head [out, in] as runtime.quantize.Int8Head stores it: int8 [out, in] + one bf16 scale per row."""
+    """lm_head [out, in] as runtime.quantize.Int8Rows.from_linear stores it: int8 [out, in] + one bf16 scale per row."""
     out_features, in_features = t.matrix_shape
     return out_features * in_features + 2 * out_features
 

@@ -52,7 +52,7 @@ def test_a_tied_head_on_the_cpu_is_an_int8_copy_counted_exactly(tmp_path, quant)
     spec = spec_from_config(json.loads((path / "config.json").read_text()), name="tied")
     loaded = load_model(path, scheme=SCHEMES[quant])
     model = loaded.model
-    assert type(model.lm_head).__name__ == "Int8Head" and model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert type(model.lm_head).__name__ == "Int8Rows" and model.model.embed_tokens.weight.dtype == torch.bfloat16
     assert any("lm_head in int8 rows" in n and "tied embedding" in n for n in loaded.notes), loaded.notes
     buffers = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if "rotary_emb" in n)
     costs = weight_costs(spec, SCHEMES[quant], cpu_only=True)
@@ -85,3 +85,34 @@ def test_a_head_the_int8_kernel_cannot_take_stays_as_loaded():
 _TIED_ODD = dict(hidden_size=72, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=36, vocab_size=512, max_position_embeddings=512,
                  tie_word_embeddings=True)
+
+
+def test_the_direct_int8_kernel_gives_quantos_numbers_on_quantos_tensors():
+    """runtime.quantize.Int8Rows.from_quanto: the QLinear's own tensors (shared), the same kernel, the same output;
+    a width the kernel cannot take on several rows goes through the dequantized matmul instead."""
+    import torch
+    from optimum.quanto import qint8
+    from optimum.quanto.nn import QLinear
+
+    from vramplan.runtime.quantize import Int8Rows
+
+    torch.manual_seed(0)
+    for in_features, rows in ((64, 1), (64, 7), (40, 1)):
+        linear = torch.nn.Linear(in_features, 48, bias=True).to(torch.bfloat16)
+        q = QLinear.from_module(linear, weights=qint8)
+        q.freeze()
+        direct = Int8Rows.from_quanto(q)
+        assert direct.data.data_ptr() == q.weight._data.data_ptr() and direct.output_scale is q.output_scale
+        x = torch.randn(1, rows, in_features, dtype=torch.bfloat16)
+        with torch.inference_mode():
+            assert torch.equal(direct(x), q(x)), (in_features, rows)
+    x = torch.randn(5, 40, dtype=torch.bfloat16)  # 40 % 16: quanto would hand several rows to the kernel, which crashes
+    reference = x.float() @ (direct.data.float() * direct.scale.float()[:, None]).t() + direct.bias.float()
+    assert torch.allclose(direct(x).float(), reference, atol=0.05, rtol=0.02)
+
+
+def test_a_cpu_run_of_quanto_int8_uses_the_direct_kernel(load_tiny):
+    loaded = load_tiny("llama", "quanto-int8")
+    kinds = {type(m).__name__ for m in loaded.model.modules()}
+    assert "Int8Rows" in kinds and "QLinear" not in kinds
+    assert any("call torch's _weight_int8pack_mm directly" in n for n in loaded.notes)
