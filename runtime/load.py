@@ -30,7 +30,7 @@ from vramplan.runtime.dummy import build_dummy
 from vramplan.runtime.experts import quantize_experts
 from vramplan.runtime.measure import is_oom
 from vramplan.runtime.modeling import attention_kwargs, config_from_dict, config_from_dir, decoder_layers
-from vramplan.runtime.quantize import backend, direct_int8_kernels, quantize_cpu_head, unsupported
+from vramplan.runtime.quantize import backend, direct_kernels, quantize_cpu_head, unsupported
 from vramplan.runtime.tensors import count_tensor_bytes, release_freed_heap
 
 COMPUTE_DTYPES: dict[str, torch.dtype] = {
@@ -136,9 +136,9 @@ def load_model(
     if device == "cpu" and compute_dtype == "bf16":  # every layer on the CPU (the fp32 reference mode: as loaded)
         head_note = quantize_cpu_head(model, scheme)
         notes += [head_note] if head_note else []
-        if scheme.backend == "quanto" and (direct := direct_int8_kernels(model)):
-            notes.append(f"{direct} quanto qint8 layers call torch's _weight_int8pack_mm directly (runtime.quantize."
-                         "Int8Rows: the same tensors and kernel, without quanto's per-call dispatch)")
+        if scheme.backend == "quanto" and (direct := direct_kernels(model)):
+            notes.append(f"{direct} quanto layers call torch's CPU kernel directly (runtime.quantize.Int8Rows / "
+                         "Int4Groups: the same tensors and kernel, without quanto's per-call dispatch)")
     release_freed_heap()
     if tokenizer is None and model_dir is not None:
         tokenizer = load_tokenizer(model_dir, trust_remote_code)

@@ -160,18 +160,59 @@ class Int8Rows(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 rows"
 
 
-def direct_int8_kernels(model: nn.Module) -> int:
-    """On a model that runs on the CPU alone, every frozen quanto qint8 QLinear becomes an Int8Rows over the same
-    tensors (same bytes, same kernel, same numbers); returns how many."""
+class Int4Groups(nn.Module):
+    """quanto's qint4 QLinear in torch's tinygemm layout (groups of 128 along each row) on the CPU without quanto's
+    dispatch: its own packed data and scale/shift, shared, not copied, with its fp32 input/output scale scalars, and
+    the kernel quanto calls there, torch's _weight_int4pack_mm_for_cpu."""
+
+    def __init__(self, qlinear: nn.Module):
+        super().__init__()
+        weight = qlinear.weight
+        self.out_features, self.in_features = qlinear.out_features, qlinear.in_features
+        self.group_size = weight._group_size
+        self.register_buffer("data", weight._data._data)
+        self.register_buffer("scale_shift", weight._scale_shift)
+        for name in ("input_scale", "output_scale"):
+            if qlinear._buffers.get(name) is not None:
+                self.register_buffer(name, qlinear._buffers[name])
+        self.bias = qlinear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = x.reshape(-1, self.in_features).to(self.scale_shift.dtype).contiguous()
+        out = torch._weight_int4pack_mm_for_cpu(a, self.data, self.group_size, self.scale_shift)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        """The [out, in] matrix the kernel multiplies by, in fp32 (the kernel applied to the identity)."""
+        identity = torch.eye(self.in_features, dtype=self.scale_shift.dtype)
+        return torch._weight_int4pack_mm_for_cpu(identity, self.data, self.group_size, self.scale_shift).t().float()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {self.group_size}"
+
+
+def direct_kernels(model: nn.Module) -> int:
+    """On a model that runs on the CPU alone, every frozen quanto QLinear whose kernel vramplan can call itself (qint8:
+    Int8Rows; qint4 in tinygemm's layout: Int4Groups) is replaced by a module over the same tensors (same bytes, same
+    kernel, same numbers); returns how many. Other layouts (quanto's generic 4-bit packing) stay quanto's."""
     from optimum.quanto import qint8
     from optimum.quanto.nn import QLinear
+    from optimum.quanto.tensor.weights.tinygemm import TinyGemmWeightQBitsTensor
 
-    swaps = [(name, m) for name, m in model.named_modules()
-             if type(m) is QLinear and getattr(m.weight, "qtype", None) is qint8 and m.activation_qtype is None
-             and m.weight._data.dtype == torch.int8 and m.weight._scale.dtype == torch.bfloat16]
-    for name, m in swaps:
+    swaps = []
+    for name, m in model.named_modules():
+        if type(m) is not QLinear or m.activation_qtype is not None:
+            continue
+        if type(m.weight) is TinyGemmWeightQBitsTensor and m.weight._data._data.device.type == "cpu":
+            swaps.append((name, Int4Groups(m)))
+        elif getattr(m.weight, "qtype", None) is qint8 and m.weight._data.dtype == torch.int8 \
+                and m.weight._scale.dtype == torch.bfloat16:
+            swaps.append((name, Int8Rows.from_quanto(m)))
+    for name, module in swaps:
         parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, attr, Int8Rows.from_quanto(m))
+        setattr(model.get_submodule(parent) if parent else model, attr, module)
     return len(swaps)
 
 

@@ -111,8 +111,32 @@ def test_the_direct_int8_kernel_gives_quantos_numbers_on_quantos_tensors():
     assert torch.allclose(direct(x).float(), reference, atol=0.05, rtol=0.02)
 
 
-def test_a_cpu_run_of_quanto_int8_uses_the_direct_kernel(load_tiny):
+def test_a_cpu_run_of_quanto_uses_the_direct_kernels(load_tiny):
     loaded = load_tiny("llama", "quanto-int8")
     kinds = {type(m).__name__ for m in loaded.model.modules()}
     assert "Int8Rows" in kinds and "QLinear" not in kinds
-    assert any("call torch's _weight_int8pack_mm directly" in n for n in loaded.notes)
+    assert any("call torch's CPU kernel directly" in n for n in loaded.notes)
+    int4 = load_tiny("llama", "quanto-int4").model
+    kinds = {n.rsplit(".", 1)[-1]: type(m).__name__ for n, m in int4.named_modules()}
+    # down_proj (in 256) is in tinygemm's groups of 128; the in-64 layers keep quanto's per-row 4-bit layout
+    assert kinds["down_proj"] == "Int4Groups" and kinds["q_proj"] == "QLinear" and kinds["lm_head"] == "Int8Rows"
+
+
+def test_the_direct_int4_kernel_gives_quantos_numbers_on_quantos_tensors():
+    import torch
+    from optimum.quanto import qint4
+    from optimum.quanto.nn import QLinear
+
+    from vramplan.runtime.quantize import Int4Groups
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 64, bias=True).to(torch.bfloat16)
+    q = QLinear.from_module(linear, weights=qint4)
+    q.freeze()
+    direct = Int4Groups(q)
+    assert direct.group_size == 128 and direct.data.data_ptr() == q.weight._data._data.data_ptr()
+    for rows in (1, 5):
+        x = torch.randn(1, rows, 256, dtype=torch.bfloat16)
+        with torch.inference_mode():
+            assert torch.equal(direct(x), q(x)), rows
+    assert torch.allclose(direct.dequantize(), q.weight.dequantize().float(), atol=1e-2)
