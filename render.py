@@ -634,7 +634,9 @@ def run_report(r: dict) -> None:
               "decode_tokens_per_s_start": f"decode_tokens_per_s_start (first {edge} of {steps} steps)",
               "decode_tokens_per_s_end": f"decode_tokens_per_s_end (last {edge} of {steps} steps)"}
     labels["peak_vram_load_bytes"] = "peak VRAM until timed (loading, warm-up)"
-    for metric in ("load_s", "warmup_s", "peak_vram_load_bytes", "prefill_tokens_per_s", "decode_tokens_per_s_median",
+    labels["peak_ram_file_bytes"] = "of peak RAM: mapped from files (reclaimable)"
+    for metric in ("load_s", "warmup_s", "peak_vram_load_bytes", "peak_ram_file_bytes", "prefill_tokens_per_s",
+                   "decode_tokens_per_s_median",
                    "decode_tokens_per_s_start", "decode_tokens_per_s_end", "generated_tokens"):
         if m.get(metric) is not None:
             rows.append([labels.get(metric, metric), "", show(metric, m[metric]), ""])

@@ -24,6 +24,7 @@ from vramplan.planner.quant import KV_SCHEMES, SCHEMES
 from vramplan.planner.search import assess
 from vramplan.planner.search import plan as make_plan
 from vramplan.planner.sources import ModelSource
+from vramplan.planner.units import format_bytes
 
 from .progress import Track, no_track
 
@@ -73,6 +74,9 @@ class Measured(Metrics):
     token_timestamps_s: list[float] | None = None
     generated_tokens: int | None = None
     load_average_1m: float | None = None  # the highest 1-minute load average seen around the run
+    # of peak_ram_bytes, pages mapped from files (a checkpoint's safetensors through mmap): in RSS, but clean and
+    # dropped by the kernel under pressure, unlike the anonymous memory the plan budgets (None: not measured)
+    peak_ram_file_bytes: int | None = None
     # the GPU's SM clock while the prompt and tokens were timed (NVML, every CLOCK_SAMPLE_INTERVAL_S): lowest, median
     peak_vram_load_bytes: int | None = None  # peak VRAM up to the timed prefill: loading, quantizing, the warm-up
     gpu_sm_clock_mhz_min: int | None = None
@@ -228,6 +232,10 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
         report.plan = replanned
     contention.finish(report.measured, report.notes)
     report.predicted = predicted_for_run(report.plan, spec, hw, n_prompt, n_prompt + max(len(report.tokens), 1))
+    m = report.measured
+    note = mapped_pages_note(report.predicted.peak_ram_bytes, m.peak_ram_bytes, m.peak_ram_file_bytes)
+    if note:
+        report.notes.append(note)
     return report
 
 
@@ -297,6 +305,7 @@ class _Attempt:
             finally:
                 _release(holder)
         report.measured.peak_ram_bytes = sampler.result.peak_rss_bytes
+        report.measured.peak_ram_file_bytes = sampler.result.peak_rss_file_bytes
         report.measured.peak_vram_bytes = sampler.result.peak_vram_bytes
         clocks = sampler.sm_clock_mhz(since=self._timed_from) if self._timed_from is not None else None
         if clocks is not None:
@@ -497,3 +506,15 @@ class _Streamer:
             if len(full) > len(self.text):
                 self.on_text(full[len(self.text):])
             self.text = full
+
+
+def mapped_pages_note(planned: int | None, peak: int | None, mapped: int | None) -> str | None:
+    """When the peak RSS is over the plan, say how much of it is pages mapped from files (a checkpoint read through
+    mmap, which the kernel drops under pressure) and whether the rest, the memory the plan budgets, is within it."""
+    if planned is None or peak is None or not mapped or peak <= planned:
+        return None
+    anonymous = peak - mapped
+    within = "within" if anonymous <= planned else "also over"
+    return (f"peak RAM {format_bytes(peak)} counts {format_bytes(mapped)} of pages mapped from files "
+            f"(the checkpoint's safetensors, clean and dropped by the kernel under pressure); the rest, "
+            f"{format_bytes(anonymous)}, is {within} the plan's {format_bytes(planned)}")

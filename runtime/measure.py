@@ -111,10 +111,34 @@ class MemoryPeaks:
     peak_nvml_process_bytes: int | None
     cuda_context_bytes: int | None
     peak_vram_bytes: int | None
+    # of the highest RSS sampled, the pages mapped from files or shared (RssFile + RssShmem): a checkpoint's
+    # safetensors read through mmap are counted in RSS, yet clean and dropped by the kernel under pressure, unlike the
+    # anonymous memory a plan budgets. None where /proc/self/status is missing (not Linux).
+    peak_rss_file_bytes: int | None = None
 
     @property
     def rss_delta_bytes(self) -> int:
         return self.peak_rss_bytes - self.start_rss_bytes
+
+
+_STATUS = "/proc/self/status"
+_FILE_BACKED = ("RssFile:", "RssShmem:")
+
+
+def rss_split(process: psutil.Process) -> tuple[int, int | None]:
+    """This process's RSS and its file-backed / shared part, in bytes (the part None without /proc/self/status)."""
+    try:
+        with open(_STATUS, "rb") as f:
+            text = f.read().decode()
+    except OSError:
+        return process.memory_info().rss, None
+    rss, mapped = None, 0
+    for line in text.splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) * 1024
+        elif line.startswith(_FILE_BACKED):
+            mapped += int(line.split()[1]) * 1024
+    return (rss, mapped) if rss is not None else (process.memory_info().rss, None)
 
 
 def _ru_maxrss_bytes() -> int:
@@ -188,13 +212,15 @@ class PeakMemorySampler:
         self._thread: threading.Thread | None = None
         self._nvml: _NvmlProcessMemory | None = None
         self._peak_rss = 0
+        self._peak_rss_file: int | None = None  # the file-backed part at that peak
         self._peak_nvml: int | None = None
         self._split_reserved: int | None = None  # torch's peak before a split()
         self.sm_clocks: list[tuple[float, int]] = []  # (perf_counter, MHz) on CUDA where NVML reads the clock
 
     def _sample(self) -> None:
-        rss = self._process.memory_info().rss
-        self._peak_rss = max(self._peak_rss, rss)
+        rss, mapped = rss_split(self._process)
+        if rss >= self._peak_rss:
+            self._peak_rss, self._peak_rss_file = rss, mapped
         if self._nvml is not None:
             used = self._nvml.read()
             if used is not None:
@@ -222,7 +248,7 @@ class PeakMemorySampler:
             torch.cuda.reset_peak_memory_stats(self.cuda_device)
             self._nvml = _NvmlProcessMemory(self.cuda_device)
         self._start_maxrss = _ru_maxrss_bytes()
-        self._start_rss = self._process.memory_info().rss
+        self._start_rss, self._peak_rss_file = rss_split(self._process)
         self._peak_rss = self._start_rss
         self._sample()
         self._thread = threading.Thread(target=self._run, name="vramplan-memory-sampler", daemon=True)
@@ -269,4 +295,5 @@ class PeakMemorySampler:
             peak_nvml_process_bytes=self._peak_nvml,
             cuda_context_bytes=self.cuda_context_bytes,
             peak_vram_bytes=max(vram_terms) if vram_terms else None,
+            peak_rss_file_bytes=self._peak_rss_file,
         )

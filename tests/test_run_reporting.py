@@ -263,3 +263,31 @@ def test_a_terminal_shows_the_prefill_bar_with_the_predicted_eta(tiny_dir, slow_
     assert code == 0 and "ETA" not in shown  # --json: no bar, even at a terminal
     assert _prefill_lines(shown) == ["prefill 48 tokens in chunks of 16, then up to 4 new tokens"]
     assert json.loads(shown[shown.index("{"):])["measured"]["generated_tokens"] == 4
+
+
+def test_peak_ram_over_the_plan_only_by_mapped_file_pages_is_said(tmp_path):
+    """A checkpoint read through mmap puts its pages in RSS; the sampler splits them out (/proc/self/status) and the
+    report says when they alone put the peak over the plan."""
+    import mmap
+
+    from vramplan.runtime.execute import mapped_pages_note
+    from vramplan.runtime.measure import PeakMemorySampler
+
+    blob = tmp_path / "weights.bin"
+    blob.write_bytes(b"\1" * (96 << 20))
+    with PeakMemorySampler() as sampler, open(blob, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        assert sum(m[i] for i in range(0, len(m), 4096)) == len(m) // 4096  # every page read: mapped into RSS
+        import time
+
+        time.sleep(0.3)
+    peaks = sampler.result
+    if peaks.peak_rss_file_bytes is None:
+        pytest.skip("no /proc/self/status here")
+    assert peaks.peak_rss_file_bytes >= 90 << 20
+    anonymous = peaks.peak_rss_bytes - peaks.peak_rss_file_bytes
+    peak, mapped = peaks.peak_rss_bytes, peaks.peak_rss_file_bytes
+    note = mapped_pages_note(anonymous + (10 << 20), peak, mapped)
+    assert "mapped from files" in note and "is within the plan's" in note
+    assert "also over" in mapped_pages_note(anonymous - (10 << 20), peak, mapped)
+    assert mapped_pages_note(peak, peak, mapped) is None  # not over the plan: nothing to say
+    assert mapped_pages_note(0, peak, None) is None  # not measured: nothing to say
