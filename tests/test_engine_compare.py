@@ -111,7 +111,7 @@ def test_gguf_tensors_are_reused_for_the_same_spec_only():
 
 
 def test_a_tie_is_called_a_tie():
-    spec, hw, req, p = _plan("llama-3.1-405b", "h200", 131072)
+    spec, hw, req, p = _plan("llama-3.1-70b", "rtx-4090", 32768)  # llama.cpp predicted 1.03x vramplan's plan
     best = p.fastest_engine
     assert best["engine"] == "llama.cpp" and best["decode_vs_plan"] < compare.TIE and best["why"].startswith("a tie")
 
