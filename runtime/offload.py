@@ -149,6 +149,17 @@ class OffloadEngine:
     def _stream_report(self, name: str) -> int:
         return getattr(self.stream, name) if self.stream is not None else 0
 
+    def _direct_cpu_kernels(self) -> None:
+        """Layers the CPU computes call torch's CPU kernels without quanto's dispatch (runtime.quantize.direct_kernels:
+        the same tensors and numbers), as a model run on the CPU alone does: the speed model prices the CPU's quanto
+        layers that way."""
+        from vramplan.runtime.quantize import direct_kernels
+
+        swapped = sum(direct_kernels(self._layers[i]) for i in self.offloaded_layers)
+        if swapped:
+            self._note(f"{swapped} quanto layers computed by the CPU call torch's CPU kernel directly "
+                       "(runtime.quantize.Int8Rows / Int4Groups)")
+
     def _note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
@@ -166,6 +177,7 @@ class OffloadEngine:
             else:
                 self._cpu_host_bytes = sum(distinct_bytes(module_leaves(self._layers[i]))
                                            for i in self.offloaded_layers)
+                self._direct_cpu_kernels()
             self._install_wrappers()
             self._install_hooks()
         except BaseException:

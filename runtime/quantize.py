@@ -194,9 +194,10 @@ class Int4Groups(nn.Module):
 
 
 def direct_kernels(model: nn.Module) -> int:
-    """On a model that runs on the CPU alone, every frozen quanto QLinear whose kernel vramplan can call itself (qint8:
-    Int8Rows; qint4 in tinygemm's layout: Int4Groups) is replaced by a module over the same tensors (same bytes, same
-    kernel, same numbers); returns how many. Other layouts (quanto's generic 4-bit packing) stay quanto's."""
+    """Every frozen quanto QLinear on the CPU (a model run there alone, or the layers an offload computes there)
+    whose kernel vramplan can call itself (qint8: Int8Rows; qint4 in tinygemm's layout: Int4Groups) is replaced by a
+    module over the same tensors (same bytes, same kernel, same numbers); returns how many. Other layouts (quanto's
+    generic 4-bit packing) stay quanto's."""
     from optimum.quanto import qint8
     from optimum.quanto.nn import QLinear
     from optimum.quanto.tensor.weights.tinygemm import TinyGemmWeightQBitsTensor
@@ -208,7 +209,7 @@ def direct_kernels(model: nn.Module) -> int:
         if type(m.weight) is TinyGemmWeightQBitsTensor and m.weight._data._data.device.type == "cpu":
             swaps.append((name, Int4Groups(m)))
         elif getattr(m.weight, "qtype", None) is qint8 and m.weight._data.dtype == torch.int8 \
-                and m.weight._scale.dtype == torch.bfloat16:
+                and m.weight._scale.dtype == torch.bfloat16 and m.weight._data.device.type == "cpu":
             swaps.append((name, Int8Rows.from_quanto(m)))
     for name, module in swaps:
         parent, _, attr = name.rpartition(".")

@@ -399,3 +399,25 @@ def test_bnb4_cpu_packed_layer_bound_for_cuda_gets_the_cuda_layout_back(double_q
         assert torch.allclose(got.float(), expected.float(), rtol=0, atol=expected.abs().max().item() / 64)
     else:
         assert torch.equal(qs.absmax, absmax) and torch.equal(got, expected)
+
+
+def test_layers_the_cpu_computes_call_the_direct_kernels(tiny_checkpoints):
+    """On a GPU machine the loader leaves quanto's QLinear (the model is not on the CPU alone); cpu-mode offload swaps
+    the layers it computes on the CPU for the direct kernels (runtime.quantize.direct_kernels), with the same logits.
+    Here the QLinear model is built by quanto's own backend, on the CPU, as a GPU machine's offloaded layers are."""
+    import json
+
+    from vramplan.runtime.quantize import backend
+
+    config = json.loads((tiny_checkpoints["llama"] / "config.json").read_text())
+    model = load_model(config, scheme=SCHEMES["bf16"], dummy_weights=True, seed=3).model
+    backend(SCHEMES["quanto-int8"]).quantize(model, SCHEMES["quanto-int8"], torch.bfloat16, "cpu")
+    before = first_logits(model, PROMPT, PREFILL_CHUNK)
+    layers = list(_decoder_layers(model))
+    assert len(layers) == 2 and all("QLinear" in {type(m).__name__ for m in layer.modules()} for layer in layers)
+    with apply_offload(model, gpu_layers=1, mode="cpu", device="cpu") as engine:
+        kinds = [{type(m).__name__ for m in layer.modules()} for layer in layers]
+        assert "QLinear" in kinds[0] and "Int8Rows" not in kinds[0]  # resident: left alone
+        assert all("Int8Rows" in k and "QLinear" not in k for k in kinds[1:])  # computed by the CPU: direct
+        assert any("call torch's CPU kernel directly" in n for n in engine.notes)
+        assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), before)
