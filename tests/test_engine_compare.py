@@ -62,7 +62,7 @@ def test_llamacpp_row_is_llamacpps_own_plan_at_the_plans_file_type():
     ft = GGUF_FOR_SCHEME[p.choice.weight_quant]
     own = plan_llamacpp(spec, hw, Request(context=32768, engine="llama.cpp", quant=(ft,), kv_dtype=("f16",)))
     assert row["weight_quant"] == ft and row["decode_tokens_per_s"] == own.chosen.speed.decode_tokens_per_s
-    assert row["expert_layers_in_ram"] == own.choice.expert_layers_on_cpu > 0
+    assert row["expert_layers_on_cpu"] == own.choice.expert_layers_on_cpu > 0
 
 
 def test_without_a_gpu_vllm_says_why_and_the_others_run_on_the_cpu():

@@ -943,7 +943,7 @@ def test_ollama_modelfile_leaves_the_placement_to_llamacpp_fit():
     assert "num_gpu" not in body(o.text) and body(o.text).splitlines()[1:] == ["FROM qwen3:30b-a3b-fp16",
                                                                                "PARAMETER num_ctx 32768"]
     assert o.details["fit_ngl"] == ll.details["ngl"] == 49
-    assert o.details["fit_expert_layers_in_ram"] == ll.details["expert_layers_on_cpu"] == 33
+    assert o.details["fit_expert_layers_on_cpu"] == ll.details["expert_layers_on_cpu"] == 33
     assert o.details["llama_server_argv"] == ["llama-server", "--model", "<qwen3:30b-a3b-fp16 blob>", "-c", "32768",
                                               "-np", "1", "--flash-attn", "auto", "-b", "512", "-ub", "512"]
     assert o.notes[0].startswith("Ollama v0.32.15: llama-server (llama.cpp b10488)")

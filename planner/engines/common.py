@@ -121,7 +121,7 @@ class EngineAnswer:
     placement: str | None = None
     gpu_layers: int | None = None
     total_layers: int | None = None
-    expert_layers_in_ram: int | None = None
+    expert_layers_on_cpu: int | None = None  # MoE layers whose routed experts are in RAM (a count)
     decode_tokens_per_s: float | None = None
     ttft_s: float | None = None
     max_context_tokens: int | None = None
@@ -135,7 +135,7 @@ class EngineAnswer:
 
     def with_layers(self, c: Choice, extra: str = "") -> "EngineAnswer":
         """Its placement from a Choice: the layers on the GPU (or the CPU), the experts in RAM."""
-        self.gpu_layers, self.total_layers, self.expert_layers_in_ram = (c.gpu_layers, c.total_layers,
+        self.gpu_layers, self.total_layers, self.expert_layers_on_cpu = (c.gpu_layers, c.total_layers,
                                                                          c.expert_layers_on_cpu)
         if not c.on_gpu:
             where = "on the CPU"

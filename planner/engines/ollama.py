@@ -394,7 +394,7 @@ def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
                   details={"ollama_version": OLLAMA_VERSION, "tag": tag, "gguf_file_type": ft, "kv_cache_type": kv,
                            "num_ctx": req.context, "num_parallel": launch.num_parallel, "num_batch": launch.num_batch,
                            "llama_server_argv": argv, "fit_ngl": sum(c.gpu_layers_per_device) + 1 if c.on_gpu else 0,
-                           "fit_expert_layers_in_ram": c.expert_layers_on_cpu, "plan": q.to_dict()})
+                           "fit_expert_layers_on_cpu": c.expert_layers_on_cpu, "plan": q.to_dict()})
 
 
 def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> EngineAnswer:
