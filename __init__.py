@@ -5,7 +5,7 @@ shipped hardware profiles), `vramplan.cli` (the `vramplan` command). For noteboo
 
     import vramplan
     p = vramplan.plan("llama-3.1-8b", hardware="rtx-4090", context="32k")
-    p.fits, p.chosen.weight_quant, p.chosen.speed.decode_tokens_per_s, p.fastest_engine
+    p.fits, p.chosen.weight_quant, p.chosen.speed.decode_tokens_per_s, p.fastest_engine.engine, p.engines[1].ttft_s
 
 Nothing is imported here until it is used: `import vramplan.cli` (every command) pays for none of it.
 """

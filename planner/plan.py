@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .choice import Choice, OffloadMode
 from .errors import PlanError
@@ -14,6 +15,9 @@ from .memory import MemoryBreakdown
 from .modelspec import ModelSpec
 from .request import Request
 from .speed import SpeedEstimate
+
+if TYPE_CHECKING:
+    from .engines.common import EngineAnswer, FastestEngine
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -125,8 +129,8 @@ class Plan:
     constants: dict = field(default_factory=dict)
     # the same request by other engines' own rules (planner.engines.compare): one row each, and the fastest engine
     # here by prediction (vramplan's own plan included)
-    engines: list[dict] = field(default_factory=list)
-    fastest_engine: dict | None = None
+    engines: tuple[EngineAnswer, ...] = ()
+    fastest_engine: FastestEngine | None = None
 
     def __post_init__(self) -> None:
         c = self.chosen
@@ -169,8 +173,8 @@ class Plan:
             # the long list before the short ones: a file cut short inside it lacks the keys after it
             "candidates": [x.to_dict() for x in self.candidates],
             # optional (plans saved before it lack it), so before the keys a complete file must end with
-            "engines": list(self.engines),
-            "fastest_engine": self.fastest_engine,
+            "engines": [e.to_dict() for e in self.engines],
+            "fastest_engine": self.fastest_engine.to_dict() if self.fastest_engine is not None else None,
             "constants": self.constants,
             "warnings": list(self.warnings),
             "alternatives": list(self.alternatives),
@@ -179,6 +183,7 @@ class Plan:
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
         """A saved plan back; anything malformed (a hand edit, another tool's file) is a PlanError."""
+        from .engines.common import EngineAnswer, FastestEngine  # here: the engines import this module
         if not isinstance(d, dict) or d.get("schema_version") != PLAN_SCHEMA_VERSION:
             raise PlanError(f"not a vramplan plan (schema_version {PLAN_SCHEMA_VERSION} expected)")
         engine = (d.get("request") or {}).get("engine", "vramplan") if isinstance(d.get("request"), dict) else None
@@ -201,7 +206,8 @@ class Plan:
                        candidates=[Candidate.from_dict(x) for x in d.get("candidates", [])],
                        warnings=[str(w) for w in d.get("warnings", [])],
                        alternatives=list(d.get("alternatives", [])), constants=dict(d.get("constants", {})),
-                       engines=list(d.get("engines", [])), fastest_engine=d.get("fastest_engine"))
+                       engines=tuple(EngineAnswer.from_dict(e) for e in d.get("engines", [])),
+                       fastest_engine=FastestEngine.from_dict(d["fastest_engine"]) if d.get("fastest_engine") else None)
         except PlanError as e:
             raise PlanError(f"plan file: {e}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as e:

@@ -29,7 +29,10 @@ def test_plan_from_python_is_the_command_lines_plan(capsys):
     cli = json.loads(out)
     assert json.loads(json.dumps(p.to_dict(), default=str)) == cli
     assert p.request.vram_budget_bytes == 20 * 2**30 and p.request.context == 32768
-    assert [e["engine"] for e in p.engines][:2] == ["vramplan", "llama.cpp"] and p.fastest_engine["engine"]
+    assert [e.engine for e in p.engines][:2] == ["vramplan", "llama.cpp"] and p.fastest_engine.engine
+    # typed at the outer edge, and back from a saved plan's JSON
+    again = Plan.from_dict(json.loads(json.dumps(p.to_dict(), default=str)))
+    assert again.engines == p.engines and again.fastest_engine == p.fastest_engine
 
 
 def test_typed_inputs_and_forced_options():

@@ -34,24 +34,25 @@ def _plan(model: str, hardware: str, context: int, **kw):
 def test_every_engine_answers_in_one_shape_and_the_fastest_is_the_largest_prediction():
     spec, hw, req, p = _plan("llama-3.1-8b", "h200", 8192)
     rows = p.engines
-    assert [r["engine"] for r in rows] == ENGINES and all(r["fits"] for r in rows)
+    assert [r.engine for r in rows] == ENGINES and all(r.fits for r in rows)
     assert [e.name for e in REGISTRY] == ENGINES
     for r in rows:
-        assert {"weight_quant", "kv_dtype", "placement", "decode_tokens_per_s", "ttft_s", "how", "speed_from"} <= set(r)
+        assert {"weight_quant", "kv_dtype", "placement", "decode_tokens_per_s", "ttft_s", "how", "speed_from"} <= set(
+            r.to_dict())
     own = rows[0]
-    assert own["decode_tokens_per_s"] == p.predicted.decode_tokens_per_s
-    assert own["weight_quant"] == p.choice.weight_quant
+    assert own.decode_tokens_per_s == p.predicted.decode_tokens_per_s
+    assert own.weight_quant == p.choice.weight_quant
     # plain transformers, resident, runs vramplan's eager kernels: vramplan's own prediction
-    assert rows[4]["decode_tokens_per_s"] == own["decode_tokens_per_s"] and rows[4]["decode_vs_plan"] == 1.0
+    assert rows[4].decode_tokens_per_s == own.decode_tokens_per_s and rows[4].decode_vs_plan == 1.0
     for r in rows[1:]:
-        assert r["decode_vs_plan"] == pytest.approx(r["decode_tokens_per_s"] / p.predicted.decode_tokens_per_s)
+        assert r.decode_vs_plan == pytest.approx(r.decode_tokens_per_s / p.predicted.decode_tokens_per_s)
     # vLLM on one GPU is priced as a compiled decode of its bits with the profile's fitted compiled constants
     vllm = rows[3]
-    assert vllm["placement"].startswith("TP 1 x PP 1")
+    assert vllm.placement.startswith("TP 1 x PP 1")
     compiled = estimate_compiled(spec, hw, p.request, compiled_scheme(16))
-    assert vllm["decode_tokens_per_s"] == pytest.approx(compiled.decode_tokens_per_s)
-    best = max(rows, key=lambda r: r["decode_tokens_per_s"])  # (a tie keeps the first: vramplan before transformers)
-    assert p.fastest_engine["engine"] == best["engine"] and p.fastest_engine["why"]
+    assert vllm.decode_tokens_per_s == pytest.approx(compiled.decode_tokens_per_s)
+    best = max(rows, key=lambda r: r.decode_tokens_per_s)  # (a tie keeps the first: vramplan before transformers)
+    assert p.fastest_engine.engine == best.engine and p.fastest_engine.why
 
 
 def test_llamacpp_row_is_llamacpps_own_plan_at_the_plans_file_type():
@@ -61,33 +62,33 @@ def test_llamacpp_row_is_llamacpps_own_plan_at_the_plans_file_type():
     row = p.engines[1]
     ft = GGUF_FOR_SCHEME[p.choice.weight_quant]
     own = plan_llamacpp(spec, hw, Request(context=32768, engine="llama.cpp", quant=(ft,), kv_dtype=("f16",)))
-    assert row["weight_quant"] == ft and row["decode_tokens_per_s"] == own.chosen.speed.decode_tokens_per_s
-    assert row["expert_layers_on_cpu"] == own.choice.expert_layers_on_cpu > 0
+    assert row.weight_quant == ft and row.decode_tokens_per_s == own.chosen.speed.decode_tokens_per_s
+    assert row.expert_layers_on_cpu == own.choice.expert_layers_on_cpu > 0
 
 
 def test_without_a_gpu_vllm_says_why_and_the_others_run_on_the_cpu():
     _, _, _, p = _plan("qwen2.5-0.5b", "cpu-ddr5-desktop", 4096)
-    rows = {r["engine"]: r for r in p.engines}
-    assert not rows["vllm"]["fits"] and "no GPU" in rows["vllm"]["reason"]
-    assert rows["vramplan"]["placement"] == rows["llama.cpp"]["placement"] == "on the CPU"
+    rows = {r.engine: r for r in p.engines}
+    assert not rows["vllm"].fits and "no GPU" in rows["vllm"].reason
+    assert rows["vramplan"].placement == rows["llama.cpp"].placement == "on the CPU"
 
 
 def test_vllm_speed_is_not_invented_where_no_compiled_constants_or_several_gpus():
     _, _, _, p = _plan("llama-3.1-8b", "rtx-3090", 8192)
     vllm = p.engines[3]
-    assert vllm["fits"] and vllm["decode_tokens_per_s"] is None and "no compiled-decode constants" in vllm["speed_from"]
+    assert vllm.fits and vllm.decode_tokens_per_s is None and "no compiled-decode constants" in vllm.speed_from
     spec, hw = model_spec("llama-3.1-70b"), H100_X8
     q = plan_for_engine(spec, hw, Request(context=8192))
     vllm = q.engines[3]
-    assert vllm["fits"] and not vllm["placement"].startswith("TP 1 x PP 1")
-    assert vllm["decode_tokens_per_s"] is None and "multi-GPU" in vllm["speed_from"]
+    assert vllm.fits and not vllm.placement.startswith("TP 1 x PP 1")
+    assert vllm.decode_tokens_per_s is None and "multi-GPU" in vllm.speed_from
 
 
 def test_vllm_max_context_is_what_its_kv_pool_holds():
     spec, hw, req, p = _plan("llama-3.1-8b", "rtx-3090", 8192)
     lay = vllm_layout(spec, hw, p).layout  # vLLM's rules, recomputed here
     per_token = lay.kv_per_sequence_bytes / 8192
-    got = p.engines[3]["max_context_tokens"]
+    got = p.engines[3].max_context_tokens
     assert got == int((lay.kv_pool_bytes - lay.null_block_bytes) // per_token) or abs(
         got - (lay.kv_pool_bytes - lay.null_block_bytes) / per_token) < 1
 
@@ -113,7 +114,7 @@ def test_gguf_tensors_are_reused_for_the_same_spec_only():
 def test_a_tie_is_called_a_tie():
     spec, hw, req, p = _plan("llama-3.1-70b", "rtx-4090", 32768)  # llama.cpp predicted 1.03x vramplan's plan
     best = p.fastest_engine
-    assert best["engine"] == "llama.cpp" and best["decode_vs_plan"] < compare.TIE and best["why"].startswith("a tie")
+    assert best.engine == "llama.cpp" and best.decode_vs_plan < compare.TIE and best.why.startswith("a tie")
 
 
 def test_plan_shows_the_engines_table_and_its_json_one_object_per_engine(capsys):
@@ -136,11 +137,11 @@ def test_plain_transformers_with_a_split_is_not_priced_and_with_quanto_refused()
     for quant, fits in (("bnb-nf4", True), ("quanto-int4", False)):
         p = plan_for_engine(spec, hw, Request(context=8192, quant=(quant,)))
         row = p.engines[4]
-        assert p.choice.gpu_layers < p.choice.total_layers and row["fits"] is fits
+        assert p.choice.gpu_layers < p.choice.total_layers and row.fits is fits
         if fits:
-            assert row["decode_tokens_per_s"] is None and "accelerate" in row["speed_from"]
+            assert row.decode_tokens_per_s is None and "accelerate" in row.speed_from
         else:
-            assert "quanto" in row["reason"]
+            assert "quanto" in row.reason
 
 
 def test_emit_goes_through_the_registry_and_refuses_what_a_gguf_plan_cannot_feed():

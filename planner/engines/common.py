@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 
 from ..choice import Choice
@@ -133,6 +133,12 @@ class EngineAnswer:
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None or k in ("decode_tokens_per_s", "ttft_s")}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "EngineAnswer":
+        """An answer back from a saved plan; keys this version does not know are left out."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
     def with_layers(self, c: Choice, extra: str = "") -> "EngineAnswer":
         """Its placement from a Choice: the layers on the GPU (or the CPU), the experts in RAM."""
         self.gpu_layers, self.total_layers, self.expert_layers_on_cpu = (c.gpu_layers, c.total_layers,
@@ -154,6 +160,25 @@ class EngineAnswer:
         if plan_decode:
             self.decode_vs_plan = speed.decode_tokens_per_s / plan_decode
         return self
+
+
+@dataclass(frozen=True, kw_only=True)
+class FastestEngine:
+    """Which engine decodes fastest here by prediction, its decode, why, and how many times vramplan's plan (None when
+    it is vramplan's own plan, or vramplan's plan does not fit)."""
+
+    engine: str
+    decode_tokens_per_s: float
+    why: str
+    decode_vs_plan: float | None = None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FastestEngine":
+        return cls(engine=str(d["engine"]), decode_tokens_per_s=float(d["decode_tokens_per_s"]), why=str(d["why"]),
+                   decode_vs_plan=d.get("decode_vs_plan"))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from ..hardware import HardwareProfile
 from ..modelspec import ModelSpec
 from ..plan import Plan
 from ..request import Request
-from .common import Engine, EngineAnswer
+from .common import Engine, EngineAnswer, FastestEngine
 from .llamacpp import GGUF_FOR_SCHEME
 
 # Predictions closer than this ratio are called a tie; the dispatch is named as a reason when it is more than this share
@@ -21,9 +21,9 @@ DISPATCH_SHARE = 0.10
 
 
 def engine_rows(engines: tuple[Engine, ...], spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan
-                ) -> list[dict]:
-    """Every engine's answer to the request of vramplan's plan `p`, as plain data, in `engines`' order."""
-    return [_answer(e, spec, hw, req, p).to_dict() for e in engines]
+                ) -> tuple[EngineAnswer, ...]:
+    """Every engine's answer to the request of vramplan's plan `p`, in `engines`' order."""
+    return tuple(_answer(e, spec, hw, req, p) for e in engines)
 
 
 def _answer(e: Engine, spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> EngineAnswer:
@@ -33,16 +33,15 @@ def _answer(e: Engine, spec: ModelSpec, hw: HardwareProfile, req: Request, p: Pl
         return EngineAnswer(engine=e.name, weight_quant="-", kv_dtype="-", fits=False, how="-", reason=str(err))
 
 
-def fastest(p: Plan, rows: list[dict]) -> dict | None:
+def fastest(p: Plan, rows: tuple[EngineAnswer, ...]) -> FastestEngine | None:
     """Which engine decodes fastest here by prediction; None when nothing fits."""
-    entries = [r for r in rows if r["fits"] and r.get("decode_tokens_per_s")]
+    entries = [r for r in rows if r.fits and r.decode_tokens_per_s]
     if not entries:
         return None
-    best = max(entries, key=lambda r: r["decode_tokens_per_s"])
-    out = {"engine": best["engine"], "decode_tokens_per_s": best["decode_tokens_per_s"], "why": _why(p, best)}
-    if p.fits and best["engine"] != "vramplan":
-        out["decode_vs_plan"] = best["decode_tokens_per_s"] / p.predicted.decode_tokens_per_s
-    return out
+    best = max(entries, key=lambda r: r.decode_tokens_per_s)
+    ratio = best.decode_tokens_per_s / p.predicted.decode_tokens_per_s if p.fits and best.engine != "vramplan" else None
+    return FastestEngine(engine=best.engine, decode_tokens_per_s=best.decode_tokens_per_s, why=_why(p, best.to_dict()),
+                         decode_vs_plan=ratio)
 
 
 def _why(p: Plan, best: dict) -> str:
