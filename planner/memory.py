@@ -67,20 +67,19 @@ def weight_costs(spec: ModelSpec, scheme: WeightScheme, cpu_only: bool = False) 
     (quant.cpu_head_scheme); a tied embedding then stays for the lookup and the head is a second, quantized copy."""
     load = scheme.compute_dtype
     embed = head = 0
-    head_read = None
+    lm_head = None  # the matrix the logits read: lm_head, or the tied embedding
     for t in spec.non_layer_tensors():
         b = scheme.tensor_bytes(t, load)
         if t.role is Role.EMBEDDING and not spec.tie_word_embeddings:
             embed += b
         else:
             head += b  # lm_head, final norm, tied embedding
-    lm_head = next((t for t in spec.non_layer_tensors() if t.role is Role.LM_HEAD), None) or next(
-        (t for t in spec.non_layer_tensors() if t.role is Role.EMBEDDING and spec.tie_word_embeddings), None)
-    head_scheme = cpu_head_scheme(scheme, lm_head.shape[-1]) if cpu_only and lm_head is not None else None
-    if head_scheme is not None:
-        quantized = cpu_head_bytes(lm_head)
-        head_read = head - scheme.tensor_bytes(lm_head, load) + quantized
-        head += quantized if spec.tie_word_embeddings else quantized - scheme.tensor_bytes(lm_head, load)
+            lm_head = t if t.role in (Role.LM_HEAD, Role.EMBEDDING) else lm_head
+    head_read = None
+    if cpu_only and lm_head is not None and cpu_head_scheme(scheme, lm_head.shape[-1]) is not None:
+        stored, quantized = scheme.tensor_bytes(lm_head, load), cpu_head_bytes(lm_head)
+        head_read = head - stored + quantized
+        head += quantized if spec.tie_word_embeddings else quantized - stored
     return WeightCosts(layers=tuple(spec.per_layer(lambda ts: scheme.bytes_of(ts, load))), embed_bytes=embed,
                        head_bytes=head, experts=tuple(spec.per_layer(
                            lambda ts: scheme.bytes_of([t for t in ts if t.role is Role.EXPERT], load))),

@@ -227,9 +227,10 @@ SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
 ]}
 
 
-# torch's CPU int8 weight-only matmul (_weight_int8pack_mm, which quanto's qint8 runs there) needs in_features a
-# multiple of 16 for more than one row (runtime/experts.py: INT8PACK_IN_MULTIPLE); a head it cannot take stays as is.
-CPU_HEAD_IN_MULTIPLE = 16
+# torch 2.13's CPU int8 weight-only matmul (_weight_int8pack_mm, which quanto's qint8 runs there) crashes (SIGSEGV) for
+# more than one row when in_features is not a multiple of 16; quanto calls it from 4. The runtime's int8 experts and
+# layers use it from 16 and dequantize otherwise; a head it cannot take stays as loaded.
+INT8PACK_IN_MULTIPLE = 16
 
 
 def cpu_head_scheme(scheme: WeightScheme, in_features: int) -> WeightScheme | None:
@@ -242,7 +243,7 @@ def cpu_head_scheme(scheme: WeightScheme, in_features: int) -> WeightScheme | No
     measured by hand; bench/results/vs-engines-cpu-dev.md has the runs). 8 bits under 4-bit layers too, as llama.cpp
     keeps output.weight at 6-8 bits in its 4-bit types. A tied embedding stays as it is for the lookup, so the int8
     head is a second copy (+0.5 B per element of it)."""
-    if scheme.cpu_head is None or in_features % CPU_HEAD_IN_MULTIPLE:
+    if scheme.cpu_head is None or in_features % INT8PACK_IN_MULTIPLE:
         return None
     return SCHEMES[scheme.cpu_head]
 

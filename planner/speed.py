@@ -83,13 +83,15 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     # quanto on the CPU: vramplan calls torch's int8 / int4 kernels itself and keeps lm_head in int8 rows
     # (runtime.quantize.Int8Rows / Int4Groups, quant.cpu_head_scheme), so the per-layer cost is bf16's eager one; the
     # bandwidth efficiencies are the one fit here: to Qwen2.5-0.5B's decode on the 2-core dev VM (Intel Xeon,
-    # 2026-11-26, bench/results/vs-engines-cpu-dev.md: int8 20.6, int4 28.8 tok/s), rounded. Held out, Llama-3.2-1B:
-    # predicted 8.8 and 13.3 against 10.7 and 16.9 measured (-18 %, -21 %). The per-layer cost was set to bf16's after
-    # a first fit with the old 200 us had shown -16 % / -19 % there. Before the direct kernels these were (0.30, 200
-    # us) and (0.20, 200 us), which now predict 15.6 tok/s for both, against bf16's 13.5 (measured 12.1): the plan
-    # kept bf16, the slowest of the three here. Prefill: the int8 / int4 kernels (VNNI dot products) outrun the bf16
-    # peak the probe measures (a fit to Qwen2.5-0.5B's TTFT wants 1.8-2.0 of it, Llama-3.2-1B then within 6 %), so the
-    # compute efficiency is held at MAX_EFFICIENCY: TTFT is over-predicted by 75-100 % (was 6-13x with 0.25 / 0.15).
+    # 2026-11-26, a bench/vs_engines.py run: int8 20.6, int4 28.8 tok/s), rounded. Held out, Llama-3.2-1B: predicted 8.8
+    # and 13.3 against 10.7 and 16.9 measured (-18 %, -21 %); the committed table, a run 30 min later, has +8 % on
+    # Qwen2.5-0.5B and -12 % / -16 % on Llama-3.2-1B (bench/results/vs-engines-cpu-dev.md). The per-layer cost was set
+    # to bf16's after a first fit with the old 200 us had shown -16 % / -19 % there. Before the direct kernels these
+    # were (0.30, 200 us) and (0.20, 200 us), which now predict 15.6 tok/s for both, against bf16's 13.5 (measured
+    # 12.1): the plan kept bf16, the slowest of the three here. Prefill: the int8 / int4 kernels (VNNI dot products)
+    # outrun the bf16 peak the probe measures (a fit to Qwen2.5-0.5B's TTFT wants 1.8-2.0 of it, Llama-3.2-1B then
+    # within 6 %), so the compute efficiency is held at MAX_EFFICIENCY: TTFT is over-predicted by 75-100 % (was 6-13x
+    # with 0.25 / 0.15).
     ("cpu", "quanto-int8"): (0.40, 1.0, 150e-6, 500e-6),
     ("cpu", "quanto-int4"): (0.39, 1.0, 150e-6, 500e-6),
 }

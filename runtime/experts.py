@@ -38,12 +38,9 @@ import abc
 import torch
 from torch import nn
 
-from vramplan.planner.quant import BNB_NESTED_BLOCKSIZE, WeightScheme, experts_int4_group
+from vramplan.planner.quant import BNB_NESTED_BLOCKSIZE, INT8PACK_IN_MULTIPLE, WeightScheme, experts_int4_group
 
 COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-# torch 2.13's CPU _weight_int8pack_mm crashes (SIGSEGV) for more than one row when in_features is not a multiple
-# of 16; quanto calls it from 4. Experts use it from 16 and dequantize otherwise.
-INT8PACK_IN_MULTIPLE = 16
 
 
 def is_fused_experts(module: nn.Module) -> bool:

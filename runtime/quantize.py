@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from vramplan.planner.errors import VramplanError
-from vramplan.planner.quant import WeightScheme, cpu_head_scheme
-from vramplan.runtime.experts import INT8PACK_IN_MULTIPLE, quantize_experts
+from vramplan.planner.quant import INT8PACK_IN_MULTIPLE, WeightScheme, cpu_head_scheme
+from vramplan.runtime.experts import quantize_experts
 from vramplan.runtime.measure import is_oom
 
 
@@ -136,11 +136,7 @@ class Int8Rows(nn.Module):
     @classmethod
     def from_quanto(cls, qlinear: nn.Module) -> "Int8Rows":
         weight = qlinear.weight
-        module = cls(weight._data, weight._scale.view(-1), qlinear.bias)
-        for name in ("input_scale", "output_scale"):
-            if qlinear._buffers.get(name) is not None:
-                module.register_buffer(name, qlinear._buffers[name])
-        return module
+        return _with_scalars(cls(weight._data, weight._scale.view(-1), qlinear.bias), qlinear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = x.reshape(-1, self.in_features).to(self.scale.dtype)
@@ -172,9 +168,7 @@ class Int4Groups(nn.Module):
         self.group_size = weight._group_size
         self.register_buffer("data", weight._data._data)
         self.register_buffer("scale_shift", weight._scale_shift)
-        for name in ("input_scale", "output_scale"):
-            if qlinear._buffers.get(name) is not None:
-                self.register_buffer(name, qlinear._buffers[name])
+        _with_scalars(self, qlinear)
         self.bias = qlinear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -191,6 +185,14 @@ class Int4Groups(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {self.group_size}"
+
+
+def _with_scalars(module: nn.Module, qlinear: nn.Module) -> nn.Module:
+    """`module` holding the QLinear's fp32 input/output scale scalars too (the plan counts their 8 bytes)."""
+    for name in ("input_scale", "output_scale"):
+        if qlinear._buffers.get(name) is not None:
+            module.register_buffer(name, qlinear._buffers[name])
+    return module
 
 
 def direct_kernels(model: nn.Module) -> int:
@@ -212,8 +214,7 @@ def direct_kernels(model: nn.Module) -> int:
                 and m.weight._scale.dtype == torch.bfloat16 and m.weight._data.device.type == "cpu":
             swaps.append((name, Int8Rows.from_quanto(m)))
     for name, module in swaps:
-        parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, attr, module)
+        model.set_submodule(name, module)
     return len(swaps)
 
 
@@ -227,8 +228,7 @@ def quantize_cpu_head(model: nn.Module, scheme: WeightScheme) -> str | None:
         return None
     name = next(n for n, m in model.named_modules() if m is head)
     tied = head.weight is getattr(model.get_input_embeddings(), "weight", None)
-    parent, _, attr = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, attr, Int8Rows.from_linear(head))
+    model.set_submodule(name, Int8Rows.from_linear(head))
     return (f"lm_head in int8 rows ({head_scheme.name}'s qint8) on the CPU, read whole every token "
             "(planner.quant.cpu_head_scheme)"
             + ("; the tied embedding keeps its own copy for the lookup" if tied else ""))
