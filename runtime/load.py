@@ -136,9 +136,9 @@ def load_model(
     if device == "cpu" and compute_dtype == "bf16":  # every layer on the CPU (the fp32 reference mode: as loaded)
         head_note = quantize_cpu_head(model, scheme)
         notes += [head_note] if head_note else []
-        if scheme.backend == "quanto" and (direct := direct_kernels(model)):
-            notes.append(f"{direct} quanto layers call torch's CPU kernel directly (runtime.quantize.Int8Rows / "
-                         "Int4Groups: the same tensors and kernel, without quanto's per-call dispatch)")
+        if direct := direct_kernels(model):
+            notes.append(f"{direct} layers call torch's CPU kernels directly (runtime.quantize.direct_kernels: the "
+                         "same tensors; quanto's without its per-call dispatch, bf16's one-row products by GEMV)")
     release_freed_heap()
     if tokenizer is None and model_dir is not None:
         tokenizer = load_tokenizer(model_dir, trust_remote_code)

@@ -150,15 +150,15 @@ class OffloadEngine:
         return getattr(self.stream, name) if self.stream is not None else 0
 
     def _direct_cpu_kernels(self) -> None:
-        """Layers the CPU computes call torch's CPU kernels without quanto's dispatch (runtime.quantize.direct_kernels:
-        the same tensors and numbers), as a model run on the CPU alone does: the speed model prices the CPU's quanto
-        layers that way."""
+        """Layers the CPU computes call torch's CPU kernels directly (runtime.quantize.direct_kernels: the same
+        tensors; quanto's without its dispatch, bf16's one-row products by GEMV), as a model run on the CPU alone
+        does: the speed model prices the CPU's layers that way."""
         from vramplan.runtime.quantize import direct_kernels
 
         swapped = sum(direct_kernels(self._layers[i]) for i in self.offloaded_layers)
         if swapped:
-            self._note(f"{swapped} quanto layers computed by the CPU call torch's CPU kernel directly "
-                       "(runtime.quantize.Int8Rows / Int4Groups)")
+            self._note(f"{swapped} layers computed by the CPU call torch's CPU kernels directly "
+                       "(runtime.quantize.direct_kernels)")
 
     def _note(self, text: str) -> None:
         if text not in self.notes:

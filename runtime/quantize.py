@@ -13,6 +13,7 @@ phimoe's routers), plus the fused MoE experts, which vramplan quantizes itself, 
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
 from torch import nn
@@ -187,6 +188,32 @@ class Int4Groups(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {self.group_size}"
 
 
+class Bf16Rows(nn.Linear):
+    """A bf16 nn.Linear on the CPU whose one-row products (a decode step at batch 1) call torch.mv, the same weight and
+    bias Parameters, shared, not copied. torch 2.13's bf16 F.linear of one row goes through its GEMM path, which
+    converts bf16 at about half the rate of mv's GEMV on a CPU without native bf16 (2-core Xeon, AVX-512 without
+    BF16: 8192 x 2048 in 1230 us against 719; a Qwen2.5-0.5B decode 11.8 -> 13.1 tok/s,
+    bench/results/vs-engines-cpu-dev.md). Both sum in fp32, in another order: an output equals F.linear's or differs
+    in its last bf16 bit (1 of 4864 elements, in 1 of 3 random rows). Several rows (a prefill) keep F.linear. A
+    subclass, so what looks for a Linear (transformers' output embeddings, tied weights) still finds one."""
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> "Bf16Rows":
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.in_features, module.out_features = linear.in_features, linear.out_features
+        module.weight, module.bias = linear.weight, linear.bias
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() != self.in_features:
+            return super().forward(x)
+        row = x.reshape(-1)
+        # addmv: the bias added before the one rounding to bf16, as F.linear's addmm does
+        out = torch.mv(self.weight, row) if self.bias is None else torch.addmv(self.bias, self.weight, row)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
 def _with_scalars(module: nn.Module, qlinear: nn.Module) -> nn.Module:
     """`module` holding the QLinear's fp32 input/output scale scalars too (the plan counts their 8 bytes)."""
     for name in ("input_scale", "output_scale"):
@@ -196,17 +223,23 @@ def _with_scalars(module: nn.Module, qlinear: nn.Module) -> nn.Module:
 
 
 def direct_kernels(model: nn.Module) -> int:
-    """Every frozen quanto QLinear on the CPU (a model run there alone, or the layers an offload computes there)
-    whose kernel vramplan can call itself (qint8: Int8Rows; qint4 in tinygemm's layout: Int4Groups) is replaced by a
-    module over the same tensors (same bytes, same kernel, same numbers); returns how many. Other layouts (quanto's
-    generic 4-bit packing) stay quanto's."""
-    from optimum.quanto import qint8
-    from optimum.quanto.nn import QLinear
-    from optimum.quanto.tensor.weights.tinygemm import TinyGemmWeightQBitsTensor
-
+    """Every layer on the CPU (a model run there alone, or the layers an offload computes there) whose kernel
+    vramplan can call itself is replaced by a module over the same tensors (same bytes, same kernel or, for bf16, the
+    same sums by GEMV): a frozen quanto QLinear in qint8 by Int8Rows, in qint4 with tinygemm's layout by Int4Groups,
+    and a plain bf16 nn.Linear by Bf16Rows; returns how many. Other layouts (quanto's generic 4-bit packing, fp16,
+    bitsandbytes) stay as they are."""
     swaps = []
+    quanto = "optimum.quanto" in sys.modules  # no QLinear exists before quanto is imported (it takes 1-2 s)
+    if quanto:
+        from optimum.quanto import qint8
+        from optimum.quanto.nn import QLinear
+        from optimum.quanto.tensor.weights.tinygemm import TinyGemmWeightQBitsTensor
     for name, m in model.named_modules():
-        if type(m) is not QLinear or m.activation_qtype is not None:
+        if type(m) is nn.Linear:
+            if m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu":
+                swaps.append((name, Bf16Rows.of(m)))
+            continue
+        if not quanto or type(m) is not QLinear or m.activation_qtype is not None:
             continue
         if type(m.weight) is TinyGemmWeightQBitsTensor and m.weight._data._data.device.type == "cpu":
             swaps.append((name, Int4Groups(m)))

@@ -409,8 +409,11 @@ def test_layers_the_cpu_computes_call_the_direct_kernels(tiny_checkpoints):
 
     from vramplan.runtime.quantize import backend
 
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     config = json.loads((tiny_checkpoints["llama"] / "config.json").read_text())
-    model = load_model(config, scheme=SCHEMES["bf16"], dummy_weights=True, seed=3).model
+    torch.manual_seed(3)  # transformers' own model: vramplan's loader would give a CPU model its direct kernels
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.bfloat16).eval()
     backend(SCHEMES["quanto-int8"]).quantize(model, SCHEMES["quanto-int8"], torch.bfloat16, "cpu")
     before = first_logits(model, PROMPT, PREFILL_CHUNK)
     layers = list(_decoder_layers(model))
@@ -419,5 +422,27 @@ def test_layers_the_cpu_computes_call_the_direct_kernels(tiny_checkpoints):
         kinds = [{type(m).__name__ for m in layer.modules()} for layer in layers]
         assert "QLinear" in kinds[0] and "Int8Rows" not in kinds[0]  # resident: left alone
         assert all("Int8Rows" in k and "QLinear" not in k for k in kinds[1:])  # computed by the CPU: direct
-        assert any("call torch's CPU kernel directly" in n for n in engine.notes)
+        assert any("call torch's CPU kernels directly" in n for n in engine.notes)
         assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), before)
+
+
+def test_bf16_layers_the_cpu_computes_decode_by_gemv(tiny_checkpoints):
+    """cpu-mode offload gives the bf16 layers it computes on the CPU runtime.quantize.Bf16Rows, the resident ones
+    keep their Linear, and the logits stay within a bf16 rounding of the model's own."""
+    import json
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = json.loads((tiny_checkpoints["llama"] / "config.json").read_text())
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.bfloat16).eval()
+    layers = list(_decoder_layers(model))
+    step = PROMPT[:, :1]
+    with torch.inference_mode():
+        before = model(step).logits
+    with apply_offload(model, gpu_layers=1, mode="cpu", device="cpu"):
+        kinds = [{type(m).__name__ for m in layer.modules()} for layer in layers]
+        assert "Linear" in kinds[0] and "Bf16Rows" not in kinds[0]
+        assert all("Bf16Rows" in k and "Linear" not in k for k in kinds[1:])
+        with torch.inference_mode():
+            torch.testing.assert_close(model(step).logits, before, rtol=2 ** -6, atol=1e-3)

@@ -111,11 +111,35 @@ def test_the_direct_int8_kernel_gives_quantos_numbers_on_quantos_tensors():
     assert torch.allclose(direct(x).float(), reference, atol=0.05, rtol=0.02)
 
 
+def test_bf16_rows_give_linears_bits_on_linears_parameters():
+    """runtime.quantize.Bf16Rows: the Linear's own Parameters (shared), one row by GEMV with the bias added before the
+    rounding: F.linear's outputs to within their last bf16 bit (fp32 sums in another order); several rows go through
+    F.linear itself."""
+    import torch
+
+    from vramplan.runtime.quantize import Bf16Rows
+
+    torch.manual_seed(0)
+    for in_features, out_features, bias in ((64, 48, True), (896, 4864, False), (72, 512, True)):
+        linear = torch.nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+        rows = Bf16Rows.of(linear)
+        assert rows.weight is linear.weight and rows.bias is linear.bias and isinstance(rows, torch.nn.Linear)
+        for shape in ((1, 1, in_features), (in_features,), (1, 5, in_features)):
+            x = torch.randn(shape, dtype=torch.bfloat16)
+            with torch.inference_mode():
+                ours, theirs = rows(x), linear(x)
+            if x.numel() > in_features:
+                assert torch.equal(ours, theirs)
+            else:  # one bf16 rounding step apart at most, and only where the fp32 sums straddle it
+                torch.testing.assert_close(ours, theirs, rtol=2 ** -7, atol=1e-5, msg=str((in_features, bias, shape)))
+                assert (ours != theirs).float().mean() < 0.01
+
+
 def test_a_cpu_run_of_quanto_uses_the_direct_kernels(load_tiny):
     loaded = load_tiny("llama", "quanto-int8")
     kinds = {type(m).__name__ for m in loaded.model.modules()}
     assert "Int8Rows" in kinds and "QLinear" not in kinds
-    assert any("call torch's CPU kernel directly" in n for n in loaded.notes)
+    assert any("call torch's CPU kernels directly" in n for n in loaded.notes)
     int4 = load_tiny("llama", "quanto-int4").model
     kinds = {n.rsplit(".", 1)[-1]: type(m).__name__ for n, m in int4.named_modules()}
     # down_proj (in 256) is in tinygemm's groups of 128; the in-64 layers keep quanto's per-row 4-bit layout
@@ -140,3 +164,29 @@ def test_the_direct_int4_kernel_gives_quantos_numbers_on_quantos_tensors():
         with torch.inference_mode():
             assert torch.equal(direct(x), q(x)), rows
     assert torch.allclose(direct.dequantize(), q.weight.dequantize().float(), atol=1e-2)
+
+
+def test_a_cpu_bf16_run_decodes_by_gemv_with_transformers_tokens(load_tiny, tiny_checkpoints):
+    """A bf16 model run on the CPU alone swaps each plain Linear for Bf16Rows (shared Parameters, a tied head still
+    tied) and decodes the same greedy tokens, with logits within a bf16 rounding, as transformers' own load."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from vramplan.runtime.generate import generate, synthetic_prompt
+
+    for arch in ("llama", "qwen2"):
+        loaded = load_tiny(arch, "bf16")
+        model = loaded.model
+        linears = [type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        assert linears and set(linears) == {"Bf16Rows"}, (arch, set(linears))
+        assert any("bf16's one-row products by GEMV" in n for n in loaded.notes)
+        if model.config.tie_word_embeddings:
+            assert model.lm_head.weight is model.get_input_embeddings().weight
+        reference = AutoModelForCausalLM.from_pretrained(tiny_checkpoints[arch], dtype=torch.bfloat16).eval()
+        ids = synthetic_prompt(12, model.config.vocab_size, seed=3)
+        with torch.inference_mode():
+            ours = generate(model, ids, max_new_tokens=6, prefill_chunk=64)
+            theirs = reference.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+            step = torch.tensor([[int(ids[0, -1])]])
+            torch.testing.assert_close(model(step).logits, reference(step).logits, rtol=2 ** -6, atol=1e-3)
+        assert list(ours.tokens) == theirs[0, ids.shape[1]:].tolist(), arch
