@@ -12,7 +12,7 @@ from .choice import Choice, OffloadMode
 from .errors import PlanError
 from .hardware import HardwareProfile
 from .memory import MemoryBreakdown
-from .modelspec import ModelSpec
+from .modelspec import INVENTORY_HAND_WRITTEN, ModelSpec
 from .request import Request
 from .speed import SpeedEstimate
 
@@ -26,11 +26,34 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def model_ref(spec: ModelSpec) -> dict:
-    """What the plan was made for: run refuses a plan made for another model."""
+@dataclass(frozen=True, kw_only=True)
+class ModelRef:
+    """What the plan was made for: run refuses a plan made for another model (the fingerprint of its architecture)."""
+
+    id: str
+    fingerprint: str
+    source: str = ""
+    inventory: str = INVENTORY_HAND_WRITTEN
+    model_type: str = ""
+    num_layers: int = 0
+    params_total: int = 0
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "source": self.source, "inventory": self.inventory, "model_type": self.model_type,
+                "num_layers": self.num_layers, "params_total": self.params_total, "fingerprint": self.fingerprint}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelRef":
+        return cls(id=str(d["id"]), fingerprint=str(d["fingerprint"]), source=str(d.get("source") or ""),
+                   inventory=str(d.get("inventory") or INVENTORY_HAND_WRITTEN),
+                   model_type=str(d.get("model_type") or ""), num_layers=int(d.get("num_layers") or 0),
+                   params_total=int(d.get("params_total") or 0))
+
+
+def model_ref(spec: ModelSpec) -> ModelRef:
     arch = {k: v for k, v in spec.config.items() if not k.startswith("_") and k not in ("transformers_version",)}
-    return {"id": spec.name, "source": spec.source, "inventory": spec.inventory, "model_type": spec.model_type,
-            "num_layers": spec.num_layers, "params_total": spec.params_total, "fingerprint": _digest(arch)}
+    return ModelRef(id=spec.name, source=spec.source, inventory=spec.inventory, model_type=spec.model_type,
+                    num_layers=spec.num_layers, params_total=spec.params_total, fingerprint=_digest(arch))
 
 
 def hardware_fingerprint(hw: HardwareProfile) -> str:
@@ -39,12 +62,92 @@ def hardware_fingerprint(hw: HardwareProfile) -> str:
                     "cores": hw.host.cpu_cores, "unified": hw.unified_memory})
 
 
-def hardware_ref(hw: HardwareProfile) -> dict:
-    return {"name": hw.name, "source": hw.source, "gpu": hw.gpu.name if hw.gpu else None,
-            "gpu_memory_bytes": hw.gpu.memory_bytes if hw.gpu else 0, "ram_bytes": hw.host.ram_bytes,
-            "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes, "count": g.count} for g in hw.gpus],
-            "measured": hw.measured, "calibrated": hw.calibration is not None,
-            "fingerprint": hardware_fingerprint(hw)}
+@dataclass(frozen=True)
+class GpuRef:
+    name: str
+    memory_bytes: int
+    count: int = 1
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "memory_bytes": self.memory_bytes, "count": self.count}
+
+
+@dataclass(frozen=True, kw_only=True)
+class HardwareRef:
+    """The machine the plan was made for: run refuses a plan made for another (the fingerprint of its GPUs, RAM and
+    cores, not of its measured speeds)."""
+
+    name: str
+    fingerprint: str
+    source: str = ""
+    gpus: tuple[GpuRef, ...] = ()
+    ram_bytes: int = 0
+    measured: bool = False
+    calibrated: bool = False
+
+    @property
+    def gpu(self) -> str | None:
+        """The first GPU's name (None without one)."""
+        return self.gpus[0].name if self.gpus else None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "source": self.source, "gpu": self.gpu,
+                "gpu_memory_bytes": self.gpus[0].memory_bytes if self.gpus else 0, "ram_bytes": self.ram_bytes,
+                "gpus": [g.to_dict() for g in self.gpus], "measured": self.measured, "calibrated": self.calibrated,
+                "fingerprint": self.fingerprint}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "HardwareRef":
+        gpus = tuple(GpuRef(str(g["name"]), int(g["memory_bytes"]), int(g.get("count", 1)))
+                     for g in d.get("gpus") or ())
+        if not gpus and d.get("gpu"):  # a plan saved before the list of GPUs
+            gpus = (GpuRef(str(d["gpu"]), int(d.get("gpu_memory_bytes") or 0)),)
+        return cls(name=str(d["name"]), fingerprint=str(d["fingerprint"]), source=str(d.get("source") or ""),
+                   gpus=gpus, ram_bytes=int(d.get("ram_bytes") or 0), measured=bool(d.get("measured")),
+                   calibrated=bool(d.get("calibrated")))
+
+
+def hardware_ref(hw: HardwareProfile) -> HardwareRef:
+    return HardwareRef(name=hw.name, source=hw.source, ram_bytes=hw.host.ram_bytes,
+                       gpus=tuple(GpuRef(g.name, g.memory_bytes, g.count) for g in hw.gpus), measured=hw.measured,
+                       calibrated=hw.calibration is not None, fingerprint=hardware_fingerprint(hw))
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A constant the plan used: its value, and where it comes from (a profile key, a planner name, the request)."""
+
+    value: int | float | str
+    source: str
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "from": self.source}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Constant":
+        return cls(d["value"], str(d["from"]))
+
+
+def constants(table: dict[str, dict]) -> dict[str, Constant]:
+    """Constants written as {name: {"value": v, "from": where}} (how the planner's tables spell them), as records."""
+    return {name: Constant(c["value"], c["from"]) for name, c in table.items()}
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """When nothing fits: the longest context one weight scheme x KV dtype could hold."""
+
+    weight_quant: str
+    kv_dtype: str
+    max_context_tokens: int
+
+    def to_dict(self) -> dict:
+        return {"weight_quant": self.weight_quant, "kv_dtype": self.kv_dtype,
+                "max_context_tokens": self.max_context_tokens}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Alternative":
+        return cls(str(d["weight_quant"]), str(d["kv_dtype"]), int(d["max_context_tokens"]))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,15 +221,15 @@ def _predicted_dict(s: SpeedEstimate | None) -> dict:
 class Plan:
     """What `plan` decided: the chosen candidate (None when nothing fits), why, and every other candidate."""
 
-    model: dict
-    hardware: dict
+    model: ModelRef
+    hardware: HardwareRef
     request: Request
     chosen: Candidate | None
     reasons: list[str]
     candidates: list[Candidate]
     warnings: list[str] = field(default_factory=list)
-    alternatives: list[dict] = field(default_factory=list)
-    constants: dict = field(default_factory=dict)
+    alternatives: list[Alternative] = field(default_factory=list)
+    constants: dict[str, Constant] = field(default_factory=dict)
     # the same request by other engines' own rules (planner.engines.compare): one row each, and the fastest engine
     # here by prediction (vramplan's own plan included)
     engines: tuple[EngineAnswer, ...] = ()
@@ -158,8 +261,8 @@ class Plan:
         return {
             "schema_version": PLAN_SCHEMA_VERSION,
             "fits": self.fits,
-            "model": self.model,
-            "hardware": self.hardware,
+            "model": self.model.to_dict(),
+            "hardware": self.hardware.to_dict(),
             "request": self.request.to_dict(),
             "choice": self.choice.to_dict() if c else None,
             "reasons": list(self.reasons),
@@ -175,9 +278,9 @@ class Plan:
             # optional (plans saved before it lack it), so before the keys a complete file must end with
             "engines": [e.to_dict() for e in self.engines],
             "fastest_engine": self.fastest_engine.to_dict() if self.fastest_engine is not None else None,
-            "constants": self.constants,
+            "constants": {k: c.to_dict() for k, c in self.constants.items()},
             "warnings": list(self.warnings),
-            "alternatives": list(self.alternatives),
+            "alternatives": [a.to_dict() for a in self.alternatives],
         }
 
     @classmethod
@@ -201,11 +304,13 @@ class Plan:
                                    memory=MemoryBreakdown.from_dict(d["memory"]),
                                    speed=SpeedEstimate.from_dict(d["predicted"], d["ceiling"], d["speed_terms"]),
                                    max_context_tokens=int(d.get("max_context_tokens") or 0))
-            return cls(model=dict(d["model"]), hardware=dict(d["hardware"]), request=Request.from_dict(d["request"]),
+            return cls(model=ModelRef.from_dict(d["model"]), hardware=HardwareRef.from_dict(d["hardware"]),
+                       request=Request.from_dict(d["request"]),
                        chosen=chosen, reasons=[str(r) for r in d.get("reasons", [])],
                        candidates=[Candidate.from_dict(x) for x in d.get("candidates", [])],
                        warnings=[str(w) for w in d.get("warnings", [])],
-                       alternatives=list(d.get("alternatives", [])), constants=dict(d.get("constants", {})),
+                       alternatives=[Alternative.from_dict(a) for a in d.get("alternatives", [])],
+                       constants={k: Constant.from_dict(c) for k, c in d.get("constants", {}).items()},
                        engines=tuple(EngineAnswer.from_dict(e) for e in d.get("engines", [])),
                        fastest_engine=FastestEngine.from_dict(d["fastest_engine"]) if d.get("fastest_engine") else None)
         except PlanError as e:

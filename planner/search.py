@@ -19,7 +19,7 @@ from .hardware import HardwareProfile
 from .memory import (Footprint, LayerCosts, MemoryBreakdown, Placement, WeightCosts, embeddings_on_gpu, gpu_capacity,
                      layer_costs, ram_capacity, weight_costs, workspace_bytes)
 from .modelspec import ModelSpec, context_limit
-from .plan import Candidate, Plan, hardware_ref, model_ref
+from .plan import Alternative, Candidate, Constant, Plan, constants, hardware_ref, model_ref
 from .quant import KV_SCHEMES, SCHEMES, KVScheme, WeightScheme
 from .request import COMPILE_SCHEMES, RUNTIME_BASE_RAM_BYTES, Request
 from .speed import SpeedEstimate, compiled_scheme, estimate, read_bytes_per_layer, speed_constants
@@ -364,7 +364,7 @@ def _balanced(runnable: list[Candidate], req: Request) -> tuple[Candidate, list[
     return choice, reasons
 
 
-def _alternatives(spec, hw, req) -> list[dict]:
+def _alternatives(spec, hw, req) -> list[Alternative]:
     """When nothing fits: the longest context each scheme could hold, best first."""
     out = []
     for scheme in SCHEMES.values():
@@ -378,12 +378,12 @@ def _alternatives(spec, hw, req) -> list[dict]:
             best = bisect_max(lambda ctx: _runs(spec, hw, replace(req, context=ctx, prompt_tokens=None), scheme, kv,
                                                 weights), 1, req.context)
             if best >= 1:
-                out.append({"weight_quant": scheme.name, "kv_dtype": kv_name, "max_context_tokens": best})
-    out.sort(key=lambda a: -a["max_context_tokens"])
+                out.append(Alternative(scheme.name, kv_name, best))
+    out.sort(key=lambda a: -a.max_context_tokens)
     return out
 
 
-def _constants(hw: HardwareProfile, req: Request) -> dict:
+def _constants(hw: HardwareProfile, req: Request) -> dict[str, Constant]:
     """Every constant the plan used, with its value and where it comes from."""
     from . import memory as m, speed as sp
 
@@ -443,7 +443,7 @@ def _constants(hw: HardwareProfile, req: Request) -> dict:
     if hw.link is not None:
         out["link_h2d_pinned_bytes_per_s"] = {"value": hw.link.h2d_pinned_bytes_per_s, "from": f"profile {hw.name}: "
                                                                                                "link.h2d_pinned"}
-    return out
+    return constants(out)
 
 
 def check_request(hw: HardwareProfile, req: Request) -> None:
@@ -527,13 +527,13 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
             reasons.append(f"smallest option, {smallest.weight_quant} + {smallest.kv_dtype} KV: {smallest.reason}")
         if alts:
             a = alts[0]
-            reasons.append(f"what would fit instead: {a['weight_quant']} weights + {a['kv_dtype']} KV up to "
-                           f"{a['max_context_tokens']} tokens of context")
+            reasons.append(f"what would fit instead: {a.weight_quant} weights + {a.kv_dtype} KV up to "
+                           f"{a.max_context_tokens} tokens of context")
         return Plan(**common, chosen=None, reasons=reasons, warnings=warnings, alternatives=alts)
     chosen, reasons = choose_by_preference(cands, req)
     c = chosen.choice
-    common["constants"].update(speed_constants(hw, speed_scheme(req, SCHEMES[c.weight_quant]),
-                                               "gpu" if c.on_gpu else "cpu"))
+    common["constants"].update(constants(speed_constants(hw, speed_scheme(req, SCHEMES[c.weight_quant]),
+                                                         "gpu" if c.on_gpu else "cpu")))
     if req.compiled:
         reasons.append("decode compiled (--compile: a static cache and torch.compile, CUDA graphs on a GPU), priced "
                        f"without the eager dispatch; efficiencies: {chosen.speed.terms.get('efficiency_source')}")

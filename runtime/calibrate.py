@@ -394,7 +394,7 @@ def measure_runtime_ram(hw: HardwareProfile, matrix: Matrix, *,
         except RunFailed as e:
             warnings.append(f"runtime RAM not measured with {name}: {e}")
             continue
-        base = report.plan.constants["runtime_base_ram_bytes"]["value"]
+        base = report.plan.constants["runtime_base_ram_bytes"].value
         extra = report.measured.peak_ram_bytes - (report.predicted.peak_ram_bytes - base)
         extras.append(extra)
         vram = allocator_excess(report.measured.peak_vram_bytes, report.predicted.peak_vram_bytes,

@@ -127,12 +127,11 @@ def _pct(measured, predicted):
 
 def check_plan_matches(p: Plan, spec: ModelSpec, hw: HardwareProfile) -> None:
     """A plan made for another model or machine is refused."""
-    mine = model_ref(spec)["fingerprint"]
-    if p.model.get("fingerprint") != mine:
-        raise PlanError(f"the plan was made for model {p.model.get('id')!r}, not {spec.name!r} (architecture differs)")
-    if p.hardware.get("fingerprint") != hardware_fingerprint(hw):
-        raise PlanError(f"the plan was made for hardware {p.hardware.get('name')!r} "
-                        f"({p.hardware.get('gpu') or 'no GPU'}), not this machine ({hw.name}: "
+    if p.model.fingerprint != model_ref(spec).fingerprint:
+        raise PlanError(f"the plan was made for model {p.model.id!r}, not {spec.name!r} (architecture differs)")
+    if p.hardware.fingerprint != hardware_fingerprint(hw):
+        raise PlanError(f"the plan was made for hardware {p.hardware.name!r} "
+                        f"({p.hardware.gpu or 'no GPU'}), not this machine ({hw.name}: "
                         f"{hw.gpu.name if hw.gpu else 'no GPU'})")
     if not p.fits:
         raise PlanError("the plan says nothing fits: there is nothing to run")

@@ -13,7 +13,7 @@ import pytest
 
 import vramplan
 from vramplan.planner.errors import ConfigError, UnitError, VramplanError
-from vramplan.planner.plan import Plan
+from vramplan.planner.plan import Alternative, Constant, HardwareRef, ModelRef, Plan
 
 from cli_helpers import run_cli
 
@@ -33,12 +33,30 @@ def test_plan_from_python_is_the_command_lines_plan(capsys):
     # typed at the outer edge, and back from a saved plan's JSON
     again = Plan.from_dict(json.loads(json.dumps(p.to_dict(), default=str)))
     assert again.engines == p.engines and again.fastest_engine == p.fastest_engine
+    assert (again.model, again.hardware, again.constants) == (p.model, p.hardware, p.constants)
+    assert isinstance(p.model, ModelRef) and isinstance(p.hardware, HardwareRef)
+    assert p.hardware.gpu == "NVIDIA GeForce RTX 4090"
+    assert all(isinstance(c, Constant) for c in p.constants.values())
+    assert p.constants["gpu_capacity_bytes"] == Constant(20 * 2**30, "request --vram-budget")
+
+
+def test_nothing_fits_gives_typed_alternatives_and_a_saved_plans_old_hardware_form_reads_back():
+    p = vramplan.plan("llama-3.1-8b", hardware="rtx-3060-12gb", context="128k", batch=16, ram_budget="8GiB")
+    assert not p.fits and p.alternatives and all(isinstance(a, Alternative) for a in p.alternatives)
+    d = p.to_dict()
+    assert d["alternatives"][0] == {"weight_quant": p.alternatives[0].weight_quant,
+                                    "kv_dtype": p.alternatives[0].kv_dtype,
+                                    "max_context_tokens": p.alternatives[0].max_context_tokens}
+    assert Plan.from_dict(d).alternatives == p.alternatives
+    # a plan saved before the hardware listed its GPUs: the one GPU comes from "gpu" and "gpu_memory_bytes"
+    old = {k: v for k, v in d["hardware"].items() if k != "gpus"}
+    assert HardwareRef.from_dict(old).to_dict() == d["hardware"]
 
 
 def test_typed_inputs_and_forced_options():
     spec, hw = vramplan.model("qwen2.5-0.5b"), vramplan.hardware("rtx-3060-12gb")
     p = vramplan.plan(spec, hw, 4096, quant="bnb-nf4", kv_dtype=("bf16",))
-    assert p.model["id"] == spec.name and p.hardware["name"] == hw.name
+    assert p.model.id == spec.name and p.hardware.name == hw.name
     assert {c.weight_quant for c in p.candidates} == {"bnb-nf4"} and {c.kv_dtype for c in p.candidates} == {"bf16"}
     llama = vramplan.plan(spec, hw, "8k", engine="llama.cpp")
     assert llama.fits and llama.request.engine == "llama.cpp"

@@ -171,7 +171,7 @@ def test_balanced_floor_is_a_request_field_echoed_in_the_plan():
     with pytest.raises(PlanError, match="quality floor"):
         Request(context=4096, balanced_max_quality_cost_pct=-1)
     p = plan(model_spec("llama-3.1-8b"), resolve_profile("rtx-4090")[0], Request(context=4096))
-    assert p.constants["balanced_max_quality_cost_pct"]["value"] == BALANCED_MAX_QUALITY_COST_PCT
+    assert p.constants["balanced_max_quality_cost_pct"].value == BALANCED_MAX_QUALITY_COST_PCT
 
 
 # ---------------------------------------------------------------- 3. the Ollama tag of the model that was planned

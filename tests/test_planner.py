@@ -114,7 +114,7 @@ def test_toy_ram_too_small_says_what_would_fit(toy):
     hw = toy_hw(HEAD + WS, ram_bytes=4 * LAYER + EMBED + 4 * 64 * 128 * 2 + 2 * 1024)
     p = plan(toy, hw, Request(context=4096, prefill_chunk=1, headroom_bytes=0, runtime_base_ram_bytes=0))
     assert not p.fits
-    assert p.alternatives and all(a["max_context_tokens"] < 4096 for a in p.alternatives)
+    assert p.alternatives and all(a.max_context_tokens < 4096 for a in p.alternatives)
     assert any("what would fit instead" in r for r in p.reasons)
 
 

@@ -127,12 +127,12 @@ def test_a_plan_says_which_public_records_its_speed_comes_from():
     p = plan(spec, hw, Request(context=4096, quant=("bnb-nf4",), kv_dtype=("bf16",)))
     assert p.chosen.speed.terms["efficiency_source"].startswith("fitted to public measurements (")
     consts = p.constants
-    eff = consts["gpu_transformers_bnb-nf4_bandwidth_efficiency"]["from"]
+    eff = consts["gpu_transformers_bnb-nf4_bandwidth_efficiency"].source
     assert "records bnb045-h10080gb-llama318b-nf4-bs1" in eff or "bnb045-h10080gb-llama318b-nf4-bs1" in eff
     dispatch = consts["gpu_transformers_bnb-nf4_eager_dispatch_per_layer_s"]
-    assert dispatch["value"] == pytest.approx(hw.host.eager_dispatch_per_layer_s
+    assert dispatch.value == pytest.approx(hw.host.eager_dispatch_per_layer_s
                                               * hw.public_fit.lookup("transformers", "bnb-nf4").dispatch_factor)
-    assert "host.eager_dispatch_per_layer" in dispatch["from"] and "server hosts" in dispatch["from"]
+    assert "host.eager_dispatch_per_layer" in dispatch.source and "server hosts" in dispatch.source
     # host-bound: the H100's eager decode is the host's dispatch, not HBM
     assert p.chosen.speed.terms["decode_bound"] == "host dispatch"
 

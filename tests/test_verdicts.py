@@ -63,7 +63,7 @@ def test_a_cpu_machine_over_its_ram_picks_what_fits_or_says_nothing_fits():
     assert p.memory.cpu.total_bytes <= p.memory.cpu.capacity_bytes
     p = plan(model_spec("llama-3.1-8b"), hw, Request(context=10 * 1024 * 1024, allow_context_overflow=True))
     assert not p.fits and p.reasons[0].startswith("nothing fits") and "RAM needs" in p.reasons[0]
-    assert p.alternatives and all(a["max_context_tokens"] < 10 * 1024 * 1024 for a in p.alternatives)
+    assert p.alternatives and all(a.max_context_tokens < 10 * 1024 * 1024 for a in p.alternatives)
 
 
 def test_a_cpu_machine_chooses_what_fits_in_its_ram():
