@@ -73,7 +73,13 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     ("gpu", "bnb-fp4-dq"): (0.11, 0.30, 90e-6, 200e-6),
     ("gpu", "quanto-int8"): (0.25, 0.30, 80e-6, 200e-6),
     ("gpu", "quanto-int4"): (0.20, 0.25, 80e-6, 200e-6),
-    ("cpu", "bf16"): (0.50, 0.50, 150e-6, 500e-6),
+    # bf16 on the CPU decodes by GEMV (runtime.quantize.Bf16Rows). Fitted to one profile of Qwen2.5-0.5B's decode step
+    # on the 2-core dev VM (bench/decode_profile.py, 128-token prompt, 2026-11-26): the 169 matmuls took 53.2 of the
+    # step's 71.6 ms over 988 MB of weights, 18.6 GB/s of the 28.75 GB/s the probe measured (0.65); attention 2.9 ms
+    # and the rest, 15.0 ms over 24 layers, is eager dispatch (0.625 ms a layer). Held out, Llama-3.2-1B in
+    # bench/results/vs-engines-cpu-dev.md: predicted 6.9 tok/s against 7.5 measured; Qwen2.5-0.5B there 13.9 against
+    # 12.2 (that run's hour was slower: llama.cpp too ran 7 % under its run before). Was (0.50, 150 us): 5.5 and 13.3.
+    ("cpu", "bf16"): (0.65, 0.50, 625e-6, 500e-6),
     ("cpu", "fp16"): (0.15, 0.10, 150e-6, 500e-6),
     ("cpu", "bnb-int8"): (0.03, 0.03, 300e-6, 500e-6),
     ("cpu", "bnb-nf4"): (0.03, 0.03, 300e-6, 500e-6),
@@ -81,17 +87,12 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     ("cpu", "bnb-fp4"): (0.03, 0.03, 300e-6, 500e-6),
     ("cpu", "bnb-fp4-dq"): (0.03, 0.03, 300e-6, 500e-6),
     # quanto on the CPU: vramplan calls torch's int8 / int4 kernels itself and keeps lm_head in int8 rows
-    # (runtime.quantize.Int8Rows / Int4Groups, quant.cpu_head_scheme), so the per-layer cost is bf16's eager one; the
-    # bandwidth efficiencies are the one fit here: to Qwen2.5-0.5B's decode on the 2-core dev VM (Intel Xeon,
-    # 2026-11-26, a bench/vs_engines.py run: int8 20.6, int4 28.8 tok/s), rounded. Held out, Llama-3.2-1B: predicted 8.8
-    # and 13.3 against 10.7 and 16.9 measured (-18 %, -21 %); the committed table, a run 30 min later, has +8 % on
-    # Qwen2.5-0.5B and -12 % / -16 % on Llama-3.2-1B (bench/results/vs-engines-cpu-dev.md). The per-layer cost was set
-    # to bf16's after a first fit with the old 200 us had shown -16 % / -19 % there. Before the direct kernels these
-    # were (0.30, 200 us) and (0.20, 200 us), which now predict 15.6 tok/s for both, against bf16's 13.5 (measured
-    # 12.1): the plan kept bf16, the slowest of the three here. Prefill: the int8 / int4 kernels (VNNI dot products)
-    # outrun the bf16 peak the probe measures (a fit to Qwen2.5-0.5B's TTFT wants 1.8-2.0 of it, Llama-3.2-1B then
-    # within 6 %), so the compute efficiency is held at MAX_EFFICIENCY: TTFT is over-predicted by 75-100 % (was 6-13x
-    # with 0.25 / 0.15).
+    # (runtime.quantize.Int8Rows / Int4Groups, quant.cpu_head_scheme). Bandwidth efficiencies fitted to one
+    # bench/vs_engines.py run of Qwen2.5-0.5B on the 2-core dev VM (2026-11-26: int8 20.6, int4 28.8 tok/s) with
+    # bf16's per-layer cost of then (150 us); held out, Llama-3.2-1B -18 % / -21 %. In the committed table (a slower
+    # hour): Qwen2.5-0.5B +22 % / +28 %, Llama-3.2-1B -16 % / -18 %. Prefill: the int8 / int4 kernels (VNNI) outrun
+    # the probe's bf16 peak (Qwen2.5-0.5B's TTFT wants 1.8-2.0 of it), so the compute efficiency is MAX_EFFICIENCY:
+    # TTFT over-predicted by 75-100 % (was 6-13x with 0.25 / 0.15).
     ("cpu", "quanto-int8"): (0.40, 1.0, 150e-6, 500e-6),
     ("cpu", "quanto-int4"): (0.39, 1.0, 150e-6, 500e-6),
 }
@@ -224,10 +225,21 @@ def compiled_scheme(bits: int, group_size: int | None = None) -> WeightScheme:
     raise ValueError(f"no compiled weight format of {bits} bits (group {group_size})")
 
 
+# llama.cpp's file types until calibrated (`vramplan calibrate --engine llama.cpp`): on a GPU bf16's; on the CPU the
+# values bf16 had before vramplan's GEMV path, which has no counterpart in llama.cpp (ggml has no per-op dispatch).
+# Against bench/results/vs-engines-cpu-dev.md (2-core VM, not fitted to it): Qwen2.5-0.5B BF16 / Q8_0 / Q4_0
+# -10 / -4 / -1 %, Llama-3.2-1B -21 / -19 / -8 %.
+_LLAMA_CPP_DEFAULTS: dict[str, tuple[float, float, float, float]] = {
+    "gpu": _DEFAULTS[("gpu", "bf16")], "cpu": (0.50, 0.50, 150e-6, 500e-6)}
+
+
 def _default(device: str, scheme: WeightScheme) -> tuple[float, float, float, float]:
-    """The documented defaults; a compiled or llama.cpp scheme takes the unquantized weights' on that device."""
+    """The documented defaults; a compiled scheme takes the unquantized weights' on that device, a llama.cpp file
+    type _LLAMA_CPP_DEFAULTS."""
+    if scheme.backend == LLAMA_CPP_BACKEND:
+        return _LLAMA_CPP_DEFAULTS[device]
     key = (device, scheme.name)
-    if scheme.backend in (COMPILED_BACKEND, LLAMA_CPP_BACKEND) and key not in _DEFAULTS:
+    if scheme.backend == COMPILED_BACKEND and key not in _DEFAULTS:
         return _DEFAULTS[(device, "bf16")]
     return _DEFAULTS[key]
 

@@ -139,8 +139,8 @@ def export_transformers(spec: ModelSpec, p: Plan) -> Export:
 
 
 def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> EngineAnswer:
-    """Plain transformers (+ accelerate) with vramplan's scheme and split: resident, the same eager kernels as
-    vramplan's runtime, so its prediction (measured at the same speed: bench/results/vs-engines-cpu-dev.md); split,
+    """Plain transformers (+ accelerate) with vramplan's scheme and split: resident on a GPU, the same eager kernels
+    as vramplan's runtime, so its prediction; on the CPU, not priced (vramplan's own CPU kernels are faster); split,
     accelerate's device_map hooks, which vramplan does not model (its stream engine measured 5.06x accelerate's
     decode in bf16 and 16.98x in nf4 on an H200: bench/results/gpu-nvidia-h200*/offload-*)."""
     if not p.fits:
@@ -158,6 +158,12 @@ def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> Engin
         a.max_context_tokens = p.chosen.max_context_tokens or None
         a.speed_from = "not predicted: accelerate's offload is not modeled (5-17x slower than vramplan's stream "\
                        "engine, measured on an H200)"
+        return a
+    if not c.on_gpu:
+        a.max_context_tokens = p.chosen.max_context_tokens or None
+        a.speed_from = "not predicted: on the CPU vramplan calls torch's kernels itself (bf16 by GEMV, quanto's "\
+                       "int8/int4 without its dispatch, lm_head in int8 rows), plain transformers does not (it " \
+                       "decoded at 0.59-0.89x of vramplan's speed: bench/results/vs-engines-cpu-dev.md)"
         return a
     speed = p.chosen.speed
     if req.compiled:  # plain generate decodes eagerly: price vramplan's eager decode of the same placement
