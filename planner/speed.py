@@ -284,8 +284,8 @@ def efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> Effici
     host's dispatch in it: no dispatch term is added to it."""
     bw, comp, per_layer, per_token = _default(device, scheme)
     if scheme.backend == COMPILED_BACKEND and device == "cpu" and scheme.name in SCHEMES:
-        # a CPU has no dispatch term to drop, and a compiled decode measured within 6 % of eager there
-        # (bench/results/vs-engines-cpu-dev-compiled.md): the weights' own calibration stands for it
+        # a CPU has no dispatch term to drop, and a compiled decode measured +7 % / -15 % of eager there
+        # (bench/results/vs-engines-cpu-dev.md): the weights' own calibration stands for it
         scheme = SCHEMES[scheme.name]
     e, stand_in = _calibrated_entry(hw, device, scheme)
     if e is None:
