@@ -29,6 +29,7 @@ Llama-3.1-8B in bf16 at 41 tok/s, the 4090 at 47). A torch.compile'd decode with
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .hardware import HardwareProfile
 from .choice import Choice, ComputeDevice, OffloadMode
@@ -498,6 +499,16 @@ class DecodeWork:
     expand_flop: list[float] = field(default_factory=list)  # MLA expansion's FLOPs per layer (empty: none)
     expand_bytes: list[float] = field(default_factory=list)  # MLA expansion's bytes moved per layer
 
+    @cached_property
+    def kinds(self) -> list[int]:
+        """Per layer, which of the distinct layers it is (equal work, so equal time on one device): a model has one
+        to a few (dense and MoE layers, sliding and full attention), and the decode time of each is priced once."""
+        seen: dict[tuple, int] = {}
+        none = [0.0] * len(self.weights_bytes)
+        return [seen.setdefault(key, len(seen)) for key in zip(
+            self.weights_bytes, self.expert_bytes, self.expert_calls, self.kv_read_bytes, self.kv_update_bytes,
+            self.attention_flop, self.expand_flop or none, self.expand_bytes or none)]
+
 
 def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,
                 costs: LayerCosts, read: ReadBytes | None = None) -> DecodeWork:
@@ -661,21 +672,30 @@ class _Model:
 
     def decode_s(self, context: int) -> tuple[float, dict]:
         w = self._work(context)
+        kinds = w.kinds
+        priced: dict[tuple, float] = {}  # (device, kind, without experts): one layer's decode there
+
+        def layer_s(dev, i: int, without_experts: bool = False) -> float:
+            key = (dev, kinds[i], without_experts)
+            t = priced.get(key)
+            if t is None:
+                t = priced[key] = self.rates[dev].layer_decode_s(w, i, without_experts=without_experts)
+            return t
+
         resident_s = streamed_s = cpu_layers_s = experts_s = 0.0
         cpu = self.rates[CPU_DEVICE]
         for i, dev in enumerate(self.device):
-            rates = self.rates[dev]
             if i in self.streamed:
                 # prefetch overlaps the copy of layer i+1 with the compute of layer i: a max, not a sum;
                 # the whole layer (every expert) crosses the link
-                streamed_s += max(self.costs.weights[i] / self.link_bytes_per_s, rates.layer_decode_s(w, i))
+                streamed_s += max(self.costs.weights[i] / self.link_bytes_per_s, layer_s(dev, i))
             elif dev == CPU_DEVICE and self.c.on_gpu:
-                cpu_layers_s += rates.layer_decode_s(w, i)
+                cpu_layers_s += layer_s(dev, i)
             elif i in self.expert_layers_in_ram:
-                resident_s += rates.layer_decode_s(w, i, without_experts=True)
+                resident_s += layer_s(dev, i, True)
                 experts_s += cpu.experts_s(w.expert_bytes[i], w.expert_calls[i])
             else:
-                resident_s += rates.layer_decode_s(w, i)
+                resident_s += layer_s(dev, i)
         head_s = self.main.weights_s(w.head_bytes)
         fixed_s = self.main.weights.per_token_s + self.crossings * self.crossing_s
         # the GPUs' share runs behind the host's dispatch of it: the longer of the two
@@ -683,10 +703,22 @@ class _Model:
         host_s = self.host_dispatch_s()
         terms = {"resident_s": resident_s, "offloaded_s": streamed_s + cpu_layers_s, "experts_on_cpu_s": experts_s,
                  "lm_head_s": head_s, "fixed_s": fixed_s, "crossings": self.crossings,
-                 "kv_update_s": sum(self.rates[d].kv_update_s(w, i) for i, d in enumerate(self.device)),
-                 "mla_expand_s": sum(self.rates[d].expand_s(w, i) for i, d in enumerate(self.device)),
+                 "kv_update_s": self._per_kind_sum(w, DeviceRates.kv_update_s),
+                 "mla_expand_s": self._per_kind_sum(w, DeviceRates.expand_s),
                  "host_dispatch_s": host_s, "decode_bound": "host dispatch" if host_s > gpu_s else "device"}
         return max(gpu_s, host_s) + cpu_layers_s + experts_s, terms
+
+    def _per_kind_sum(self, w: DecodeWork, term) -> float:
+        """`term(rates, w, i)` summed over the layers, priced once per device and kind of layer."""
+        priced: dict[tuple, float] = {}
+        total = 0.0
+        for i, dev in enumerate(self.device):
+            key = (dev, w.kinds[i])
+            t = priced.get(key)
+            if t is None:
+                t = priced[key] = term(self.rates[dev], w, i)
+            total += t
+        return total
 
     def ceiling_s(self, context: int) -> float:
         """The bytes a step must read over the bandwidth where they live; streamed layers over the link."""
