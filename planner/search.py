@@ -22,7 +22,8 @@ from .modelspec import ModelSpec, context_limit
 from .plan import Alternative, Candidate, Constant, Plan, constants, hardware_ref, model_ref
 from .quant import KV_SCHEMES, SCHEMES, KVScheme, WeightScheme
 from .request import COMPILE_SCHEMES, RUNTIME_BASE_RAM_BYTES, Request
-from .speed import SpeedEstimate, compiled_scheme, estimate, read_bytes_per_layer, speed_constants
+from .speed import SpeedEstimate, compiled_scheme, estimate, speed_constants
+from .work import read_bytes_per_layer
 from .units import format_bytes
 
 # When nothing fits, alternatives are searched with these KV dtypes: full precision and the smallest

@@ -28,15 +28,17 @@ Llama-3.1-8B in bf16 at 41 tok/s, the 4090 at 47). A torch.compile'd decode with
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 
 from .hardware import HardwareProfile
 from .choice import Choice, ComputeDevice, OffloadMode
 from .memory import LayerCosts, layer_costs
-from .modelspec import ModelSpec, Role, dtype_bytes
-from .quant import KV_SCHEMES, SCHEMES, KVScheme, QualityCost, WeightScheme, kv_bytes_per_layer
+from .modelspec import ModelSpec, dtype_bytes
+from .quant import KV_SCHEMES, SCHEMES, KVScheme, QualityCost, WeightScheme
 from .request import Request
+from .work import (DecodeWork, ReadBytes, decode_work, expert_flop_share, experts_touched, head_flop,
+                   matmul_flop_per_layer, prefill_attention_flop_per_layer, prefill_expand_flop_per_layer,
+                   read_bytes_per_layer)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,13 +128,6 @@ PREFILL_ATTENTION_BACKEND = "prefill-attn"
 DEFAULT_PREFILL_ATTENTION_EFFICIENCY = {"cpu": 0.17, "gpu": 0.35}
 
 
-def decode_attention_flops_per_layer(spec: ModelSpec, context: int, batch: int) -> list[float]:
-    """FLOPs of one query token's attention per layer: QK^T (head_dim) and AV (V's head dim) over the cached tokens
-    (GQA saves none)."""
-    return spec.per_attention_layout(
-        lambda a: 2.0 * a.num_heads * (a.head_dim + a.value_dim) * a.cached_tokens(context) * batch)
-
-
 # MLA as transformers runs it (AttentionLayout.expands_cache: deepseek_v2/v3's `expand_kv`, modeling_deepseek_v3.py in
 # transformers 5.17-5.24): every forward of every layer up-projects the layer's WHOLE cached context with kv_b_proj
 # and copies k_nope and the shared k_rot into a new key tensor, before the attention kernel reads K and V. Per decode
@@ -141,27 +136,6 @@ def decode_attention_flops_per_layer(spec: ModelSpec, context: int, batch: int) 
 # whichever takes longer; prefill expands once per chunk over the context so far. Measured on the 2-core dev VM
 # (hidden 256, 8 heads, kv_lora_rank 256, bf16): at a 3000-token context matmuls, almost all kv_b_proj's, are 62 %
 # of a decode step's time (torch profiler; the copies of the expansion and of SDPA's math path most of the rest).
-
-
-def mla_expand_per_layer(spec: ModelSpec, context: int, batch: int) -> tuple[list[float], list[float]]:
-    """(FLOPs, elements moved) of one decode step's MLA expansion per layer at `context` (0 for other layers)."""
-    flop = spec.per_attention_layout(lambda a: a.expand_flop_per_token * a.cached_tokens(context) * batch)
-    moved = spec.per_attention_layout(lambda a: float(a.expand_traffic_elements_per_token * a.cached_tokens(context)
-                                                      * batch))
-    return flop, moved
-
-
-def prefill_expand_flop_per_layer(spec: ModelSpec, prompt: int, chunk: int) -> list[float]:
-    """FLOPs of the MLA expansions of a chunked prefill per layer (and sequence): each chunk expands the context so
-    far, min(prompt, (k + 1) x chunk) tokens for chunk k."""
-    chunks = -(-prompt // chunk)
-    expanded = sum(min(prompt, (k + 1) * chunk) for k in range(chunks))
-    return spec.per_attention_layout(lambda a: a.expand_flop_per_token * expanded)
-
-
-def cached_elements_per_layer(spec: ModelSpec, context: int, batch: int) -> list[int]:
-    """Elements (K and V) each layer's cache holds at `context` tokens x `batch` sequences (windows capped)."""
-    return spec.per_attention_layout(lambda a: a.cached_tokens(context) * a.kv_elements_per_token * batch)
 
 
 # Routed experts (MoE), per layer and step: their bytes at the "experts" efficiency of the scheme on that device, plus
@@ -409,132 +383,6 @@ def kv_efficiency(hw: HardwareProfile, device: str, spec: ModelSpec, kv: KVSchem
                         prefill_compute=prefill, source=source)
 
 
-def _active_fraction(spec: ModelSpec, batch: int) -> float:
-    """Fraction of routed-expert bytes a decode step reads: distinct experts hit by `batch` tokens."""
-    if spec.moe is None:
-        return 1.0
-    e, k = spec.moe.num_experts, spec.moe.experts_per_token
-    return 1.0 - (1.0 - k / e) ** batch
-
-
-def experts_touched(spec: ModelSpec, tokens: int) -> float:
-    """Distinct routed experts `tokens` routed tokens reach in one MoE layer (expected, uniform routing)."""
-    if spec.moe is None:
-        return 0.0
-    return spec.moe.num_experts * _active_fraction(spec, tokens)
-
-
-@dataclass(frozen=True)
-class ReadBytes:
-    """Weight bytes one decode step reads per layer, and of those the routed experts' (MoE: only the experts the
-    batch routes to)."""
-
-    total: list[float]
-    experts: list[float]
-
-
-def read_bytes_per_layer(spec: ModelSpec, scheme: WeightScheme, batch: int) -> ReadBytes:
-    frac = _active_fraction(spec, batch)
-
-    def experts(tensors) -> float:
-        return sum(scheme.tensor_bytes(t, scheme.compute_dtype) * frac for t in tensors if t.role is Role.EXPERT)
-
-    def total(tensors) -> float:
-        return experts(tensors) + sum(scheme.tensor_bytes(t, scheme.compute_dtype) for t in tensors
-                                      if t.role is not Role.EXPERT)
-
-    return ReadBytes(total=spec.per_layer(total), experts=spec.per_layer(experts))
-
-
-def _matmul_flop_per_layer(spec: ModelSpec) -> list[float]:
-    """Matmul FLOPs per token in each decoder layer: 2 x its active weights (routed experts: top-k of E)."""
-    frac = spec.moe.experts_per_token / spec.moe.num_experts if spec.moe is not None else 1.0
-    return spec.per_layer(lambda ts: 2.0 * sum(t.numel * (frac if t.role is Role.EXPERT else 1.0) for t in ts
-                                               if t.is_parameter))
-
-
-def _head_flop(spec: ModelSpec) -> float:
-    """lm_head's FLOPs for one position (only the last prompt position goes through it)."""
-    return 2.0 * spec.hidden_size * spec.vocab_size
-
-
-def _prefill_attention_flop_per_layer(spec: ModelSpec, prompt: int) -> list[float]:
-    """QK^T and AV FLOPs for a causal prefill of `prompt` tokens, per layer (windows capped)."""
-    out = []
-    for a in spec.attention:
-        # sum over positions p of min(p, window): QK^T and AV, 2 FLOPs per MAC
-        if a.window is None or prompt <= a.window:
-            pairs = prompt * (prompt + 1) / 2
-        else:
-            w = a.window
-            pairs = w * (w + 1) / 2 + (prompt - w) * w
-        out.append(2.0 * a.num_heads * (a.head_dim + a.value_dim) * pairs)
-    return out
-
-
-def prefill_attention_flop(spec: ModelSpec, prompt: int, batch: int = 1) -> float:
-    """Of a prefill's FLOPs, the attention kernels' (QK^T and AV over the causal pairs) in every layer."""
-    return sum(_prefill_attention_flop_per_layer(spec, prompt)) * batch
-
-
-def prefill_flop(spec: ModelSpec, prompt: int, batch: int = 1) -> float:
-    """FLOPs of a prefill of `prompt` tokens x `batch` sequences: every layer's matmuls and attention, and lm_head
-    for the last position."""
-    matmul = sum(_matmul_flop_per_layer(spec)) * prompt + _head_flop(spec)
-    return matmul * batch + prefill_attention_flop(spec, prompt, batch)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DecodeWork:
-    """What one decode step at one context moves and computes, per layer."""
-
-    weights_bytes: list[float]  # read per layer (MoE: the routed experts only)
-    expert_bytes: list[float]  # of those, the routed experts'
-    expert_calls: list[float]  # routed experts computed per layer (distinct experts the batch reaches)
-    kv_read_bytes: list[float]  # the attention kernel's read of the cache, in the compute dtype
-    kv_stored_bytes: list[float]  # the cache as stored (what a bandwidth roofline must read)
-    kv_update_bytes: list[float]  # a quantized cache's extra update traffic
-    attention_flop: list[float]
-    head_bytes: float  # lm_head (or the tied embedding) and the final norm
-    expand_flop: list[float] = field(default_factory=list)  # MLA expansion's FLOPs per layer (empty: none)
-    expand_bytes: list[float] = field(default_factory=list)  # MLA expansion's bytes moved per layer
-
-    @cached_property
-    def kinds(self) -> list[int]:
-        """Per layer, which of the distinct layers it is (equal work, so equal time on one device): a model has one
-        to a few (dense and MoE layers, sliding and full attention), and the decode time of each is priced once."""
-        seen: dict[tuple, int] = {}
-        none = [0.0] * len(self.weights_bytes)
-        return [seen.setdefault(key, len(seen)) for key in zip(
-            self.weights_bytes, self.expert_bytes, self.expert_calls, self.kv_read_bytes, self.kv_update_bytes,
-            self.attention_flop, self.expand_flop or none, self.expand_bytes or none)]
-
-
-def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,
-                costs: LayerCosts, read: ReadBytes | None = None) -> DecodeWork:
-    read = read if read is not None else read_bytes_per_layer(spec, scheme, batch)
-    elements = cached_elements_per_layer(spec, context, batch)
-    compute_bytes = dtype_bytes(scheme.compute_dtype)
-    stored = kv_bytes_per_layer(spec, kv, context, batch)
-    kv_read = [e * compute_bytes for e in elements] if kv.dequantizes_whole_layer else [float(b) for b in stored]
-    # an expanding MLA layer's kernel reads the expanded K and V, in the compute dtype, not the cache
-    expanded = spec.per_attention_layout(lambda a: a.attention_read_elements_per_token * a.cached_tokens(context)
-                                         * batch * compute_bytes if a.expands_cache else None)
-    expand_flop, expand_moved = mla_expand_per_layer(spec, context, batch)
-    return DecodeWork(
-        weights_bytes=read.total,
-        expert_bytes=read.experts,
-        expert_calls=[experts_touched(spec, batch) if b else 0.0 for b in read.experts],
-        kv_read_bytes=[x if x is not None else r for x, r in zip(expanded, kv_read)],
-        kv_stored_bytes=[float(b) for b in stored],
-        kv_update_bytes=[e * kv.update_extra_bytes_per_element for e in elements],
-        attention_flop=decode_attention_flops_per_layer(spec, context, batch),
-        head_bytes=float(costs.head_read),
-        expand_flop=expand_flop,
-        expand_bytes=[m * compute_bytes for m in expand_moved],
-    )
-
-
 @dataclass(frozen=True, kw_only=True)
 class DeviceRates:
     """One device as the speed model sees it: peaks and the efficiencies that apply there."""
@@ -670,7 +518,8 @@ class _Model:
         gpu_layers = sum(1 for d in self.device if d != CPU_DEVICE)
         return gpu_layers * self.main.weights.dispatch_per_layer_s
 
-    def decode_s(self, context: int) -> tuple[float, dict]:
+    def decode_s(self, context: int, with_terms: bool = True) -> tuple[float, dict]:
+        """One decode step's time at `context`, and its terms (empty unless `with_terms`)."""
         w = self._work(context)
         kinds = w.kinds
         priced: dict[tuple, float] = {}  # (device, kind, without experts): one layer's decode there
@@ -701,12 +550,15 @@ class _Model:
         # the GPUs' share runs behind the host's dispatch of it: the longer of the two
         gpu_s = resident_s + streamed_s + head_s + fixed_s
         host_s = self.host_dispatch_s()
+        total = max(gpu_s, host_s) + cpu_layers_s + experts_s
+        if not with_terms:
+            return total, {}
         terms = {"resident_s": resident_s, "offloaded_s": streamed_s + cpu_layers_s, "experts_on_cpu_s": experts_s,
                  "lm_head_s": head_s, "fixed_s": fixed_s, "crossings": self.crossings,
                  "kv_update_s": self._per_kind_sum(w, DeviceRates.kv_update_s),
                  "mla_expand_s": self._per_kind_sum(w, DeviceRates.expand_s),
                  "host_dispatch_s": host_s, "decode_bound": "host dispatch" if host_s > gpu_s else "device"}
-        return max(gpu_s, host_s) + cpu_layers_s + experts_s, terms
+        return total, terms
 
     def _per_kind_sum(self, w: DecodeWork, term) -> float:
         """`term(rates, w, i)` summed over the layers, priced once per device and kind of layer."""
@@ -743,10 +595,10 @@ class _Model:
         req = self.req
         prompt = req.prompt
         chunks = -(-prompt // req.prefill_chunk)
-        matmul = [m * prompt * req.batch for m in _matmul_flop_per_layer(self.spec)]
+        matmul = [m * prompt * req.batch for m in matmul_flop_per_layer(self.spec)]
         expand = [x * req.batch for x in prefill_expand_flop_per_layer(self.spec, prompt, req.prefill_chunk)]
-        attention = [a * req.batch for a in _prefill_attention_flop_per_layer(self.spec, prompt)]
-        share = self._expert_flop_share()
+        attention = [a * req.batch for a in prefill_attention_flop_per_layer(self.spec, prompt)]
+        share = expert_flop_share(self.spec)
         segments: dict = {}  # device -> [matmul FLOPs, weight bytes per chunk, link bytes per chunk, attention FLOPs]
         for i, dev in enumerate(self.device):
             seg = segments.setdefault(dev, [0.0, 0.0, 0.0, 0.0])
@@ -763,7 +615,7 @@ class _Model:
                 seg[0] += matmul[i]
                 seg[1 if i not in self.streamed else 2] += self.costs.weights[i]
         head = segments.setdefault(0 if self.c.on_gpu else CPU_DEVICE, [0.0, 0.0, 0.0, 0.0])
-        head[0] += _head_flop(self.spec) * req.batch
+        head[0] += head_flop(self.spec) * req.batch
         # each chunk computes every expert its tokens reach once per MoE layer: a fixed cost per expert call
         touched = experts_touched(self.spec, min(req.prefill_chunk, prompt) * req.batch)
         in_ram = self.expert_layers_in_ram
@@ -781,16 +633,6 @@ class _Model:
         # each chunk is one eager forward the host dispatches: never faster than that
         return max(total + chunks * per_chunk_fixed_s, chunks * self.host_dispatch_s())
 
-    def _expert_flop_share(self) -> list[float]:
-        """Of each layer's prefill FLOPs, the routed experts' share (their matmuls; attention stays with the layer)."""
-        spec = self.spec
-        if spec.moe is None:
-            return [0.0] * spec.num_layers
-        frac = spec.moe.experts_per_token / spec.moe.num_experts
-        experts = spec.per_layer(lambda ts: 2.0 * frac * sum(t.numel for t in ts if t.role is Role.EXPERT))
-        matmul = _matmul_flop_per_layer(spec)
-        return [e / m if m else 0.0 for e, m in zip(experts, matmul)]
-
 
 def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme,
              c: Choice, costs: LayerCosts, read: ReadBytes | None = None) -> SpeedEstimate:
@@ -799,7 +641,7 @@ def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightS
                read if read is not None else read_bytes_per_layer(spec, scheme, req.batch))
     start = min(req.prompt, req.context)
     t_start, terms = m.decode_s(start)
-    t_full, _ = m.decode_s(req.context)
+    t_full, _ = m.decode_s(req.context, with_terms=False)
     ttft = m.prefill_s()
     main = m.main
     return SpeedEstimate(

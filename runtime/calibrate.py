@@ -25,7 +25,7 @@ from vramplan.planner.memory import layer_costs, weight_costs
 from vramplan.planner.quant import KV_SCHEMES, SCHEMES
 from vramplan.planner.request import Request
 from vramplan.planner.sources import resolve_model
-from vramplan.planner.speed import decode_work, prefill_attention_flop, prefill_flop
+from vramplan.planner.work import decode_work, prefill_attention_flop, prefill_flop
 from vramplan.runtime.inventory import load_spec  # counted as the installed transformers loads it
 
 from .progress import Advance, Track, no_track

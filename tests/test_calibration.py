@@ -277,7 +277,7 @@ def test_each_attention_implementation_gets_its_own_prefill_efficiency():
 
 def test_runs_saved_before_prefill_attention_was_counted_get_it_counted_on_load():
     from vramplan.planner.sources import model_spec
-    from vramplan.planner.speed import prefill_attention_flop
+    from vramplan.planner.work import prefill_attention_flop
     from vramplan.runtime.calibrate import RunRecord
 
     s = dataclasses.asdict(prefill_runs(0.6, 0.17, prompts=(2048,))[0])

@@ -23,7 +23,8 @@ from vramplan.planner.profile_yaml import profile_from_dict
 from vramplan.planner.quant import KV_SCHEMES, SCHEMES
 from vramplan.planner.request import Request
 from vramplan.planner.search import plan
-from vramplan.planner.speed import decode_work, estimate, prefill_expand_flop_per_layer
+from vramplan.planner.speed import estimate
+from vramplan.planner.work import decode_work, prefill_expand_flop_per_layer
 
 # A small DeepSeek-V3: 4 heads, q_lora 24, kv_lora 32, qk_nope 16, qk_rope 8, v 12; layer 0 dense, 1-2 MoE (8 experts).
 DS3 = {"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,

@@ -270,15 +270,15 @@ def test_a_quantized_kv_cache_in_ram_warns_of_allocator_retention():
     ("meta-llama/Llama-3.1-70B", "rtx-4090", 8192, {"gpu_layers": 30, "offload": "stream"}),
 ])
 def test_pricing_each_kind_of_layer_once_changes_no_number(model, hardware, context, forced, monkeypatch):
-    """speed.DecodeWork.kinds groups layers of equal work so that a decode prices each kind once per device; every
+    """work.DecodeWork.kinds groups layers of equal work so that a decode prices each kind once per device; every
     number of the plan equals the one priced layer by layer (each layer its own kind)."""
-    from vramplan.planner import speed
+    from vramplan.planner import work
 
     spec, hw = model_spec(model), resolve_profile(hardware)[0]
     req = Request(context=context, **forced)
     grouped = plan(spec, hw, req)
-    kinds = speed.decode_work(spec, SCHEMES["bf16"], KV_SCHEMES["bf16"], 1, context,
+    kinds = work.decode_work(spec, SCHEMES["bf16"], KV_SCHEMES["bf16"], 1, context,
                               layer_costs(spec, SCHEMES["bf16"], KV_SCHEMES["bf16"], req)).kinds
     assert len(kinds) == spec.num_layers and 1 <= len(set(kinds)) <= 4 < spec.num_layers
-    monkeypatch.setattr(speed.DecodeWork, "kinds", property(lambda w: list(range(len(w.weights_bytes)))))
+    monkeypatch.setattr(work.DecodeWork, "kinds", property(lambda w: list(range(len(w.weights_bytes)))))
     assert plan(spec, hw, req).to_dict() == grouped.to_dict()

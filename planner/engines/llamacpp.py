@@ -23,9 +23,9 @@ from ..request import LLAMA_CPP_KV_DTYPES, Request
 from ..search import check_context, check_experts, check_request
 from ..search import choose_by_preference  # the --prefer rule, applied to any engine's candidates
 from ..search import bisect_max
-from ..speed import (EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, ReadBytes, SpeedEstimate, estimate,
-                     experts_touched, speed_constants)
+from ..speed import EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, SpeedEstimate, estimate, speed_constants
 from ..units import MiB, format_bytes
+from ..work import ReadBytes, experts_touched
 from . import llamacpp_rules as rules
 from .common import (EngineAnswer, EngineConstant, Export, assumption_notes, commented, first_moe_layers,
                      shell_command)

@@ -15,7 +15,8 @@ from ..calibration import MIN_EFFICIENCY, Sample, fit
 from ..hardware import MAX_EFFICIENCY, Calibration, CalibrationEntry, HardwareProfile
 from ..modelspec import ModelSpec
 from ..request import Request
-from ..speed import PREFILL_ATTENTION_BACKEND, decode_work, prefill_attention_flop, prefill_flop
+from ..speed import PREFILL_ATTENTION_BACKEND
+from ..work import decode_work, prefill_attention_flop, prefill_flop
 from . import llamacpp_rules as rules
 from .llamacpp import (ATTENTION_IMPL, ENGINE, LLAMA_CPP_BACKENDS, MEASURED_AT_VERSION, SPEED_SCHEME, footprint,
                        gguf_layer_costs, gguf_read_bytes, kv_scheme, plan_llamacpp)

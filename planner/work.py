@@ -1,0 +1,201 @@
+"""What one step of a model moves and computes, per layer: weight bytes read at decode, cached KV elements, attention
+and matmul FLOPs, MLA's expansion, routed experts reached. Counts from the model's shapes and the request, no speeds:
+planner.speed divides them by a device's rates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from .modelspec import ModelSpec, Role, dtype_bytes
+from .quant import KVScheme, WeightScheme, kv_bytes_per_layer
+from .memory import LayerCosts
+
+def decode_attention_flops_per_layer(spec: ModelSpec, context: int, batch: int) -> list[float]:
+    """FLOPs of one query token's attention per layer: QK^T (head_dim) and AV (V's head dim) over the cached tokens
+    (GQA saves none)."""
+    return spec.per_attention_layout(
+        lambda a: 2.0 * a.num_heads * (a.head_dim + a.value_dim) * a.cached_tokens(context) * batch)
+
+
+def mla_expand_per_layer(spec: ModelSpec, context: int, batch: int) -> tuple[list[float], list[float]]:
+    """(FLOPs, elements moved) of one decode step's MLA expansion per layer at `context` (0 for other layers)."""
+    flop = spec.per_attention_layout(lambda a: a.expand_flop_per_token * a.cached_tokens(context) * batch)
+    moved = spec.per_attention_layout(lambda a: float(a.expand_traffic_elements_per_token * a.cached_tokens(context)
+                                                      * batch))
+    return flop, moved
+
+
+def prefill_expand_flop_per_layer(spec: ModelSpec, prompt: int, chunk: int) -> list[float]:
+    """FLOPs of the MLA expansions of a chunked prefill per layer (and sequence): each chunk expands the context so
+    far, min(prompt, (k + 1) x chunk) tokens for chunk k."""
+    chunks = -(-prompt // chunk)
+    expanded = sum(min(prompt, (k + 1) * chunk) for k in range(chunks))
+    return spec.per_attention_layout(lambda a: a.expand_flop_per_token * expanded)
+
+
+def cached_elements_per_layer(spec: ModelSpec, context: int, batch: int) -> list[int]:
+    """Elements (K and V) each layer's cache holds at `context` tokens x `batch` sequences (windows capped)."""
+    return spec.per_attention_layout(lambda a: a.cached_tokens(context) * a.kv_elements_per_token * batch)
+
+
+def active_fraction(spec: ModelSpec, batch: int) -> float:
+    """Fraction of routed-expert bytes a decode step reads: distinct experts hit by `batch` tokens."""
+    if spec.moe is None:
+        return 1.0
+    e, k = spec.moe.num_experts, spec.moe.experts_per_token
+    return 1.0 - (1.0 - k / e) ** batch
+
+
+def experts_touched(spec: ModelSpec, tokens: int) -> float:
+    """Distinct routed experts `tokens` routed tokens reach in one MoE layer (expected, uniform routing)."""
+    if spec.moe is None:
+        return 0.0
+    return spec.moe.num_experts * active_fraction(spec, tokens)
+
+
+@dataclass(frozen=True)
+class ReadBytes:
+    """Weight bytes one decode step reads per layer, and of those the routed experts' (MoE: only the experts the
+    batch routes to)."""
+
+    total: list[float]
+    experts: list[float]
+
+
+def read_bytes_per_layer(spec: ModelSpec, scheme: WeightScheme, batch: int) -> ReadBytes:
+    frac = active_fraction(spec, batch)
+
+    def experts(tensors) -> float:
+        return sum(scheme.tensor_bytes(t, scheme.compute_dtype) * frac for t in tensors if t.role is Role.EXPERT)
+
+    def total(tensors) -> float:
+        return experts(tensors) + sum(scheme.tensor_bytes(t, scheme.compute_dtype) for t in tensors
+                                      if t.role is not Role.EXPERT)
+
+    return ReadBytes(total=spec.per_layer(total), experts=spec.per_layer(experts))
+
+
+# Per-spec figures the search asks for at every placement it prices, kept for the last few specs: each entry holds its
+# spec, so the id in its key cannot be reused while it lives (planner.gguf keeps its tensors the same way).
+_SPEC_MEMO: dict[tuple[int, str], tuple[ModelSpec, tuple[float, ...]]] = {}
+
+
+SPEC_MEMO_SIZE = 32
+
+
+def _per_spec(fn):
+    """`fn(spec)` computed once per spec, as a tuple (callers share it)."""
+    def memoized(spec: ModelSpec) -> tuple[float, ...]:
+        key = (id(spec), fn.__name__)
+        hit = _SPEC_MEMO.get(key)
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        if len(_SPEC_MEMO) >= SPEC_MEMO_SIZE:
+            _SPEC_MEMO.pop(next(iter(_SPEC_MEMO)))
+        value = tuple(fn(spec))
+        _SPEC_MEMO[key] = (spec, value)
+        return value
+    memoized.__doc__, memoized.__name__ = fn.__doc__, fn.__name__
+    return memoized
+
+
+@_per_spec
+def matmul_flop_per_layer(spec: ModelSpec) -> list[float]:
+    """Matmul FLOPs per token in each decoder layer: 2 x its active weights (routed experts: top-k of E)."""
+    frac = spec.moe.experts_per_token / spec.moe.num_experts if spec.moe is not None else 1.0
+    return spec.per_layer(lambda ts: 2.0 * sum(t.numel * (frac if t.role is Role.EXPERT else 1.0) for t in ts
+                                               if t.is_parameter))
+
+
+def head_flop(spec: ModelSpec) -> float:
+    """lm_head's FLOPs for one position (only the last prompt position goes through it)."""
+    return 2.0 * spec.hidden_size * spec.vocab_size
+
+
+def prefill_attention_flop_per_layer(spec: ModelSpec, prompt: int) -> list[float]:
+    """QK^T and AV FLOPs for a causal prefill of `prompt` tokens, per layer (windows capped)."""
+    out = []
+    for a in spec.attention:
+        # sum over positions p of min(p, window): QK^T and AV, 2 FLOPs per MAC
+        if a.window is None or prompt <= a.window:
+            pairs = prompt * (prompt + 1) / 2
+        else:
+            w = a.window
+            pairs = w * (w + 1) / 2 + (prompt - w) * w
+        out.append(2.0 * a.num_heads * (a.head_dim + a.value_dim) * pairs)
+    return out
+
+
+def prefill_attention_flop(spec: ModelSpec, prompt: int, batch: int = 1) -> float:
+    """Of a prefill's FLOPs, the attention kernels' (QK^T and AV over the causal pairs) in every layer."""
+    return sum(prefill_attention_flop_per_layer(spec, prompt)) * batch
+
+
+def prefill_flop(spec: ModelSpec, prompt: int, batch: int = 1) -> float:
+    """FLOPs of a prefill of `prompt` tokens x `batch` sequences: every layer's matmuls and attention, and lm_head
+    for the last position."""
+    matmul = sum(matmul_flop_per_layer(spec)) * prompt + head_flop(spec)
+    return matmul * batch + prefill_attention_flop(spec, prompt, batch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeWork:
+    """What one decode step at one context moves and computes, per layer."""
+
+    weights_bytes: list[float]  # read per layer (MoE: the routed experts only)
+    expert_bytes: list[float]  # of those, the routed experts'
+    expert_calls: list[float]  # routed experts computed per layer (distinct experts the batch reaches)
+    kv_read_bytes: list[float]  # the attention kernel's read of the cache, in the compute dtype
+    kv_stored_bytes: list[float]  # the cache as stored (what a bandwidth roofline must read)
+    kv_update_bytes: list[float]  # a quantized cache's extra update traffic
+    attention_flop: list[float]
+    head_bytes: float  # lm_head (or the tied embedding) and the final norm
+    expand_flop: list[float] = field(default_factory=list)  # MLA expansion's FLOPs per layer (empty: none)
+    expand_bytes: list[float] = field(default_factory=list)  # MLA expansion's bytes moved per layer
+
+    @cached_property
+    def kinds(self) -> list[int]:
+        """Per layer, which of the distinct layers it is (equal work, so equal time on one device): a model has one
+        to a few (dense and MoE layers, sliding and full attention), and the decode time of each is priced once."""
+        seen: dict[tuple, int] = {}
+        none = [0.0] * len(self.weights_bytes)
+        return [seen.setdefault(key, len(seen)) for key in zip(
+            self.weights_bytes, self.expert_bytes, self.expert_calls, self.kv_read_bytes, self.kv_update_bytes,
+            self.attention_flop, self.expand_flop or none, self.expand_bytes or none)]
+
+
+def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,
+                costs: LayerCosts, read: ReadBytes | None = None) -> DecodeWork:
+    read = read if read is not None else read_bytes_per_layer(spec, scheme, batch)
+    elements = cached_elements_per_layer(spec, context, batch)
+    compute_bytes = dtype_bytes(scheme.compute_dtype)
+    stored = kv_bytes_per_layer(spec, kv, context, batch)
+    kv_read = [e * compute_bytes for e in elements] if kv.dequantizes_whole_layer else [float(b) for b in stored]
+    # an expanding MLA layer's kernel reads the expanded K and V, in the compute dtype, not the cache
+    expanded = spec.per_attention_layout(lambda a: a.attention_read_elements_per_token * a.cached_tokens(context)
+                                         * batch * compute_bytes if a.expands_cache else None)
+    expand_flop, expand_moved = mla_expand_per_layer(spec, context, batch)
+    return DecodeWork(
+        weights_bytes=read.total,
+        expert_bytes=read.experts,
+        expert_calls=[experts_touched(spec, batch) if b else 0.0 for b in read.experts],
+        kv_read_bytes=[x if x is not None else r for x, r in zip(expanded, kv_read)],
+        kv_stored_bytes=[float(b) for b in stored],
+        kv_update_bytes=[e * kv.update_extra_bytes_per_element for e in elements],
+        attention_flop=decode_attention_flops_per_layer(spec, context, batch),
+        head_bytes=float(costs.head_read),
+        expand_flop=expand_flop,
+        expand_bytes=[m * compute_bytes for m in expand_moved],
+    )
+
+
+@_per_spec
+def expert_flop_share(spec: ModelSpec) -> list[float]:
+    """Of each layer's prefill FLOPs, the routed experts' share (their matmuls; attention stays with the layer)."""
+    if spec.moe is None:
+        return [0.0] * spec.num_layers
+    frac = spec.moe.experts_per_token / spec.moe.num_experts
+    experts = spec.per_layer(lambda ts: 2.0 * frac * sum(t.numel for t in ts if t.role is Role.EXPERT))
+    matmul = matmul_flop_per_layer(spec)
+    return [e / m if m else 0.0 for e, m in zip(experts, matmul)]
