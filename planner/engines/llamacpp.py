@@ -167,7 +167,8 @@ def footprint(spec, hw, req, model, kv_type, server: Server | None = None) -> ru
                                    slots=server.slots, base_ram_bytes=base)
 
 
-def _choice(spec: ModelSpec, hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.Placement) -> LlamaCppChoice:
+def _choice(spec: ModelSpec, hw: HardwareProfile, fp: rules.LlamaCppFootprint,
+            p: rules.LlamaCppPlacement) -> LlamaCppChoice:
     L = spec.num_layers
     per_device = list(p.per_device)
     if p.per_device:  # the output slot is no decoder layer
@@ -184,7 +185,7 @@ def _choice(spec: ModelSpec, hw: HardwareProfile, fp: rules.LlamaCppFootprint, p
                           expert_layers_on_cpu=len(in_ram), expert_layers_in_ram=tuple(in_ram))
 
 
-def _breakdown(hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.Placement) -> MemoryBreakdown:
+def _breakdown(hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.LlamaCppPlacement) -> MemoryBreakdown:
     """Each GPU's terms (its layers, their KV, its compute buffer, its context and --fit margin), the host's, and the
     compute buffers apart."""
     host = fp.host_bytes(p)
@@ -220,7 +221,8 @@ def _max_resident_context(spec, hw, req, model, kv_type, server: Server) -> int:
     """The longest context with every layer (and, on a GPU, the output layer) resident on the GPUs or in RAM."""
     def fits(ctx: int) -> bool:
         fp = footprint(spec, hw, replace(req, context=ctx, prompt_tokens=None), model, kv_type, server)
-        p = fp.pack(spec.num_layers, 0) if hw.has_gpu else rules.Placement(gpu_layers=0, cpu_moe=0, per_device=())
+        p = (fp.pack(spec.num_layers, 0) if hw.has_gpu
+             else rules.LlamaCppPlacement(gpu_layers=0, cpu_moe=0, per_device=()))
         return p is not None and fp.fits_host(p)
 
     return max(0, bisect_max(fits, 1, spec.max_context or req.context))
@@ -387,7 +389,7 @@ def op_offload_notes(hw: HardwareProfile, speed: SpeedEstimate) -> list[str]:
             "crossing the link are not counted"]
 
 
-def _overflow_reason(fp: rules.LlamaCppFootprint, p: rules.Placement, forced: int | None) -> str:
+def _overflow_reason(fp: rules.LlamaCppFootprint, p: rules.LlamaCppPlacement, forced: int | None) -> str:
     host = fp.host_total(p)
     if host > fp.ram_capacity:
         return (f"RAM needs {format_bytes(host)} > {format_bytes(fp.ram_capacity)} with -ngl {p.ngl} "
@@ -398,7 +400,7 @@ def _overflow_reason(fp: rules.LlamaCppFootprint, p: rules.Placement, forced: in
     return f"the GPUs cannot hold even the output layer ({usable} usable per device)"
 
 
-def _placement_reason(fp: rules.LlamaCppFootprint, p: rules.Placement) -> str:
+def _placement_reason(fp: rules.LlamaCppFootprint, p: rules.LlamaCppPlacement) -> str:
     L = fp.L
     if not fp.usable:
         return (f"all {L} layers computed by the CPU (no GPU): RAM {format_bytes(fp.host_total(p))} of "

@@ -1,7 +1,7 @@
 """llama.cpp's memory rules, as llama.cpp applies them: GGUF tensor bytes, where each tensor and KV row lives,
 its compute buffers and the margin `--fit` keeps free per device. Named constants, each with its source.
 
-Placement (src/llama-model.cpp, load_tensors): with `-ngl N` the last N of the n_layer + 1 "layer slots"
+LlamaCppPlacement (src/llama-model.cpp, load_tensors): with `-ngl N` the last N of the n_layer + 1 "layer slots"
 (the decoder layers, then the output layer) go to the GPUs, i_gpu_start = max(n_layer + 1 - N, 0); the
 input layer (token_embd) always stays in host memory (dev_input = CPU). Layers that stay on the CPU are
 computed by the CPU; nothing is streamed. `--n-cpu-moe N` keeps the routed-expert tensors (`*_exps`) of
@@ -331,7 +331,7 @@ def output_buffer_bytes(spec: ModelSpec, slots: Slots) -> int:
 
 
 @dataclass(frozen=True)
-class Placement:
+class LlamaCppPlacement:
     """-ngl and --n-cpu-moe: the last `gpu_layers` decoder layers (and the output layer, when any is) on the GPUs,
     split over devices as `per_device`; the experts of the first `cpu_moe` layers in host memory."""
 
@@ -379,7 +379,7 @@ class LlamaCppFootprint:
         in_ram = self.model.experts[i] if i < cpu_moe else 0
         return self.model.layers[i] - in_ram + self.kv[i]
 
-    def pack(self, gpu_layers: int, cpu_moe: int) -> Placement | None:
+    def pack(self, gpu_layers: int, cpu_moe: int) -> LlamaCppPlacement | None:
         """The devices' share of the last `gpu_layers` layers and the output layer, filled in device order
         (as -ts splits them), or None when they do not fit."""
         if not self.usable:
@@ -400,9 +400,9 @@ class LlamaCppFootprint:
                 return None
             used[d] += cost + (self.with_logits if last else self.scratch) - (self.scratch if counts[d] else 0)
             counts[d] += 1
-        return Placement(gpu_layers=gpu_layers, cpu_moe=cpu_moe, per_device=tuple(counts))
+        return LlamaCppPlacement(gpu_layers=gpu_layers, cpu_moe=cpu_moe, per_device=tuple(counts))
 
-    def device_bytes(self, p: Placement) -> list[DeviceBytes]:
+    def device_bytes(self, p: LlamaCppPlacement) -> list[DeviceBytes]:
         out, i = [], self.L - p.gpu_layers
         slots = [*range(i, self.L), None]  # None: the output slot
         for n in p.per_device:
@@ -415,7 +415,7 @@ class LlamaCppFootprint:
                                    kv=sum(self.kv[j] for j in layers), compute=compute))
         return out
 
-    def host_bytes(self, p: Placement) -> DeviceBytes:
+    def host_bytes(self, p: LlamaCppPlacement) -> DeviceBytes:
         cpu_layers = range(self.L - p.gpu_layers)
         gpu_layers = range(self.L - p.gpu_layers, self.L)
         experts_here = sum(self.model.experts[j] for j in gpu_layers if j < p.cpu_moe)
@@ -426,22 +426,22 @@ class LlamaCppFootprint:
         return DeviceBytes(weights=weights, kv=sum(self.kv[j] for j in cpu_layers),
                            compute=compute + self.output_buffer)
 
-    def host_total(self, p: Placement) -> int:
+    def host_total(self, p: LlamaCppPlacement) -> int:
         h = self.host_bytes(p)
         return h.weights + h.kv + h.compute + self.base_ram_bytes
 
-    def fits_host(self, p: Placement) -> bool:
+    def fits_host(self, p: LlamaCppPlacement) -> bool:
         return self.host_total(p) <= self.ram_capacity
 
     def place(self, forced_gpu_layers: int | None = None, *, expert_offload: bool = True,
-              forced_cpu_moe: int | None = None) -> tuple[Placement | None, Placement]:
+              forced_cpu_moe: int | None = None) -> tuple[LlamaCppPlacement | None, LlamaCppPlacement]:
         """The placement llama.cpp users pick (every layer on the GPUs; for an MoE, the fewest layers' experts in
         RAM first, then fewer layers on the GPUs), and the one that came closest when none fits. Without
         `expert_offload` (an engine with no --n-cpu-moe) only whole layers move; `forced_cpu_moe` fixes
         --n-cpu-moe at every layer count."""
         L = self.L
         moe = self._moe_layers() if expert_offload else 0
-        cpu_only = Placement(gpu_layers=0, cpu_moe=0, per_device=())
+        cpu_only = LlamaCppPlacement(gpu_layers=0, cpu_moe=0, per_device=())
         if not self.usable:
             return (cpu_only if self.fits_host(cpu_only) else None), cpu_only
         tries: list[tuple[int, int]] = []
