@@ -153,7 +153,8 @@ def run_ours(config, args, gpu_layers, prompt, device: str) -> dict:
 
 
 def _measure_ours(config, args, gpu_layers, prompt, device: str) -> dict:
-    loaded = load_model(config, scheme=SCHEMES[args.quant], dummy_weights=True, device="cpu", random_device=device)
+    loaded = load_model(config, scheme=SCHEMES[args.quant], dummy_weights=True, device="cpu", random_device=device,
+                        cpu_alone=False)
     engine = apply_offload(loaded.model, gpu_layers=gpu_layers, mode="stream", device=device)
     row = {"engine": "vramplan stream", **timed_generation(loaded.model, prompt, args)}
     row["link_bytes_per_token"] = engine.h2d_bytes_last_forward  # the last forward was a decode step

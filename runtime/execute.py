@@ -335,7 +335,7 @@ class _Attempt:
                 dummy_weights=not self.use_checkpoint,
                 device="cpu" if offloaded else device, allow_pickle=self.allow_pickle,
                 trust_remote_code=self.trust_remote_code, seed=self.seed, tokenizer=self.tokenizer, on_layer=advance,
-                random_device=devices[0] if c.on_gpu else None)
+                random_device=devices[0] if c.on_gpu else None, cpu_alone=not c.on_gpu)
         if offloaded:
             from .offload import apply_offload
 

@@ -79,6 +79,7 @@ def load_model(
     tokenizer: Any | None = None,
     on_layer: Callable[[int], None] | None = None,
     random_device: str | None = None,
+    cpu_alone: bool | None = None,
 ) -> LoadedModel:
     """Load ``source`` (a local model directory, or a config dict with ``dummy_weights``) quantized by ``scheme``.
 
@@ -90,6 +91,11 @@ def load_model(
 
     Placement: ``device="cpu"``, or ``"cuda[:0]"`` with ``gpu_layers`` decoder layers on
     the GPU (None: all). See :func:`offload_device_map` for the split.
+
+    ``cpu_alone``: the model runs on the CPU as loaded, so it gets vramplan's CPU path (lm_head as
+    planner.quant.cpu_head_scheme says, runtime.quantize.direct_kernels). Default: ``device == "cpu"``; pass False
+    for a model loaded on the CPU that an offload engine then places on GPUs (it gives the layers it leaves to the
+    CPU their kernels itself).
 
     ``on_layer(1)`` follows a dummy build decoder layer by decoder layer (a checkpoint's load shows
     transformers' own "Loading weights" bar).
@@ -133,7 +139,9 @@ def load_model(
         _quantize_loaded_experts(model, num_layers, scheme, device, device_map)
     model.eval()
     model.requires_grad_(False)
-    if device == "cpu" and compute_dtype == "bf16":  # every layer on the CPU (the fp32 reference mode: as loaded)
+    if cpu_alone is None:
+        cpu_alone = device == "cpu"
+    if cpu_alone and device == "cpu" and compute_dtype == "bf16":  # (the fp32 reference mode: as loaded)
         head_note = quantize_cpu_head(model, scheme)
         notes += [head_note] if head_note else []
         if direct := direct_kernels(model):

@@ -203,10 +203,18 @@ class Bf16Rows(nn.Linear):
         nn.Module.__init__(module)
         module.in_features, module.out_features = linear.in_features, linear.out_features
         module.weight, module.bias = linear.weight, linear.bias
-        return module
+        return module.train(linear.training)
+
+    @staticmethod
+    def pays_here() -> bool:
+        """Where the GEMV was measured faster: a CPU without native bf16 dot products. With AVX512-BF16 or AMX,
+        oneDNN's bf16 GEMM has them and the GEMV path is unmeasured, so F.linear stays."""
+        cpu = torch.cpu
+        return not (getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
+                    or getattr(cpu, "_is_amx_tile_supported", lambda: False)())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() != self.in_features:
+        if x.numel() != self.in_features or not x.is_cpu:  # several rows (a prefill), or moved to a GPU
             return super().forward(x)
         row = x.reshape(-1)
         # addmv: the bias added before the one rounding to bf16, as F.linear's addmm does
@@ -226,17 +234,18 @@ def direct_kernels(model: nn.Module) -> int:
     """Every layer on the CPU (a model run there alone, or the layers an offload computes there) whose kernel
     vramplan can call itself is replaced by a module over the same tensors (same bytes, same kernel or, for bf16, the
     same sums by GEMV): a frozen quanto QLinear in qint8 by Int8Rows, in qint4 with tinygemm's layout by Int4Groups,
-    and a plain bf16 nn.Linear by Bf16Rows; returns how many. Other layouts (quanto's generic 4-bit packing, fp16,
-    bitsandbytes) stay as they are."""
+    and a plain bf16 nn.Linear by Bf16Rows (on a CPU without native bf16: Bf16Rows.pays_here); returns how many.
+    Other layouts (quanto's generic 4-bit packing, fp16, bitsandbytes) stay as they are."""
     swaps = []
     quanto = "optimum.quanto" in sys.modules  # no QLinear exists before quanto is imported (it takes 1-2 s)
     if quanto:
         from optimum.quanto import qint8
         from optimum.quanto.nn import QLinear
         from optimum.quanto.tensor.weights.tinygemm import TinyGemmWeightQBitsTensor
+    gemv = Bf16Rows.pays_here()
     for name, m in model.named_modules():
         if type(m) is nn.Linear:
-            if m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu":
+            if gemv and m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu":
                 swaps.append((name, Bf16Rows.of(m)))
             continue
         if not quanto or type(m) is not QLinear or m.activation_qtype is not None:

@@ -409,11 +409,11 @@ def test_layers_the_cpu_computes_call_the_direct_kernels(tiny_checkpoints):
 
     from vramplan.runtime.quantize import backend
 
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     config = json.loads((tiny_checkpoints["llama"] / "config.json").read_text())
-    torch.manual_seed(3)  # transformers' own model: vramplan's loader would give a CPU model its direct kernels
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.bfloat16).eval()
+    # loaded for an offload engine to place (cpu_alone=False): none of the CPU path yet
+    model = load_model(config, scheme=SCHEMES["bf16"], dummy_weights=True, seed=3, cpu_alone=False).model
+    assert {type(m).__name__ for m in model.modules()} >= {"Linear"} and "Bf16Rows" not in {
+        type(m).__name__ for m in model.modules()}
     backend(SCHEMES["quanto-int8"]).quantize(model, SCHEMES["quanto-int8"], torch.bfloat16, "cpu")
     before = first_logits(model, PROMPT, PREFILL_CHUNK)
     layers = list(_decoder_layers(model))
@@ -427,22 +427,29 @@ def test_layers_the_cpu_computes_call_the_direct_kernels(tiny_checkpoints):
 
 
 def test_bf16_layers_the_cpu_computes_decode_by_gemv(tiny_checkpoints):
-    """cpu-mode offload gives the bf16 layers it computes on the CPU runtime.quantize.Bf16Rows, the resident ones
-    keep their Linear, and the logits stay within a bf16 rounding of the model's own."""
+    """A bf16 model loaded for the offload engine (cpu_alone=False, as `vramplan run` loads an offloaded plan) keeps
+    its Linears (lm_head too); cpu-mode offload gives the layers it computes on the CPU runtime.quantize.Bf16Rows
+    (where it pays: a CPU without native bf16), the resident ones keep theirs, and the logits stay within a bf16
+    rounding of the model's own."""
     import json
 
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from vramplan.runtime.quantize import Bf16Rows
 
     config = json.loads((tiny_checkpoints["llama"] / "config.json").read_text())
-    torch.manual_seed(3)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.bfloat16).eval()
+    model = load_model(config, scheme=SCHEMES["bf16"], dummy_weights=True, seed=3, cpu_alone=False).model
+    assert "Bf16Rows" not in {type(m).__name__ for m in model.modules()}
     layers = list(_decoder_layers(model))
     step = PROMPT[:, :1]
     with torch.inference_mode():
         before = model(step).logits
-    with apply_offload(model, gpu_layers=1, mode="cpu", device="cpu"):
+    with apply_offload(model, gpu_layers=1, mode="cpu", device="cpu") as engine:
         kinds = [{type(m).__name__ for m in layer.modules()} for layer in layers]
         assert "Linear" in kinds[0] and "Bf16Rows" not in kinds[0]
-        assert all("Bf16Rows" in k and "Linear" not in k for k in kinds[1:])
+        assert type(model.lm_head) is torch.nn.Linear
+        if Bf16Rows.pays_here():
+            assert all("Bf16Rows" in k and "Linear" not in k for k in kinds[1:])
+            assert any("call torch's CPU kernels directly" in n for n in engine.notes)
+        else:
+            assert all("Bf16Rows" not in k for k in kinds)
         with torch.inference_mode():
             torch.testing.assert_close(model(step).logits, before, rtol=2 ** -6, atol=1e-3)

@@ -135,6 +135,53 @@ def test_bf16_rows_give_linears_bits_on_linears_parameters():
                 assert (ours != theirs).float().mean() < 0.01
 
 
+def test_bf16_rows_call_gemv_for_one_row_and_linear_for_several_or_off_the_cpu():
+    """What Bf16Rows dispatches: mv / addmv for one row on the CPU; F.linear for several rows, and for an input on
+    another device (here: meta), as a GPU's would be."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from vramplan.runtime.quantize import Bf16Rows
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    def ops(module, x) -> set[str]:
+        with torch.inference_mode(), Ops() as mode:
+            module(x)
+        return mode.seen
+
+    for bias in (False, True):
+        rows = Bf16Rows.of(torch.nn.Linear(64, 48, bias=bias).to(torch.bfloat16).eval())
+        assert not rows.training
+        one = ops(rows, torch.randn(1, 1, 64, dtype=torch.bfloat16))
+        assert one & {"mv", "addmv"} and not one & {"linear", "mm", "addmm"}, one
+        several = ops(rows, torch.randn(1, 5, 64, dtype=torch.bfloat16))
+        assert several & {"linear", "mm", "addmm"} and not several & {"mv", "addmv"}, several
+        meta = Bf16Rows.of(torch.nn.Linear(64, 48, bias=bias, device="meta", dtype=torch.bfloat16))
+        elsewhere = ops(meta, torch.randn(1, 1, 64, dtype=torch.bfloat16, device="meta"))
+        assert not elsewhere & {"mv", "addmv"}, elsewhere
+
+
+def test_loaded_for_an_offload_engine_a_model_gets_no_cpu_path(load_tiny, tiny_checkpoints):
+    """load_model(cpu_alone=False), as run loads an offloaded plan: quanto stays QLinear and lm_head a Linear (the
+    plan counts the scheme's head on a GPU machine), bf16 keeps its Linears; the engine decides per layer."""
+    from vramplan.runtime.load import load_model
+
+    for quant, kept in (("quanto-int8", "QLinear"), ("bf16", "Linear")):
+        loaded = load_model(tiny_checkpoints["llama"], scheme=SCHEMES[quant], cpu_alone=False)
+        kinds = {type(m).__name__ for m in loaded.model.modules()}
+        assert kept in kinds and not kinds & {"Int8Rows", "Int4Groups", "Bf16Rows"}, (quant, kinds)
+        assert type(loaded.model.lm_head).__name__ == "Linear"
+        assert not any("directly" in n or "lm_head in int8" in n for n in loaded.notes)
+
+
 def test_a_cpu_run_of_quanto_uses_the_direct_kernels(load_tiny):
     loaded = load_tiny("llama", "quanto-int8")
     kinds = {type(m).__name__ for m in loaded.model.modules()}
@@ -174,10 +221,15 @@ def test_a_cpu_bf16_run_decodes_by_gemv_with_transformers_tokens(load_tiny, tiny
 
     from vramplan.runtime.generate import generate, synthetic_prompt
 
+    from vramplan.runtime.quantize import Bf16Rows
+
     for arch in ("llama", "qwen2"):
         loaded = load_tiny(arch, "bf16")
         model = loaded.model
         linears = [type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        if not Bf16Rows.pays_here():  # a CPU with native bf16: F.linear stays
+            assert set(linears) == {"Linear"}
+            continue
         assert linears and set(linears) == {"Bf16Rows"}, (arch, set(linears))
         assert any("bf16's one-row products by GEMV" in n for n in loaded.notes)
         if model.config.tie_word_embeddings:
