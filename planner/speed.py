@@ -76,28 +76,28 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     ("gpu", "bnb-fp4-dq"): (0.11, 0.30, 90e-6, 200e-6),
     ("gpu", "quanto-int8"): (0.25, 0.30, 80e-6, 200e-6),
     ("gpu", "quanto-int4"): (0.20, 0.25, 80e-6, 200e-6),
-    # bf16 on the CPU decodes by GEMV (runtime.quantize.Bf16Rows). Fitted to one profile of Qwen2.5-0.5B's decode step
-    # on the 2-core dev VM (bench/decode_profile.py, 128-token prompt, 2026-11-26): the 169 matmuls took 53.2 of the
-    # step's 71.6 ms over 988 MB of weights, 18.6 GB/s of the 28.75 GB/s the probe measured (0.65); attention 2.9 ms
-    # and the rest, 15.0 ms over 24 layers, is eager dispatch (0.625 ms a layer). Held out, Llama-3.2-1B in
-    # bench/results/vs-engines-cpu-dev.md: predicted 6.9 tok/s against 7.5 measured; Qwen2.5-0.5B there 13.9 against
-    # 12.2 (that run's hour was slower: llama.cpp too ran 7 % under its run before). Was (0.50, 150 us): 5.5 and 13.3.
-    ("cpu", "bf16"): (0.65, 0.50, 625e-6, 500e-6),
+    # The eager CPU schemes, each fitted the same way to one profile of Qwen2.5-0.5B's decode step on the 2-core dev VM
+    # (bench/decode_profile.py, 128-token prompt, 2026-11-26: bench/results/decode-profile-cpu-dev-fit.md; RAM 28.75
+    # GB/s by the probe then): the bandwidth efficiency from the matmuls' time over the weights they read; the per-layer
+    # cost from the rest of the step, less attention and the 0.5 ms per token, over 24 layers. bf16 (by GEMV,
+    # runtime.quantize.Bf16Rows): 56.9 ms over 988 MB -> 0.60; 17.0 ms -> 0.71 ms a layer (was 0.50, 150 us). Against
+    # bench/results/vs-engines-cpu-dev.md, predicted with the probe at 27.7 GB/s: Qwen2.5-0.5B bf16 / int8 / int4 +6 /
+    # +9 / +22 %; held out, Llama-3.2-1B -17 / -11 / -8 %.
+    ("cpu", "bf16"): (0.60, 0.50, 710e-6, 500e-6),
     ("cpu", "fp16"): (0.15, 0.10, 150e-6, 500e-6),
     ("cpu", "bnb-int8"): (0.03, 0.03, 300e-6, 500e-6),
     ("cpu", "bnb-nf4"): (0.03, 0.03, 300e-6, 500e-6),
     ("cpu", "bnb-nf4-dq"): (0.03, 0.03, 300e-6, 500e-6),
     ("cpu", "bnb-fp4"): (0.03, 0.03, 300e-6, 500e-6),
     ("cpu", "bnb-fp4-dq"): (0.03, 0.03, 300e-6, 500e-6),
-    # quanto on the CPU: vramplan calls torch's int8 / int4 kernels itself and keeps lm_head in int8 rows
-    # (runtime.quantize.Int8Rows / Int4Groups, quant.cpu_head_scheme). Bandwidth efficiencies fitted to one
-    # bench/vs_engines.py run of Qwen2.5-0.5B on the 2-core dev VM (2026-11-26: int8 20.6, int4 28.8 tok/s) with
-    # bf16's per-layer cost of then (150 us); held out, Llama-3.2-1B -18 % / -21 %. In the committed table (a slower
-    # hour): Qwen2.5-0.5B +22 % / +28 %, Llama-3.2-1B -16 % / -18 %. Prefill: the int8 / int4 kernels (VNNI) outrun
-    # the probe's bf16 peak (Qwen2.5-0.5B's TTFT wants 1.8-2.0 of it), so the compute efficiency is MAX_EFFICIENCY:
-    # TTFT over-predicted by 75-100 % (was 6-13x with 0.25 / 0.15).
-    ("cpu", "quanto-int8"): (0.40, 1.0, 150e-6, 500e-6),
-    ("cpu", "quanto-int4"): (0.39, 1.0, 150e-6, 500e-6),
+    # quanto: vramplan calls torch's int8 / int4 kernels itself and keeps lm_head in int8 rows
+    # (runtime.quantize.Int8Rows / Int4Groups, quant.cpu_head_scheme). Fitted as bf16 above: int8 37.6 ms over 494 MB ->
+    # 0.46, 15.4 ms -> 0.64 ms a layer; int4 (and its int8 head) 23.7 ms over 326 MB -> 0.48, 10.7 ms -> 0.45 ms a layer
+    # (were 0.40 / 0.39 with 150 us, bf16's cost of then, fitted to a vs_engines run). Prefill: the int8 / int4 kernels
+    # (VNNI) outrun the probe's bf16 peak (Qwen2.5-0.5B's TTFT wants 1.8-2.0 of it), so the compute efficiency is
+    # MAX_EFFICIENCY: TTFT over-predicted by 75-100 % (was 6-13x with 0.25 / 0.15).
+    ("cpu", "quanto-int8"): (0.46, 1.0, 640e-6, 500e-6),
+    ("cpu", "quanto-int4"): (0.48, 1.0, 450e-6, 500e-6),
 }
 # Attention at decode, per layer: max(KV bytes / (bandwidth x kv_bw_eff), attention FLOPs /
 # (compute x attn_compute_eff)). The kernel reads the cache in the compute dtype: a quantized cache

@@ -67,6 +67,16 @@ def save_tiny_model(config, path: Path, *, seed: int = 0, dtype: str = "bfloat16
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_probe_cache(tmp_path_factory):
+    """The suite never writes the user's cache: this machine's quick probe (taken while the suite keeps the machine
+    busy) goes to a directory of the session's, for its subprocesses too. A test may still point it elsewhere."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path_factory.mktemp("vramplan-cache")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
     """arch -> a directory holding a saved tiny bf16 checkpoint (config.json + model.safetensors)."""
