@@ -38,6 +38,12 @@ def test_plan_from_python_is_the_command_lines_plan(capsys):
     assert p.hardware.gpu == "NVIDIA GeForce RTX 4090"
     assert all(isinstance(c, Constant) for c in p.constants.values())
     assert p.constants["gpu_capacity_bytes"] == Constant(20 * 2**30, "request --vram-budget")
+    # the JSON's keys, in order, as before the records
+    d = p.to_dict()
+    assert list(d["model"]) == ["id", "source", "inventory", "model_type", "num_layers", "params_total", "fingerprint"]
+    assert list(d["hardware"]) == ["name", "source", "gpu", "gpu_memory_bytes", "ram_bytes", "gpus", "measured",
+                                   "calibrated", "fingerprint"]
+    assert list(d["constants"]["gpu_capacity_bytes"]) == ["value", "from"]
 
 
 def test_nothing_fits_gives_typed_alternatives_and_a_saved_plans_old_hardware_form_reads_back():
