@@ -220,7 +220,7 @@ def test_model_not_on_the_cpu_and_mixed_layers_are_refused(checkpoints):
 
 
 def _resident_logits(checkpoint, quant):
-    model = load_model(checkpoint, scheme=SCHEMES[quant]).model
+    model = load_model(checkpoint, scheme=SCHEMES[quant], cpu_alone=False).model  # the engine places it
     engine = apply_offload(model, gpu_layers=NUM_LAYERS, mode="stream", device="cuda")
     logits, tokens = first_logits(model, PROMPT, PREFILL_CHUNK), _greedy(model)
     engine.detach()
@@ -248,8 +248,28 @@ def test_gpu_offload_matches_the_model_on_the_gpu(checkpoints, quant):
 
 
 @pytest.mark.gpu
+def test_gpu_cpu_mode_gives_gemv_only_to_the_layers_the_cpu_computes(checkpoints):
+    """As `vramplan run` loads an offloaded plan (cpu_alone=False): the resident layer and lm_head stay Linears on the
+    GPU, the layers the CPU computes get Bf16Rows where it pays, and the logits stay within bf16's rounding of an
+    all-GPU run's (the CPU's kernels sum in another order)."""
+    from vramplan.runtime.quantize import Bf16Rows
+
+    _, ref_logits, _ = _resident_logits(checkpoints["llama"], "bf16")
+    model = load_model(checkpoints["llama"], scheme=SCHEMES["bf16"], cpu_alone=False).model
+    assert "Bf16Rows" not in {type(m).__name__ for m in model.modules()}
+    layers = list(_decoder_layers(model))
+    with apply_offload(model, gpu_layers=1, mode="cpu", device="cuda"):
+        kinds = [{type(m).__name__ for m in layer.modules()} for layer in layers]
+        assert "Bf16Rows" not in kinds[0] and type(model.lm_head) is torch.nn.Linear
+        assert model.lm_head.weight.device.type == "cuda"
+        assert all(("Bf16Rows" in k) == Bf16Rows.pays_here() for k in kinds[1:])
+        logits = first_logits(model, PROMPT, PREFILL_CHUNK)
+        assert float((logits - ref_logits).norm() / ref_logits.norm()) < 0.05
+
+
+@pytest.mark.gpu
 def test_gpu_host_tensors_are_pinned_and_slots_are_reused(checkpoints):
-    model = load_model(checkpoints["llama"], scheme=SCHEMES["bnb-nf4"]).model
+    model = load_model(checkpoints["llama"], scheme=SCHEMES["bnb-nf4"], cpu_alone=False).model
     with apply_offload(model, gpu_layers=0, mode="stream", device="cuda") as engine:
         for index in engine.offloaded_layers:
             layer = engine._originals[index]
@@ -279,7 +299,7 @@ def test_gpu_copies_run_on_a_side_stream_while_layers_compute(tmp_path):
 
     config = tiny_config("llama", num_hidden_layers=6, hidden_size=1024, intermediate_size=4096,
                          num_attention_heads=8, num_key_value_heads=8, head_dim=128)
-    model = load_model(save_tiny_model(config, tmp_path / "wide"), scheme=SCHEMES["bf16"]).model
+    model = load_model(save_tiny_model(config, tmp_path / "wide"), scheme=SCHEMES["bf16"], cpu_alone=False).model
     ids = synthetic_prompt(512, 512, seed=0)
     with apply_offload(model, gpu_layers=1, mode="stream", device="cuda") as engine:
         first_logits(model, ids, 512)  # warm-up
