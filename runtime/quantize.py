@@ -195,8 +195,8 @@ class Bf16Rows(nn.Linear):
     converts bf16 at about half the rate of mv's GEMV on a CPU without native bf16 (2-core Xeon, AVX-512 without
     BF16: 8192 x 2048 in 1230 us against 719; a Qwen2.5-0.5B decode 11.8 -> 13.1 tok/s,
     bench/results/vs-engines-cpu-dev.md). Both sum in fp32, in another order: an output equals F.linear's or differs
-    in its last bf16 bit (1 of 4864 elements, in 1 of 3 random rows). Several rows (a prefill) keep F.linear. A
-    subclass, so what looks for a Linear (transformers' output embeddings, tied weights) still finds one."""
+    in its last bf16 bit (896 x 4864: 0.5 elements a row on average, at most 2). Several rows (a prefill) keep
+    F.linear. A subclass, so what looks for a Linear (transformers' output embeddings, tied weights) still finds one."""
 
     @classmethod
     def of(cls, linear: nn.Linear) -> "Bf16Rows":
