@@ -81,8 +81,8 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     # GB/s by the probe then): the bandwidth efficiency from the matmuls' time over the weights they read; the per-layer
     # cost from the rest of the step, less attention and the 0.5 ms per token, over 24 layers. bf16 (by GEMV,
     # runtime.quantize.Bf16Rows): 56.9 ms over 988 MB -> 0.60; 17.0 ms -> 0.71 ms a layer (was 0.50, 150 us). Against
-    # bench/results/vs-engines-cpu-dev.md (a later run, the probe at 27.7 GB/s): Qwen2.5-0.5B bf16 / int8 / int4 +7 / -6
-    # / +3 %; held out, Llama-3.2-1B -18 / -7 / -7 %.
+    # bench/results/vs-engines-cpu-dev.md (a later run, the probe at 27.7 GB/s): Qwen2.5-0.5B bf16 / int8 / int4 +1 / +1
+    # / -2 %; held out, Llama-3.2-1B -17 / -12 / -6 %.
     ("cpu", "bf16"): (0.60, 0.50, 710e-6, 500e-6),
     ("cpu", "fp16"): (0.15, 0.10, 150e-6, 500e-6),
     ("cpu", "bnb-int8"): (0.03, 0.03, 300e-6, 500e-6),
@@ -203,7 +203,7 @@ def compiled_scheme(bits: int, group_size: int | None = None) -> WeightScheme:
 # llama.cpp's file types until calibrated (`vramplan calibrate --engine llama.cpp`): on a GPU bf16's; on the CPU the
 # values bf16 had before vramplan's GEMV path, which has no counterpart in llama.cpp (ggml has no per-op dispatch).
 # Against bench/results/vs-engines-cpu-dev.md (2-core VM, not fitted to it): Qwen2.5-0.5B BF16 / Q8_0 / Q4_0
-# -18 / -18 / -10 %, Llama-3.2-1B -21 / -20 / -9 %.
+# -19 / -18 / -13 %, Llama-3.2-1B -24 / -17 / -6 %.
 _LLAMA_CPP_DEFAULTS: dict[str, tuple[float, float, float, float]] = {
     "gpu": _DEFAULTS[("gpu", "bf16")], "cpu": (0.50, 0.50, 150e-6, 500e-6)}
 
@@ -259,7 +259,7 @@ def efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> Effici
     host's dispatch in it: no dispatch term is added to it."""
     bw, comp, per_layer, per_token = _default(device, scheme)
     if scheme.backend == COMPILED_BACKEND and device == "cpu" and scheme.name in SCHEMES:
-        # a CPU has no dispatch term to drop, and a compiled decode measured +15 % / -13 % of eager there
+        # a CPU has no dispatch term to drop, and a compiled decode measured +1 % / -7 % of eager there
         # (bench/results/vs-engines-cpu-dev.md): the weights' own calibration stands for it
         scheme = SCHEMES[scheme.name]
     e, stand_in = _calibrated_entry(hw, device, scheme)
