@@ -359,20 +359,29 @@ def test_prefill_does_not_copy_lm_head():
 
 
 def test_peak_memory_sampler_sees_a_short_allocation():
-    # The window measures the process, not the block: an earlier test's cyclic garbage collected inside it frees
-    # memory at the same time (a CI run saw 128 of the 256 MiB). Collect first and keep the collector out.
-    gc.collect()
+    """The sampler's peak is at least what the kernel reported for the process while a short-lived 256 MiB block was
+    held (its RSS counters are what the sampler reads). Two CI runs in a fresh venv saw the counters show 128 MiB + 4
+    KiB of the block, both times, as if the second OpenMP thread's half of the fill were not yet counted; a run in the
+    dev install saw all of it. So the test compares with the kernel's own figure, and asks for at least half."""
+    import psutil
+
+    from vramplan.runtime.measure import rss_split
+
+    gc.collect()  # an earlier test's cyclic garbage freed inside the window would lower the peak
     collecting = gc.isenabled()
     gc.disable()
     try:
         with PeakMemorySampler() as sampler:
             block = torch.ones(64 << 20, dtype=torch.float32)  # 256 MiB, touched
             time.sleep(0.3)  # 60 sampling intervals: 50 ms (10) was missed once by a CI run on a busy 2-core machine
+            held = rss_split(psutil.Process())[0]
             del block
     finally:
         if collecting:
             gc.enable()
-    assert sampler.result.rss_delta_bytes >= 240 << 20
+    peaks = sampler.result
+    assert peaks.peak_rss_bytes >= held - (4 << 20), (peaks, held)
+    assert peaks.rss_delta_bytes >= 120 << 20
 
 
 def test_timer_measures_wall_time():
