@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .choice import Choice, OffloadMode
+from .constant import Constant
 from .errors import PlanError
 from .hardware import HardwareProfile
 from .memory import MemoryBreakdown
@@ -111,26 +112,6 @@ def hardware_ref(hw: HardwareProfile) -> HardwareRef:
     return HardwareRef(name=hw.name, source=hw.source, ram_bytes=hw.host.ram_bytes,
                        gpus=tuple(GpuRef(g.name, g.memory_bytes, g.count) for g in hw.gpus), measured=hw.measured,
                        calibrated=hw.calibration is not None, fingerprint=hardware_fingerprint(hw))
-
-
-@dataclass(frozen=True)
-class Constant:
-    """A constant the plan used: its value, and where it comes from (a profile key, a planner name, the request)."""
-
-    value: int | float | str
-    source: str
-
-    def to_dict(self) -> dict:
-        return {"value": self.value, "from": self.source}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Constant":
-        return cls(d["value"], str(d["from"]))
-
-
-def constants(table: dict[str, dict]) -> dict[str, Constant]:
-    """Constants written as {name: {"value": v, "from": where}} (how the planner's tables spell them), as records."""
-    return {name: Constant(c["value"], c["from"]) for name, c in table.items()}
 
 
 @dataclass(frozen=True)

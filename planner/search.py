@@ -19,7 +19,8 @@ from .hardware import HardwareProfile
 from .memory import (Footprint, LayerCosts, MemoryBreakdown, Placement, WeightCosts, embeddings_on_gpu, gpu_capacity,
                      layer_costs, ram_capacity, weight_costs, workspace_bytes)
 from .modelspec import ModelSpec, context_limit
-from .plan import Alternative, Candidate, Constant, Plan, constants, hardware_ref, model_ref
+from .constant import Constant, constants
+from .plan import Alternative, Candidate, Plan, hardware_ref, model_ref
 from .quant import KV_SCHEMES, SCHEMES, KVScheme, WeightScheme
 from .request import COMPILE_SCHEMES, RUNTIME_BASE_RAM_BYTES, Request
 from .speed import SpeedEstimate, compiled_scheme, estimate, speed_constants
@@ -533,8 +534,8 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
         return Plan(**common, chosen=None, reasons=reasons, warnings=warnings, alternatives=alts)
     chosen, reasons = choose_by_preference(cands, req)
     c = chosen.choice
-    common["constants"].update(constants(speed_constants(hw, speed_scheme(req, SCHEMES[c.weight_quant]),
-                                                         "gpu" if c.on_gpu else "cpu")))
+    common["constants"].update(speed_constants(hw, speed_scheme(req, SCHEMES[c.weight_quant]),
+                                               "gpu" if c.on_gpu else "cpu"))
     if req.compiled:
         reasons.append("decode compiled (--compile: a static cache and torch.compile, CUDA graphs on a GPU), priced "
                        f"without the eager dispatch; efficiencies: {chosen.speed.terms.get('efficiency_source')}")

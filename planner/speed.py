@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from .hardware import HardwareProfile
 from .choice import Choice, ComputeDevice, OffloadMode
+from .constant import constants
 from .memory import LayerCosts, layer_costs
 from .modelspec import ModelSpec, dtype_bytes
 from .quant import KV_SCHEMES, SCHEMES, KVScheme, QualityCost, WeightScheme
@@ -308,8 +309,9 @@ def _calibrated_entry(hw: HardwareProfile, device: str, scheme: WeightScheme):
 
 
 def speed_constants(hw: HardwareProfile, scheme: WeightScheme, device: str = "gpu") -> dict:
-    """The speed constants a prediction of `scheme` on `device` uses, by name, each with where it comes from; for
-    constants fitted to public measurements, the records they were fitted to (tests/data/public_gpu/records.jsonl)."""
+    """The speed constants a prediction of `scheme` on `device` uses, by name, as Constant records (the value and where
+    it comes from; for constants fitted to public measurements, the records they were fitted to:
+    tests/data/public_gpu/records.jsonl)."""
     eff = efficiency(hw, device, scheme)
     fitted = fitted_entry(hw, device, scheme) if eff.source.startswith("fitted") else None
     where = eff.source + (f"; records {', '.join(fitted.records)}" if fitted is not None else "")
@@ -323,7 +325,7 @@ def speed_constants(hw: HardwareProfile, scheme: WeightScheme, device: str = "gp
         out[f"{prefix}_eager_dispatch_per_layer_s"] = {"value": eff.dispatch_per_layer_s, "from": eff.dispatch_source
                                                        + (f"; host records {', '.join(hw.public_fit.host_records)}"
                                                           if hw.public_fit is not None and fitted is not None else "")}
-    return out
+    return constants(out)
 
 
 @dataclass(frozen=True, kw_only=True)

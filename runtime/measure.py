@@ -113,7 +113,7 @@ class MemoryPeaks:
     peak_vram_bytes: int | None
     # of the highest RSS sampled, the pages mapped from files or shared (RssFile + RssShmem): a checkpoint's
     # safetensors read through mmap are counted in RSS, yet clean and dropped by the kernel under pressure, unlike the
-    # anonymous memory a plan budgets. None where /proc/self/status is missing (not Linux).
+    # anonymous memory a plan budgets (psutil's `shared`, from /proc/self/statm). None where it is missing (not Linux).
     peak_rss_file_bytes: int | None = None
 
     @property
@@ -121,24 +121,11 @@ class MemoryPeaks:
         return self.peak_rss_bytes - self.start_rss_bytes
 
 
-_STATUS = "/proc/self/status"
-_FILE_BACKED = ("RssFile:", "RssShmem:")
-
-
 def rss_split(process: psutil.Process) -> tuple[int, int | None]:
-    """This process's RSS and its file-backed / shared part, in bytes (the part None without /proc/self/status)."""
-    try:
-        with open(_STATUS, "rb") as f:
-            text = f.read().decode()
-    except OSError:
-        return process.memory_info().rss, None
-    rss, mapped = None, 0
-    for line in text.splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) * 1024
-        elif line.startswith(_FILE_BACKED):
-            mapped += int(line.split()[1]) * 1024
-    return (rss, mapped) if rss is not None else (process.memory_info().rss, None)
+    """This process's RSS and its file-backed / shared part (RssFile + RssShmem: psutil's `shared`, from
+    /proc/self/statm), in bytes; the part None where psutil does not report it (not Linux)."""
+    info = process.memory_info()
+    return info.rss, getattr(info, "shared", None)
 
 
 def _ru_maxrss_bytes() -> int:

@@ -13,7 +13,8 @@ import pytest
 
 import vramplan
 from vramplan.planner.errors import ConfigError, UnitError, VramplanError
-from vramplan.planner.plan import Alternative, Constant, HardwareRef, ModelRef, Plan
+from vramplan.planner.constant import Constant
+from vramplan.planner.plan import Alternative, HardwareRef, ModelRef, Plan
 
 from cli_helpers import run_cli
 

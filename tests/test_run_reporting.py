@@ -266,7 +266,7 @@ def test_a_terminal_shows_the_prefill_bar_with_the_predicted_eta(tiny_dir, slow_
 
 
 def test_peak_ram_over_the_plan_only_by_mapped_file_pages_is_said(tmp_path):
-    """A checkpoint read through mmap puts its pages in RSS; the sampler splits them out (/proc/self/status) and the
+    """A checkpoint read through mmap puts its pages in RSS; the sampler splits them out (psutil's `shared`) and the
     report says when they alone put the peak over the plan."""
     import mmap
 
@@ -282,7 +282,7 @@ def test_peak_ram_over_the_plan_only_by_mapped_file_pages_is_said(tmp_path):
         time.sleep(0.3)
     peaks = sampler.result
     if peaks.peak_rss_file_bytes is None:
-        pytest.skip("no /proc/self/status here")
+        pytest.skip("psutil reports no shared RSS here")
     assert peaks.peak_rss_file_bytes >= 90 << 20
     anonymous = peaks.peak_rss_bytes - peaks.peak_rss_file_bytes
     peak, mapped = peaks.peak_rss_bytes, peaks.peak_rss_file_bytes

@@ -16,6 +16,7 @@ from typing import Callable
 
 from ..choice import Choice
 from ..modelspec import ModelSpec
+from ..constant import Constant
 from ..units import GiB, format_bytes
 
 # The engines `--emit` writes for.
@@ -23,16 +24,18 @@ EMIT_ENGINES = ("vllm", "llama.cpp", "ollama", "transformers")
 
 
 @dataclass(frozen=True)
-class EngineConstant:
-    """One of an engine's own rules: its value and where it comes from (file + commit, or a doc URL).
-    `assumption` marks a value no source gives; the export says so."""
+class EngineConstant(Constant):
+    """One of an engine's own rules: a plan's Constant (its value and where it comes from: file + commit, or a doc
+    URL), and whether it is an `assumption`, a value no source gives; the export says so."""
 
-    value: int | float | str
-    source: str
     assumption: bool = False
 
     def to_dict(self) -> dict:
         return {"value": self.value, "from": self.source, "assumption": self.assumption}
+
+    def for_plan(self) -> Constant:
+        """As a plan lists it: an assumption says so in where it comes from."""
+        return Constant(self.value, self.source + (" (assumption)" if self.assumption else ""))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,7 @@ from ..gguf import GGUF_FILE_TYPES, gguf_file_bytes
 from ..hardware import CalibrationEntry, HardwareProfile
 from ..memory import CPUMemory, GPUMemory, LayerCosts, MemoryBreakdown, gpu_capacities
 from ..modelspec import ModelSpec
-from ..plan import Candidate, Constant, Plan, constants, hardware_ref, model_ref
+from ..plan import Candidate, Plan, hardware_ref, model_ref
 from ..quant import SCHEMES, KVScheme, QualityCost
 from ..request import LLAMA_CPP_KV_DTYPES, Request
 from ..search import check_context, check_experts, check_request
@@ -440,8 +440,7 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request, server: Se
         cands.extend(_candidate(spec, hw, req, model, kv, server) for kv in caches)
     consts = {**engine_constants(hw, types, caches), **server.constants}
     common = dict(model=model_ref(spec), hardware=hardware_ref(hw), request=req, candidates=cands,
-                  constants={k: Constant(c.value, c.source + (" (assumption)" if c.assumption else ""))
-                             for k, c in consts.items()})
+                  constants={k: c.for_plan() for k, c in consts.items()})
     if not any(c.fits for c in cands):
         first = cands[0]
         warnings = [*context_warnings, speed_hardware(hw, spec, first.weight_quant, first.kv_dtype)[1],
@@ -451,8 +450,7 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request, server: Se
                              f"{first.reason}"])
     chosen, reasons = choose_by_preference(cands, req)
     fast_hw, speed_label = speed_hardware(hw, spec, chosen.weight_quant, chosen.kv_dtype)
-    common["constants"].update(constants(speed_constants(fast_hw, SPEED_SCHEME,
-                                                         "gpu" if chosen.choice.on_gpu else "cpu")))
+    common["constants"].update(speed_constants(fast_hw, SPEED_SCHEME, "gpu" if chosen.choice.on_gpu else "cpu"))
     warnings = [*context_warnings, speed_label, *op_offload_notes(hw, chosen.speed), *assumption_notes(consts)]
     file_bytes = gguf_file_bytes(spec, chosen.weight_quant)
     reasons.append(f"GGUF {chosen.weight_quant}: {file_bytes:,} B file ({format_bytes(file_bytes)}; planner/gguf.py, "
