@@ -121,23 +121,27 @@ class PlainMatrices(ExpertMatrices):
         return self.weight[expert].float()
 
 
+def quanto_int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [out, in] quantized as quanto's qint8 does (absmax per row): int8 [out, in] and one scale per row [out, 1] in
+    w's dtype."""
+    from optimum.quanto import AbsmaxOptimizer, qint8, quantize_weight
+
+    q = quantize_weight(w, qtype=qint8, axis=0, scale=AbsmaxOptimizer()(w, qtype=qint8, axis=0), optimized=False)
+    return q._data, q._scale
+
+
 class QuantoInt8Matrices(ExpertMatrices):
     """quanto qint8 per expert: int8 [E, out, in] + one bf16 scale per output row [E, out, 1]."""
 
     EXPERT_BUFFERS = ("data", "scale")
 
     def __init__(self, source: "_Source", scheme: WeightScheme, device):
-        from optimum.quanto import AbsmaxOptimizer, qint8, quantize_weight
-
         super().__init__(*source.dims)
         experts, out_f, in_f = source.dims
         data = torch.empty(experts, out_f, in_f, dtype=torch.int8, device=device)
         scale = torch.empty(experts, out_f, 1, dtype=_scheme_dtype(scheme), device=device)
-        optimizer = AbsmaxOptimizer()
         for e in range(experts):
-            w = source.matrix(e, device, scale.dtype)
-            q = quantize_weight(w, qtype=qint8, axis=0, scale=optimizer(w, qtype=qint8, axis=0), optimized=False)
-            data[e], scale[e] = q._data, q._scale
+            data[e], scale[e] = quanto_int8_rows(source.matrix(e, device, scale.dtype))
         self.register_buffer("data", data)
         self.register_buffer("scale", scale)
 

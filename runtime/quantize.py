@@ -21,7 +21,7 @@ from torch import nn
 
 from vramplan.planner.errors import VramplanError
 from vramplan.planner.quant import INT8PACK_IN_MULTIPLE, WeightScheme, cpu_head_scheme
-from vramplan.runtime.experts import quantize_experts
+from vramplan.runtime.experts import quanto_int8_rows, quantize_experts
 from vramplan.runtime.measure import is_oom
 
 
@@ -122,17 +122,13 @@ class Int8Rows(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Rows":
-        from optimum.quanto import AbsmaxOptimizer, qint8, quantize_weight
-
         weight = linear.weight.detach()
         data = torch.empty(weight.shape, dtype=torch.int8)
         scale = torch.empty(weight.shape[0], dtype=weight.dtype)
-        optimizer = AbsmaxOptimizer()
         for start in range(0, weight.shape[0], cls.ROWS_PER_BLOCK):
-            w = weight[start:start + cls.ROWS_PER_BLOCK]
-            q = quantize_weight(w, qtype=qint8, axis=0, scale=optimizer(w, qtype=qint8, axis=0), optimized=False)
-            data[start:start + len(w)] = q._data
-            scale[start:start + len(w)] = q._scale.view(-1)
+            rows = slice(start, start + cls.ROWS_PER_BLOCK)
+            data[rows], block_scale = quanto_int8_rows(weight[rows])
+            scale[rows] = block_scale.view(-1)
         return cls(data, scale, linear.bias)
 
     @classmethod
