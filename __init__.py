@@ -38,8 +38,9 @@ def hardware(name: str | None = None) -> HardwareProfile:
 
         return this_machine_profile()
     from .planner.profiles import resolve_profile
+    from .runtime.yaml_cache import load_profile
 
-    return resolve_profile(name)[0]
+    return resolve_profile(name, load_profile)[0]
 
 
 def plan(model: str | ModelSpec, hardware: str | HardwareProfile | None = None, context: str | int = "4k",

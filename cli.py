@@ -5,8 +5,6 @@ Exit codes: 0 done; 1 nothing fits (or a run that failed after measuring); 2 bad
 interrupted (a run still reports and saves what it measured).
 """
 
-from __future__ import annotations
-
 import gc
 import math
 import os
@@ -203,8 +201,9 @@ def resolve_hardware(hardware: str | None):
 def named_profile(name: str):
     """A profile by name or path, and its file; a name that other files of the search path share says which won."""
     from vramplan.planner.profiles import name_shadows, resolve_profile
+    from vramplan.runtime.yaml_cache import load_profile
 
-    profile, path = resolve_profile(name)
+    profile, path = resolve_profile(name, load_profile)
     shadows = name_shadows(name)
     if shadows:
         out.info(f"hardware profile {name!r}: using {path}; it shadows "
@@ -279,8 +278,9 @@ def probe_cmd(
 def profiles_list_cmd(as_json: JsonOpt = False) -> None:
     """Every profile usable by name, where it lives, and whether it validates."""
     from vramplan.planner.profiles import list_profiles, search_dirs
+    from vramplan.runtime.yaml_cache import load_profile
 
-    entries = list_profiles()
+    entries = list_profiles(load_profile)
     if not as_json:
         render.profiles_list(entries, search_dirs())
         return

@@ -21,20 +21,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 0.2
-PLAN = ["cli.py", "plan", "--model", "llama-3.1-8b", "--context", "32k", "-H", "rtx-4090"]
+# `python -m vramplan` is the console script's own entry (vramplan.__main__:console), as the `vramplan` command runs.
+PLAN = ["-m", "vramplan", "plan", "--model", "llama-3.1-8b", "--context", "32k", "-H", "rtx-4090"]
 COMMANDS = {
     "python -c pass": ["-c", "pass"],
     "import cli": ["-c", "import vramplan.cli"],
     "vramplan plan (table)": PLAN,
     "vramplan plan --json": [*PLAN, "--json"],
-    "vramplan models --json": ["cli.py", "models", "--json"],
+    "vramplan models --json": ["-m", "vramplan", "models", "--json"],
 }
 TOP_IMPORTS = 15
 # Where one plan's time goes, in one process: the wall time of each phase, and two costs that cut across the imports
 # (class bodies turned into dataclasses, regular expressions compiled). Instrumented by wrapping, not by a profiler,
 # so the numbers are wall times of an otherwise plain run.
 PHASES = r"""
-import dataclasses, json, re, sys, time
+import dataclasses, gc, json, re, sys, time
+gc.disable()  # as the console script does (vramplan/__main__.py)
 t0 = time.perf_counter()
 cost = {"dataclass_s": 0.0, "dataclasses": 0, "regex_s": 0.0}
 _process, _compile = dataclasses._process_class, re._compile
@@ -111,7 +113,7 @@ def phases(repeats: int) -> dict:
     """Median of each phase over `repeats` processes (seconds; "dataclasses" is a count)."""
     runs = []
     for _ in range(repeats):
-        r = subprocess.run([sys.executable, "-c", PHASES, *PLAN[1:]], cwd=ROOT, env=_env(), capture_output=True,
+        r = subprocess.run([sys.executable, "-c", PHASES, *PLAN[2:]], cwd=ROOT, env=_env(), capture_output=True,
                            text=True, check=True)
         runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
     return {k: round(statistics.median(run[k] for run in runs), 4) for k in runs[0]}
@@ -129,8 +131,7 @@ def main() -> None:
     if args.installed is not None:
         venv = args.installed.resolve()
         rows["python -c pass (installed venv)"] = time_process(["-c", "pass"], args.repeats, venv / "bin" / "python")
-        rows["vramplan plan (installed venv)"] = time_process(["-m", "vramplan.cli", *PLAN[1:]], args.repeats,
-                                                             venv / "bin" / "python")
+        rows["vramplan plan (installed venv)"] = time_process(PLAN[2:], args.repeats, venv / "bin" / "vramplan")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     out = {"benchmark": "start-up", "machine": args.machine, "date": time.strftime("%Y-%m-%d"),
            "python": platform.python_version(), "repeats": args.repeats, "target_s": TARGET_S,

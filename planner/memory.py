@@ -16,6 +16,7 @@ Pure: no torch.
 from __future__ import annotations
 
 from bisect import bisect_right
+from itertools import accumulate
 from dataclasses import dataclass
 
 from .hardware import HardwareProfile
@@ -111,10 +112,7 @@ def layer_costs(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Reques
 
 
 def _prefix(values: tuple[int, ...]) -> list[int]:
-    out = [0]
-    for v in values:
-        out.append(out[-1] + v)
-    return out
+    return list(accumulate(values, initial=0))
 
 
 def workspace_bytes(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Request,
@@ -337,10 +335,8 @@ class Footprint:
         self.pw = _prefix(costs.weights)
         self.pkv = _prefix(costs.kv)
         self.px = _prefix(costs.experts or (0,) * self.L)
-        suffix = [0] * (self.L + 1)
-        for i in range(self.L - 1, -1, -1):
-            suffix[i] = max(suffix[i + 1], costs.weights[i])
-        self.suffix_max_w = suffix  # the largest layer from i on: what a stream slot must hold
+        # the largest layer from i on (0 past the last): what a stream slot must hold
+        self.suffix_max_w = list(accumulate(reversed(costs.weights), max, initial=0))[::-1]
         moe = sorted(spec.moe.moe_layers) if spec.moe is not None else []
         self.expert_end = [0] + [i + 1 for i in moe]  # with e layers' experts in RAM: layers before expert_end[e]
         o = hw.overheads

@@ -110,6 +110,8 @@ class Kind(str, Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class TensorSpec:
+    """One parameter tensor of the model: its name, shape, role, dtype and layer."""
+
     name: str
     shape: tuple[int, ...]
     role: Role
@@ -236,6 +238,8 @@ class AttentionLayout:
 
 @dataclass(frozen=True, kw_only=True)
 class MoEInfo:
+    """A mixture of experts' routing: experts per layer and per token, shared experts, MoE layers."""
+
     num_experts: int
     experts_per_token: int
     num_shared_experts: int = 0
@@ -245,6 +249,9 @@ class MoEInfo:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
+    """A model's exact inventory, from its config and tensor headers: every tensor, the attention layouts, the
+    limits."""
+
     name: str
     model_type: str
     architecture: str  # transformers class, e.g. "LlamaForCausalLM"

@@ -65,6 +65,8 @@ def hardware_fingerprint(hw: HardwareProfile) -> str:
 
 @dataclass(frozen=True)
 class GpuRef:
+    """One kind of GPU in the plan's hardware: name, memory and how many."""
+
     name: str
     memory_bytes: int
     count: int = 1

@@ -17,8 +17,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
-
 from .errors import ProfileError, UnitError
 from .hardware import (SCHEMA_VERSION, Calibration, CalibrationEntry, FittedEntry, GPUSpec, HardwareProfile, HostSpec,
                        LinkSpec, Overheads, PublicFit, _FieldError, _is_number)
@@ -35,6 +33,8 @@ from .yaml_strict import safe_load_strict
 
 @dataclass(frozen=True)
 class _Kind:
+    """How one kind of YAML value parses into the internal unit and formats back."""
+
     expected: str  # for messages: 'a size like "24 GiB"'
     parse: Callable[[Any], Any]
     format: Callable[[Any], Any]
@@ -474,8 +474,10 @@ def profile_to_dict(p: HardwareProfile) -> dict[str, Any]:
     }
 
 
-def loads_profile(text: str, origin: str = "<string>") -> HardwareProfile:
-    """Parse YAML text (strictly) into a HardwareProfile."""
+def parse_profile_text(text: str, origin: str = "<string>") -> Any:
+    """The YAML document of a profile's text, parsed strictly (not yet checked as a profile: profile_from_dict)."""
+    import yaml
+
     try:
         doc = safe_load_strict(text)
     except RecursionError:
@@ -487,7 +489,12 @@ def loads_profile(text: str, origin: str = "<string>") -> HardwareProfile:
         raise ProfileError(f"{origin}: not valid YAML{where}: {problem}") from None
     if doc is None:
         raise ProfileError(f"{origin}: empty file (expected a hardware profile mapping)")
-    return profile_from_dict(doc, origin=origin)
+    return doc
+
+
+def loads_profile(text: str, origin: str = "<string>") -> HardwareProfile:
+    """Parse YAML text (strictly) into a HardwareProfile."""
+    return profile_from_dict(parse_profile_text(text, origin), origin=origin)
 
 
 def dumps_profile(p: HardwareProfile) -> str:
@@ -495,18 +502,24 @@ def dumps_profile(p: HardwareProfile) -> str:
         f"# vramplan hardware profile (schema {SCHEMA_VERSION}). Units live in the strings:\n"
         '# sizes "24 GiB" (binary) or "24 GB" (decimal), bandwidths "GB/s", compute "TFLOPS", times "us".\n'
     )
+    import yaml
+
     body = yaml.safe_dump(profile_to_dict(p), sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
     return header + body
 
 
-def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
+def read_profile_text(path: str | os.PathLike[str]) -> str:
+    """A profile file's text; a file that is missing, a directory or unreadable is a one-line ProfileError."""
     path = Path(path)
     try:
-        text = read_text(path)
+        return read_text(path)
     except FileNotFoundError:
         raise ProfileError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise ProfileError(f"{path}: is a directory, not a profile file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ProfileError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
-    return loads_profile(text, str(path))
+
+
+def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
+    return loads_profile(read_profile_text(path), str(Path(path)))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import os
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from .errors import ProfileError
 from .hardware import HardwareProfile
@@ -23,6 +23,8 @@ from .profile_yaml import load_profile
 from .textfiles import file_kind
 
 PROFILE_SUFFIXES = (".yaml", ".yml")
+# How a found file is read: planner.profile_yaml.load_profile, or a caller's equal (the runtime's caches the parse).
+Loader = Callable[[Path], HardwareProfile]
 
 
 class ProfileEntry(NamedTuple):
@@ -72,14 +74,15 @@ def _looks_like_path(text: str) -> bool:
     return os.sep in text or "/" in text or text.lower().endswith(PROFILE_SUFFIXES)
 
 
-def resolve_profile(name_or_path: str | os.PathLike[str]) -> tuple[HardwareProfile, Path]:
-    """A profile from an existing path, else by name from the search directories."""
+def resolve_profile(name_or_path: str | os.PathLike[str], load: Loader = load_profile
+                    ) -> tuple[HardwareProfile, Path]:
+    """A profile from an existing path, else by name from the search directories, read by `load`."""
     text = os.fspath(name_or_path)
     if not text.strip():
         raise ProfileError("the hardware profile name is empty")
     candidate = Path(text).expanduser()
     if candidate.is_file():
-        return load_profile(candidate), candidate
+        return load(candidate), candidate
     if candidate.is_dir():
         raise ProfileError(f"{text}: is a directory, not a hardware profile file")
     if candidate.exists():  # a FIFO, a socket, a device: reading it would block or never end
@@ -90,7 +93,7 @@ def resolve_profile(name_or_path: str | os.PathLike[str]) -> tuple[HardwareProfi
     dirs = search_dirs()
     found = _named(wanted, dirs)
     if found:
-        return load_profile(found[0][0]), found[0][0]
+        return load(found[0][0]), found[0][0]
     known = sorted({f.stem for d, _o in dirs for f in _profile_files(d)})
     close = difflib.get_close_matches(wanted, [k.lower() for k in known], n=4, cutoff=0.5)
     by_lower = {k.lower(): k for k in known}
@@ -117,9 +120,9 @@ def name_shadows(name_or_path: str | os.PathLike[str]) -> list[tuple[Path, str]]
     return _named(text.strip().lower(), search_dirs())[1:]
 
 
-def list_profiles() -> list[ProfileEntry]:
-    """Every profile visible by name, sorted by name; earlier directories shadow later ones, and each entry lists
-    the files of its name it shadows."""
+def list_profiles(load: Loader = load_profile) -> list[ProfileEntry]:
+    """Every profile visible by name, sorted by name, read by `load`; earlier directories shadow later ones, and each
+    entry lists the files of its name it shadows."""
     seen: dict[str, ProfileEntry] = {}
     for directory, origin in search_dirs():
         for f in _profile_files(directory):
@@ -128,7 +131,7 @@ def list_profiles() -> list[ProfileEntry]:
                 seen[key] = seen[key]._replace(shadows=seen[key].shadows + ((f, origin),))
                 continue
             try:
-                seen[key] = ProfileEntry(f.stem, f, origin, load_profile(f), None)
+                seen[key] = ProfileEntry(f.stem, f, origin, load(f), None)
             except ProfileError as e:
                 seen[key] = ProfileEntry(f.stem, f, origin, None, str(e))
     return sorted(seen.values(), key=lambda e: e.name.lower())

@@ -53,6 +53,8 @@ class QualityCost:
 
 @dataclass(frozen=True, kw_only=True)
 class WeightScheme:
+    """A weight quantization scheme: its bytes per parameter by role, its backend and what it costs in quality."""
+
     name: str
     backend: str  # "torch", "bnb", "quanto"
     description: str

@@ -58,6 +58,8 @@ MAX_NODES = 1024
 
 @dataclass(frozen=True, kw_only=True)
 class Request:
+    """What the user asks the planner for: context, batch, budgets and forced choices, validated on creation."""
+
     context: int  # tokens of context per sequence the plan must hold (prompt + generated)
     batch: int = 1
     prompt_tokens: int | None = None  # for the TTFT prediction; default: the whole context is prompt

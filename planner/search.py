@@ -308,15 +308,44 @@ def bisect_max(ok: Callable[[int], bool], lo: int, hi: int) -> int:
     return lo
 
 
+def secant_max(probe: Callable[[int], tuple[bool, float]], lo: int, hi: int) -> int:
+    """`bisect_max` for an ok(x) that comes with a slack: probe(x) = (ok(x), slack(x)), the slack falling as x grows
+    and crossing 0 near where ok turns false (bytes to spare). Each probe goes where the straight line between the
+    bracket's two slacks crosses 0 (regula falsi), or to the middle when the last probe did not halve the bracket.
+    The answer is ok's own boundary, as bisect_max finds it; the slack only chooses where to look. A slack linear in x
+    takes about four probes where bisecting 1..128k takes 19."""
+    ok_hi, s_hi = probe(hi)
+    if ok_hi:
+        return hi
+    ok_lo, s_lo = probe(lo)
+    if not ok_lo:
+        return lo - 1
+    halved = True
+    while hi - lo > 1:
+        width = hi - lo
+        if halved and s_lo > s_hi:
+            x = lo + int(width * s_lo / (s_lo - s_hi))
+        else:
+            x = (lo + hi) // 2
+        x = min(max(x, lo + 1), hi - 1)
+        ok, s = probe(x)
+        lo, s_lo, hi, s_hi = (x, s, hi, s_hi) if ok else (lo, s_lo, x, s)
+        halved = 2 * (hi - lo) <= width
+    return lo
+
+
 def _max_resident_context(spec, hw, req, scheme, kv, weights: WeightCosts) -> int:
     """Largest context (up to the model's maximum) with every layer resident: all on the GPU, or in RAM
     on a machine without one; 0 if none."""
-    def fits(ctx: int) -> bool:
-        fp = _footprint(spec, hw, replace(req, context=ctx, prompt_tokens=None), scheme, kv, weights)
-        p = _placement(fp, spec.num_layers if hw.has_gpu else 0, OffloadMode.NONE)
-        return p is not None and fp.over(p) is None
+    n = spec.num_layers if hw.has_gpu else 0
 
-    return max(0, bisect_max(fits, 1, spec.max_context or req.context))
+    def probe(ctx: int) -> tuple[bool, float]:
+        fp = _footprint(spec, hw, replace(req, context=ctx, prompt_tokens=None), scheme, kv, weights)
+        p = _placement(fp, n, OffloadMode.NONE)
+        mem = fp.breakdown_of(p or _placement(fp, n, OffloadMode.NONE, best_effort=True))
+        return p is not None and mem.over is None, min(d.capacity_bytes - d.total_bytes for d in (*mem.gpus, mem.cpu))
+
+    return max(0, secant_max(probe, 1, spec.max_context or req.context))
 
 
 def choose_by_preference(cands: list[Candidate], req: Request) -> tuple[Candidate, list[str]]:

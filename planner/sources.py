@@ -34,6 +34,8 @@ MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSource:
+    """Where a model came from (directory, HF cache, catalog or hub), with its config and tensor headers."""
+
     kind: str  # "directory", "hf-cache", "catalog" or "hub"
     id: str  # what to call the model: hub id or directory name
     config: dict = field(repr=False, compare=False)
@@ -51,6 +53,8 @@ class ModelSource:
 # ------------------------------------------------------------------ catalog
 @dataclass(frozen=True)
 class CatalogEntry:
+    """A model of the built-in catalog: its id, config file and aliases."""
+
     id: str
     file: str
     aliases: tuple[str, ...]
@@ -334,6 +338,8 @@ def index_shards(text: str, where: str) -> list[str]:
 
 @dataclass(frozen=True)
 class HeaderTensor:
+    """One tensor of a safetensors header: name, dtype and shape (no data)."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]

@@ -44,6 +44,8 @@ from .work import (DecodeWork, ReadBytes, decode_work, expert_flop_share, expert
 
 @dataclass(frozen=True, kw_only=True)
 class Efficiency:
+    """A scheme's achieved fractions of the peaks, and its fixed cost per layer: the speed model's constants."""
+
     bandwidth: float  # achieved / peak memory bandwidth during decode
     compute: float  # achieved / peak bf16 FLOP/s during prefill
     per_layer_s: float  # fixed cost per decoder layer per forward (kernel launches, Python)
@@ -330,6 +332,8 @@ def speed_constants(hw: HardwareProfile, scheme: WeightScheme, device: str = "gp
 
 @dataclass(frozen=True, kw_only=True)
 class ExpertEfficiency:
+    """Routed experts computed by the CPU: achieved bandwidth and the fixed cost of one expert's call."""
+
     bandwidth: float  # routed experts' bytes, achieved / peak bandwidth
     per_call_s: float  # fixed cost of one routed expert's forward
     source: str
@@ -346,6 +350,8 @@ def expert_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, we
 
 @dataclass(frozen=True, kw_only=True)
 class KVEfficiency:
+    """Reading, attending over and updating the KV cache: achieved fractions of the peaks."""
+
     read: float  # the attention kernel reading the cache, achieved / peak bandwidth
     attention_compute: float  # the attention kernel's FLOPs, achieved / peak compute
     update: float  # a quantized cache's extra update traffic, achieved / peak bandwidth
@@ -446,6 +452,8 @@ def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: Weig
 
 @dataclass(frozen=True, kw_only=True)
 class SpeedEstimate:
+    """A placement's predicted decode and time to first token, with the terms they are made of."""
+
     decode_tokens_per_s: float  # at the start of generation (context = the prompt)
     decode_tokens_per_s_full_context: float  # when the cache holds the whole context
     ttft_s: float

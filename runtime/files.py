@@ -19,8 +19,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from vramplan.planner.errors import VramplanError
 from vramplan.planner.hardware import HardwareProfile
 from vramplan.planner.profile_yaml import dumps_profile, profile_to_dict
@@ -30,6 +28,14 @@ from vramplan.planner.textfiles import file_kind
 NEW_FILE_MODE = 0o666
 JSON_SUFFIXES = (".json",)
 YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def cache_dir() -> Path:
+    """vramplan's cache: $VRAMPLAN_CACHE_DIR, else $XDG_CACHE_HOME/vramplan, else ~/.cache/vramplan."""
+    if os.environ.get("VRAMPLAN_CACHE_DIR"):
+        return Path(os.environ["VRAMPLAN_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "vramplan"
 
 
 class WriteError(VramplanError):
@@ -152,6 +158,8 @@ def suffix_format(path: str | os.PathLike[str], default: str) -> str:
 def dumps(data: Any, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(data, indent=2) + "\n"
+    import yaml
+
     return yaml.safe_dump(data, sort_keys=False)
 
 

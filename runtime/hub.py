@@ -84,7 +84,7 @@ def resolve(name: str, *, revision: str | None = None) -> ModelSource:
 # ------------------------------------------------------------------ vramplan's cache of headers
 def header_cache_path(snapshot: Path) -> Path:
     """Where the headers of an HF-cache snapshot (…/models--{org}--{name}/snapshots/{commit}) are cached."""
-    from vramplan.runtime.this_machine import cache_dir
+    from vramplan.runtime.files import cache_dir
 
     return cache_dir() / "hub" / snapshot.parent.parent.name / f"{snapshot.name}.json"
 

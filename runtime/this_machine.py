@@ -28,11 +28,11 @@ from pathlib import Path
 
 from vramplan.planner.errors import ProfileError, VramplanError
 from vramplan.planner.hardware import HardwareProfile
-from vramplan.planner.profile_yaml import load_profile
 from vramplan.planner.units import format_bytes
 
-from .files import WriteError, save_profile
+from .files import WriteError, cache_dir, save_profile
 from .probe.host import BUSY_NOTE_PREFIX, machine_fingerprint
+from .yaml_cache import load_profile
 
 SECONDS_PER_DAY = 86400
 # How long a cached quick probe stands before it is measured again: the hardware identity in the file name catches a
@@ -46,13 +46,6 @@ BUSY_PROBE_RETRY_S = 15 * 60
 # kernel and firmware reserve changes by a percent or two between kernels and boots; another machine type differs by
 # far more (and a cgroup limit that moved is a different machine for planning).
 SAME_MACHINE_MEMORY_TOLERANCE = 0.05
-
-
-def cache_dir() -> Path:
-    if os.environ.get("VRAMPLAN_CACHE_DIR"):
-        return Path(os.environ["VRAMPLAN_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "vramplan"
 
 
 def cache_path() -> Path:

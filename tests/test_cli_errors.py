@@ -180,3 +180,25 @@ def test_the_error_table_finds_every_class_it_names():
     import typer
 
     assert typer.Exit in rows[4][0] and typer.Abort in rows[5][0]
+
+
+def test_the_console_script_is_cli_main_with_its_exit_codes(tmp_path):
+    """`vramplan` (pyproject's console script, vramplan.__main__:console, also `python -m vramplan`) keeps cli.main's
+    output and exit codes: 0 with a plan, 2 and one line for bad input, 1 when nothing fits."""
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"vramplan": "vramplan.__main__:console"}
+    env = dict(os.environ, VRAMPLAN_CACHE_DIR=str(tmp_path), VRAMPLAN_CONFIG_DIR=str(tmp_path / "c"),
+               VRAMPLAN_PROFILES="")
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "vramplan", *args], cwd=tmp_path, capture_output=True,
+                              text=True, env=env, timeout=120)
+
+    ok = run("plan", "--model", "qwen2.5-0.5b", "-H", "rtx-4090", "--json")
+    assert ok.returncode == 0 and '"fits": true' in ok.stdout, ok.stderr
+    bad = run("plan", "--model", "qwen2.5-0.5b", "-H", "rtx-4090", "--context", "lots")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+    none = run("plan", "--model", "llama-3.1-405b", "-H", "rtx-3060-12gb", "--ram-budget", "8GiB")
+    assert none.returncode == 1, none.stderr

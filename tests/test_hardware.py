@@ -414,3 +414,94 @@ def test_cli_profiles_validate(tmp_path):
 def test_dumps_profile_has_units_in_strings():
     text = dumps_profile(load_profile(shipped_profiles_dir() / "rtx-4090.yaml"))
     assert "memory: 24564 MiB" in text and "memory_bandwidth: 1008 GB/s" in text and "kernel_launch: 5 us" in text
+
+
+# ---------------------------------------------------------------- the parsed-YAML cache (runtime.yaml_cache)
+
+
+def test_yaml_cache_reads_the_second_time_without_parsing(tmp_path, monkeypatch):
+    """The same profile, from the cached document, whose checks still run: an edit is a new entry, invalid YAML is
+    never cached and fails the same way every time, a corrupt entry is parsed again, and no cache is no error."""
+    from vramplan.runtime import yaml_cache
+
+    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "p.yaml"
+    path.write_text((shipped_profiles_dir() / "rtx-4090.yaml").read_text())
+    first = yaml_cache.load_profile(path)
+    assert first == load_profile(path)
+    entry = yaml_cache.entry_path(path.read_text())
+    assert json.loads(entry.read_text())["format"] == yaml_cache.FORMAT
+
+    def no_parse(*a, **k):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(yaml_cache, "parse_profile_text", no_parse)
+    assert yaml_cache.load_profile(path) == first
+    monkeypatch.undo()
+    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "cache"))
+
+    # an edit: a new digest, parsed, and the profile follows it
+    path.write_text(path.read_text().replace("name: rtx-4090", "name: edited"))
+    assert yaml_cache.load_profile(path).name == "edited" and yaml_cache.entry_path(path.read_text()) != entry
+    # an entry that breaks the profile's checks is still checked (the cache holds documents, not profiles)
+    doc = json.loads(entry.read_text())
+    del doc["document"]["gpus"]
+    entry.write_text(json.dumps(doc))
+    path.write_text((shipped_profiles_dir() / "rtx-4090.yaml").read_text())
+    with pytest.raises(ProfileError, match="gpus"):
+        yaml_cache.load_profile(path)
+    # a corrupt entry: parsed again and replaced
+    entry.write_text("{not json")
+    assert yaml_cache.load_profile(path) == first and json.loads(entry.read_text())["document"]["name"] == "rtx-4090"
+    # invalid YAML: the planner's own one-line error, every time, and nothing cached
+    before = set(entry.parent.iterdir())
+    path.write_text("a: [1,\n")
+    for _ in range(2):
+        with pytest.raises(ProfileError, match="not valid YAML at line"):
+            yaml_cache.load_profile(path)
+    assert set(entry.parent.iterdir()) == before
+    # a cache that cannot be written: the profile still loads
+    blocker = tmp_path / "file-not-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(blocker))
+    path.write_text((shipped_profiles_dir() / "l4.yaml").read_text())
+    assert yaml_cache.load_profile(path) == load_profile(path)
+
+
+def test_yaml_cache_keeps_only_what_json_holds_exactly_and_prunes(tmp_path, monkeypatch):
+    import datetime
+    import os
+
+    from vramplan.runtime import yaml_cache
+
+    exact = yaml_cache._exact_in_json
+    assert exact({"a": [1, 2.5, "x", None, True], "b": {"c": -3}})
+    assert not exact({"when": datetime.date(2026, 11, 26)}) and not exact({1: "int key"})
+    assert not exact({"x": float("inf")}) and not exact({"x": (1, 2)})
+    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(yaml_cache, "MAX_ENTRIES", 3)
+    src = (shipped_profiles_dir() / "rtx-4090.yaml").read_text()
+    for i in range(5):
+        path = tmp_path / f"p{i}.yaml"
+        path.write_text(src.replace("name: rtx-4090", f"name: p{i}"))
+        yaml_cache.load_profile(path)
+        os.utime(yaml_cache.entry_path(path.read_text()), (1e9 + i, 1e9 + i))  # file times can tie within a tick
+    kept = sorted((tmp_path / "profiles").glob("*.json"))
+    assert len(kept) == 3
+    assert {json.loads(k.read_text())["document"]["name"] for k in kept} == {"p2", "p3", "p4"}
+
+
+def test_plan_on_a_named_profile_imports_no_yaml_once_cached(tmp_path):
+    """What the cache is for: the second `vramplan plan -H NAME` does not import PyYAML (10 ms of its start-up)."""
+    import os
+
+    script = ("import sys\nfrom vramplan.__main__ import console\n"
+              "try:\n    console()\nfinally:\n    sys.stderr.write(f'yaml imported: {\"yaml\" in sys.modules}\\n')\n")
+    env = dict(os.environ, VRAMPLAN_CACHE_DIR=str(tmp_path), VRAMPLAN_CONFIG_DIR=str(tmp_path / "config"),
+               VRAMPLAN_PROFILES="")
+    args = ["plan", "--model", "llama-3.1-8b", "-H", "rtx-4090", "--json"]
+    runs = [subprocess.run([sys.executable, "-c", script, *args], cwd=tmp_path, capture_output=True, text=True,
+                           env=env, timeout=120) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr
+    assert "yaml imported: True" in runs[0].stderr and "yaml imported: False" in runs[1].stderr
+    assert json.loads(runs[0].stdout) == json.loads(runs[1].stdout)

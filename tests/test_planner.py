@@ -282,3 +282,54 @@ def test_pricing_each_kind_of_layer_once_changes_no_number(model, hardware, cont
     assert len(kinds) == spec.num_layers and 1 <= len(set(kinds)) <= 4 < spec.num_layers
     monkeypatch.setattr(work.DecodeWork, "kinds", property(lambda w: list(range(len(w.weights_bytes)))))
     assert plan(spec, hw, req).to_dict() == grouped.to_dict()
+
+
+def test_secant_max_finds_the_boundary_bisection_finds():
+    """The slack only chooses where to probe: for any monotone ok, with a slack linear, curved, flat or lying, the
+    answer is bisect_max's, within twice bisection's probes (plus the two ends)."""
+    import math
+    import random
+
+    from vramplan.planner.search import bisect_max, secant_max
+
+    rng = random.Random(7)
+    slacks = {"linear": lambda x, b: b - x, "curved": lambda x, b: b * b - x * x + 0.5 * (b - x) * b,
+              "stepped": lambda x, b: (b - x) // 2048 * 2048 + (1 if x <= b else -1),
+              "flat": lambda x, b: 1.0, "lying": lambda x, b: x - b}
+    for _ in range(300):
+        lo, hi = 1, rng.choice([2, 17, 4096, 131072, 1_000_000])
+        b = rng.randint(lo - 1, hi)  # ok(x) is x <= b: b = lo - 1 is "none", b = hi is "all"
+        for name, slack in slacks.items():
+            probes = []
+
+            def probe(x, slack=slack, b=b):
+                probes.append(x)
+                assert lo <= x <= hi
+                return x <= b, slack(x, b)
+
+            assert secant_max(probe, lo, hi) == bisect_max(lambda x: x <= b, lo, hi) == b, (name, lo, hi, b)
+            assert len(probes) <= 2 * math.ceil(math.log2(hi - lo + 1)) + 2, (name, hi, b, len(probes))
+            if name == "linear" and hi > 4096:
+                assert len(probes) <= 6, (hi, b, probes)
+
+
+@pytest.mark.parametrize("model,hardware,context", [("llama-3.1-8b", "rtx-4090", "32k"),
+                                                    ("qwen3-30b-a3b", "rtx-4090", "8k"),
+                                                    ("llama-3.1-8b", "cpu-epyc-server", "8k")])
+def test_longest_context_is_the_one_bisection_finds(monkeypatch, model, hardware, context):
+    """Every candidate's and every engine's longest resident context, found by probing where the bytes to spare run
+    out, is what plain bisection over the whole range finds."""
+    import vramplan
+    from vramplan.planner import search
+    from vramplan.planner.engines import llamacpp
+
+    def longest(p):
+        return ([(c.weight_quant, c.kv_dtype, c.max_context_tokens) for c in p.candidates]
+                + [(e.engine, e.weight_quant, e.kv_dtype, e.max_context_tokens) for e in p.engines])
+
+    fast = longest(vramplan.plan(model, hardware=hardware, context=context))
+    bisect = lambda probe, lo, hi: search.bisect_max(lambda x: probe(x)[0], lo, hi)  # noqa: E731
+    monkeypatch.setattr(search, "secant_max", bisect)
+    monkeypatch.setattr(llamacpp, "secant_max", bisect)
+    assert fast == longest(vramplan.plan(model, hardware=hardware, context=context))
+    assert any(n for *_, n in fast)

@@ -22,7 +22,7 @@ from ..quant import SCHEMES, KVScheme, QualityCost
 from ..request import LLAMA_CPP_KV_DTYPES, Request
 from ..search import check_context, check_experts, check_request
 from ..search import choose_by_preference  # the --prefer rule, applied to any engine's candidates
-from ..search import bisect_max
+from ..search import secant_max
 from ..speed import EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, SpeedEstimate, estimate, speed_constants
 from ..units import MiB, format_bytes
 from ..work import ReadBytes, experts_touched
@@ -219,13 +219,13 @@ def gguf_read_bytes(spec: ModelSpec, model: rules.GGUFModel, batch: int) -> Read
 
 def _max_resident_context(spec, hw, req, model, kv_type, server: Server) -> int:
     """The longest context with every layer (and, on a GPU, the output layer) resident on the GPUs or in RAM."""
-    def fits(ctx: int) -> bool:
+    def probe(ctx: int) -> tuple[bool, float]:
         fp = footprint(spec, hw, replace(req, context=ctx, prompt_tokens=None), model, kv_type, server)
         p = (fp.pack(spec.num_layers, 0) if hw.has_gpu
              else rules.LlamaCppPlacement(gpu_layers=0, cpu_moe=0, per_device=()))
-        return p is not None and fp.fits_host(p)
+        return p is not None and fp.fits_host(p), fp.resident_slack()
 
-    return max(0, bisect_max(fits, 1, spec.max_context or req.context))
+    return max(0, secant_max(probe, 1, spec.max_context or req.context))
 
 
 def speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_type: str = "f16"

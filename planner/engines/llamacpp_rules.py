@@ -347,6 +347,8 @@ class LlamaCppPlacement:
 
 @dataclass(frozen=True)
 class DeviceBytes:
+    """What llama.cpp puts on one device: weights, KV cache and compute buffer bytes."""
+
     weights: int
     kv: int
     compute: int
@@ -432,6 +434,15 @@ class LlamaCppFootprint:
 
     def fits_host(self, p: LlamaCppPlacement) -> bool:
         return self.host_total(p) <= self.ram_capacity
+
+    def resident_slack(self) -> int:
+        """Bytes to spare with every layer resident: on the GPUs taken together (their usable bytes less every
+        layer, the output layer and one compute buffer), or in RAM without a GPU. What a search over the context
+        steers by; whether it fits is pack's and fits_host's."""
+        if not self.usable:
+            return self.ram_capacity - self.host_total(LlamaCppPlacement(gpu_layers=0, cpu_moe=0, per_device=()))
+        need = sum(self._gpu_layer_cost(i, 0) for i in range(self.L)) + self.model.output_bytes + self.with_logits
+        return sum(self.usable) - need
 
     def place(self, forced_gpu_layers: int | None = None, *, expert_offload: bool = True,
               forced_cpu_moe: int | None = None) -> tuple[LlamaCppPlacement | None, LlamaCppPlacement]:

@@ -111,6 +111,8 @@ def weight_format(scheme: str, spec: ModelSpec | None = None) -> WeightFormat | 
 # ---------------------------------------------------------------- one layout's memory
 @dataclass(frozen=True, kw_only=True)
 class Layout:
+    """One vLLM layout: tensor and pipeline parallel sizes, nodes, and its memory per GPU."""
+
     tp: int
     pp: int
     nodes: int

@@ -320,6 +320,8 @@ class LayerKV:
 
 @dataclass(frozen=True)
 class KVGroup:
+    """Layers that share one KV cache spec after vLLM's page unification."""
+
     spec: LayerKV  # after page unification
     layers: tuple[int, ...]
 
