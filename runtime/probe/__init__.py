@@ -19,18 +19,30 @@ tested with fake answers; `measure_*` functions return a Measurement; `build_pro
 turns all of it into a HardwareProfile. Nothing here imports torch at module level.
 """
 
-from .core import ProbeResult, probe
-from .datasheets import (DEFAULT_ALLOCATOR_RESERVE_BYTES, DEFAULT_CUDA_CONTEXT_BYTES, DEFAULT_KERNEL_LAUNCH_S,
-                         match_datasheet, typical_link)
-from .host import (HostReading, estimate_cpu_bf16_flops, machine_fingerprint, parse_cgroup_cpu_max,
-                   parse_cgroup_memory_value, parse_cpuinfo, read_cgroup_cpu, read_cgroup_memory, read_host)
-from .measure import Measurement, measure_ram_bandwidth
-from .nvml import MigDevice, NvmlGpu, NvmlUnavailable, filter_visible, parse_nvml_gpu, read_nvml
+from importlib import import_module
 
-__all__ = [
-    "DEFAULT_ALLOCATOR_RESERVE_BYTES", "DEFAULT_CUDA_CONTEXT_BYTES", "DEFAULT_KERNEL_LAUNCH_S", "HostReading",
-    "Measurement", "MigDevice", "NvmlGpu", "NvmlUnavailable", "ProbeResult", "estimate_cpu_bf16_flops",
-    "filter_visible", "machine_fingerprint", "match_datasheet", "measure_ram_bandwidth", "parse_cgroup_cpu_max",
-    "parse_cgroup_memory_value", "parse_cpuinfo", "parse_nvml_gpu", "probe", "read_cgroup_cpu", "read_cgroup_memory",
-    "read_host", "read_nvml", "typical_link",
-]
+# Each name and the module that defines it. They are imported when first used: importing one module of the package
+# (this_machine needs host's fingerprint to find its cached probe) does not import the others (NVML's, the
+# measurements, the datasheets), which `vramplan plan` does not need.
+_WHERE = {
+    "ProbeResult": "core", "probe": "core",
+    "DEFAULT_ALLOCATOR_RESERVE_BYTES": "datasheets", "DEFAULT_CUDA_CONTEXT_BYTES": "datasheets",
+    "DEFAULT_KERNEL_LAUNCH_S": "datasheets", "match_datasheet": "datasheets", "typical_link": "datasheets",
+    "HostReading": "host", "estimate_cpu_bf16_flops": "host", "machine_fingerprint": "host",
+    "parse_cgroup_cpu_max": "host", "parse_cgroup_memory_value": "host", "parse_cpuinfo": "host",
+    "read_cgroup_cpu": "host", "read_cgroup_memory": "host", "read_host": "host",
+    "Measurement": "measure", "measure_ram_bandwidth": "measure",
+    "MigDevice": "nvml", "NvmlGpu": "nvml", "NvmlUnavailable": "nvml", "filter_visible": "nvml",
+    "parse_nvml_gpu": "nvml", "read_nvml": "nvml",
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_WHERE)

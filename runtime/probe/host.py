@@ -340,12 +340,12 @@ def machine_fingerprint() -> dict[str, Any]:
         ]
     except NvmlUnavailable:
         gpus = []
-    try:
+    if hasattr(os, "sysconf"):  # POSIX: the kernel's total, the figure psutil reads too; psutil's import costs 7 ms
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    else:  # pragma: no cover - Windows
         import psutil
 
         ram = int(psutil.virtual_memory().total)
-    except ImportError:  # pragma: no cover
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     limit = read_cgroup_memory()[0] if platform.system() == "Linux" else None
     return {
         "gpus": gpus,
