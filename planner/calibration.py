@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from .record import record
 from .hardware import MAX_EFFICIENCY, Calibration, CalibrationEntry
 from .speed import DEFAULT_PREFILL_ATTENTION_EFFICIENCY, EXPERTS_BACKEND, KV_UPDATE_BACKEND, PREFILL_ATTENTION_BACKEND
 
@@ -53,7 +54,7 @@ RESIDUAL_WARN_PCT = 10.0
 MIN_PREFILL_ATTENTION_SHARE = 0.03
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class Sample:
     """One measured run, reduced to the speed model's features."""
 
@@ -77,7 +78,7 @@ class Sample:
     label: str = ""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class ExpertSample:
     """One timed forward of a quantized experts module (one token routed to `calls` experts)."""
 
@@ -112,7 +113,7 @@ def fit_experts(samples: list[ExpertSample]) -> tuple[CalibrationEntry, dict, li
     return entry, residuals, warnings
 
 
-@dataclass(frozen=True)
+@record
 class FitResult:
     calibration: Calibration
     warnings: tuple[str, ...]
@@ -195,7 +196,7 @@ def _eff(inverse: float) -> float:
     return min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, 1.0 / inverse)) if inverse > 0 else MAX_EFFICIENCY
 
 
-@dataclass(frozen=True)
+@record
 class _Fitted:
     entry: CalibrationEntry
     eff_kv: dict[str, float]  # per attention implementation

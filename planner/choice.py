@@ -6,9 +6,9 @@ values its fields take. Pure: no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
 
+from .record import record
 from .errors import PlanError
 from .quant import KV_SCHEMES, SCHEMES
 
@@ -41,7 +41,7 @@ class ComputeDevice(StrEnum):
 OFFLOAD_MODES = tuple(m.value for m in OffloadMode if m is not OffloadMode.NONE)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class Choice:
     """One way to run a model: schemes and where each decoder layer lives."""
 

@@ -3,10 +3,11 @@ request, an engine's source file)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .record import record
 
 
-@dataclass(frozen=True)
+
+@record
 class Constant:
     """A constant a plan used: its value, and where it comes from."""
 

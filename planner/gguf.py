@@ -40,8 +40,8 @@ gate/up fusion (off by default).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from .record import record
 from .errors import PlanError, UnsupportedArchitectureError
 from .modelspec import ModelSpec, TensorSpec
 
@@ -50,7 +50,7 @@ QK_K = 256  # super-block size of the k-quants and IQ4_XS (ggml-common.h)
 GGML_HALF_BYTES = 2  # ggml_half: every block scale is an fp16
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class GGMLType:
     """A ggml tensor type: `block_elements` values stored in `block_bytes` bytes (ggml type traits)."""
 
@@ -118,7 +118,7 @@ GGML_TYPES: dict[str, GGMLType] = {t.name: t for t in [
 
 
 # ------------------------------------------------------------------ file types (llama_ftype)
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class GGUFFileType:
     """A `llama-quantize` target: its llama_ftype id and the ggml type most tensors get."""
 
@@ -212,7 +212,7 @@ NON_LAYER_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm
 GEMMA3_TOKENIZER_VOCAB = 262144
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class _Source:
     """A tensor as convert_hf_to_gguf.py writes it, before llama-quantize."""
 
@@ -389,7 +389,7 @@ def fallback_type(type_name: str, row_elements: int) -> str:
     return demoted if row_elements % GGML_TYPES[demoted].block_elements == 0 else "F16"
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class _ModelFacts:
     """The hparams llama_tensor_get_type_impl reads."""
 
@@ -524,7 +524,7 @@ def _select_types(spec: ModelSpec, sources: list[_Source], file_type: GGUFFileTy
 
 
 # ------------------------------------------------------------------ public API
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class GGUFTensor:
     """One tensor of the GGUF file."""
 
@@ -584,7 +584,7 @@ def gguf_layer_bytes(spec: ModelSpec, file_type: str, *, imatrix: bool = False) 
     return out
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class GGUFNonLayerBytes:
     """Data bytes outside the decoder layers."""
 
@@ -653,7 +653,7 @@ def _pad(n: int, alignment: int = GGUF_ALIGNMENT) -> int:
     return -(-n // alignment) * alignment
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class GGUFFileSize:
     """A GGUF file's bytes: exact tensor data and tensor infos, estimated key/value metadata."""
 

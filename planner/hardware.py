@@ -15,11 +15,10 @@ import dataclasses
 import datetime as _dt
 import math
 import re
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-
 from .errors import ProfileError
+from .record import record
 
 SCHEMA_VERSION = 1
 
@@ -95,7 +94,7 @@ def _check_bool(obj: Any, field: str) -> None:
 # ---------------------------------------------------------------- the schema
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class GPUSpec:
     """One kind of GPU in the machine (count of them), with datasheet or measured peaks."""
 
@@ -121,7 +120,7 @@ class GPUSpec:
         return self.memory_bytes * self.count
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class HostSpec:
     """The CPU side: RAM, its bandwidth, cores and what a bf16 matmul achieves on them, and how fast one core
     dispatches an eager decoder layer to the GPU."""
@@ -144,7 +143,7 @@ class HostSpec:
             _check_float(self, "eager_dispatch_per_layer_s", positive=False, maximum=1.0)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class LinkSpec:
     """The host <-> GPU link, per direction and host-memory kind."""
 
@@ -161,7 +160,7 @@ class LinkSpec:
             _check_float(self, f)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class Overheads:
     """Fixed costs that are no tensor's: the CUDA context, allocator slack, launch latency."""
 
@@ -179,7 +178,7 @@ class Overheads:
         return cls(cuda_context_bytes=0, allocator_reserve_bytes=0, kernel_launch_s=0.0)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class CalibrationEntry:
     """Measured efficiencies for one device x backend x quantization scheme."""
 
@@ -245,7 +244,7 @@ def _public_source(n: int, detail: str = "") -> str:
     return f"fitted to public measurements ({n} record{'s' if n != 1 else ''}{detail})"
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class Calibration:
     """What `vramplan calibrate` measured. Mappings are stored as tuples of pairs (hashable)."""
 
@@ -298,7 +297,7 @@ GPU_CLASSES = ("hbm", "gddr")
 HOST_CLASSES = ("desktop", "server")
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class FittedEntry:
     """The GPU speed constants of one engine x scheme on one GPU class, fitted to public measurements."""
 
@@ -337,7 +336,7 @@ class FittedEntry:
         return _public_source(len(self.records))
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class PublicFit:
     """The GPU speed constants of this profile's GPU and host class, fitted to the public corpus: what the speed model
     uses where `vramplan calibrate` measured nothing (a calibration overrides them entry by entry)."""
@@ -375,7 +374,7 @@ class PublicFit:
         return _public_source(len(self.host_records), f", {self.host_class} hosts")
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class HardwareProfile:
     """One machine type: everything the planner knows about the hardware."""
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from itertools import accumulate
-from dataclasses import dataclass
 
+from .record import record
 from .hardware import HardwareProfile
 from .modelspec import AttentionLayout, ModelSpec, Role, dtype_bytes
 from .choice import Choice, OffloadMode
@@ -48,7 +48,7 @@ BOOL_MASK_BYTES = 1
 CPU_ONLY_WORKSPACE_TERMS = ("sdpa_math_fallback",)
 
 
-@dataclass(frozen=True)
+@record
 class WeightCosts:
     """Stored bytes of one weight scheme, per decoder layer and outside the layers (context-free)."""
 
@@ -87,7 +87,7 @@ def weight_costs(spec: ModelSpec, scheme: WeightScheme, cpu_only: bool = False) 
                        head_read_bytes=head_read)
 
 
-@dataclass(frozen=True)
+@record
 class LayerCosts:
     """Per-layer bytes for one scheme x KV dtype at one context and batch."""
 
@@ -158,7 +158,7 @@ def _chunk_scores(a: AttentionLayout, prompt: int, chunk: int) -> int:
                for start in range(0, prompt, chunk))
 
 
-@dataclass(frozen=True)
+@record
 class GPUMemory:
     """Bytes a placement puts on the GPU, by named term, and the capacity it must fit in."""
 
@@ -190,7 +190,7 @@ class GPUMemory:
         return cls(**{k: d[k] for k in (*cls.TERMS, "capacity_bytes")})
 
 
-@dataclass(frozen=True)
+@record
 class CPUMemory:
     """Bytes a placement puts in host RAM, by named term, and the capacity it must fit in."""
 
@@ -218,7 +218,7 @@ def _device_dict(m) -> dict:
             "free_bytes": m.free_bytes}
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class MemoryBreakdown:
     """Every byte of one placement, per device: each GPU (none on a machine without one) and the host RAM."""
 
@@ -290,7 +290,7 @@ def embeddings_on_gpu(gpu_layers: int, num_layers: int, tied: bool) -> bool:
     return gpu_layers >= num_layers or tied
 
 
-@dataclass(frozen=True)
+@record
 class Placement:
     """Where the layers go, as the memory and speed models need it (a Choice without the scheme names).
 

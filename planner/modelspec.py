@@ -10,11 +10,12 @@ meta device); this module holds the data types and the arithmetic over them. Pur
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cached_property
 from enum import Enum
 from typing import Iterable
 
+from .record import record
 from .errors import ConfigError
 
 # Bytes per element of the dtypes a checkpoint or a cache may hold.
@@ -108,7 +109,7 @@ class Kind(str, Enum):
     OTHER = "other"  # any other parameter a quantizer leaves alone (gpt_oss attention sinks [heads])
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class TensorSpec:
     """One parameter tensor of the model: its name, shape, role, dtype and layer."""
 
@@ -150,7 +151,7 @@ class TensorSpec:
         return int(self.numel * dtype_bytes(dtype))
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class AttentionLayout:
     """What one decoder layer keeps in the KV cache, per token."""
 
@@ -236,7 +237,7 @@ class AttentionLayout:
         return context if self.window is None else min(context, self.window)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class MoEInfo:
     """A mixture of experts' routing: experts per layer and per token, shared experts, MoE layers."""
 
@@ -247,7 +248,7 @@ class MoEInfo:
     expert_intermediate_size: int | None = None  # I of one routed expert (gate_up is 2I wide, in either layout)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class ModelSpec:
     """A model's exact inventory, from its config and tensor headers: every tensor, the attention layouts, the
     limits."""

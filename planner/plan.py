@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING
 
+from .record import record
 from .choice import Choice, OffloadMode
 from .constant import Constant
 from .errors import PlanError
@@ -27,7 +28,7 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class ModelRef:
     """What the plan was made for: run refuses a plan made for another model (the fingerprint of its architecture)."""
 
@@ -63,7 +64,7 @@ def hardware_fingerprint(hw: HardwareProfile) -> str:
                     "cores": hw.host.cpu_cores, "unified": hw.unified_memory})
 
 
-@dataclass(frozen=True)
+@record
 class GpuRef:
     """One kind of GPU in the plan's hardware: name, memory and how many."""
 
@@ -75,7 +76,7 @@ class GpuRef:
         return {"name": self.name, "memory_bytes": self.memory_bytes, "count": self.count}
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class HardwareRef:
     """The machine the plan was made for: run refuses a plan made for another (the fingerprint of its GPUs, RAM and
     cores, not of its measured speeds)."""
@@ -116,7 +117,7 @@ def hardware_ref(hw: HardwareProfile) -> HardwareRef:
                        calibrated=hw.calibration is not None, fingerprint=hardware_fingerprint(hw))
 
 
-@dataclass(frozen=True)
+@record
 class Alternative:
     """When nothing fits: the longest context one weight scheme x KV dtype could hold."""
 
@@ -133,7 +134,7 @@ class Alternative:
         return cls(str(d["weight_quant"]), str(d["kv_dtype"]), int(d["max_context_tokens"]))
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class Candidate:
     """One weight scheme x KV dtype: whether it runs, the best placement found, its bytes and speed.
 
@@ -200,7 +201,7 @@ def _predicted_dict(s: SpeedEstimate | None) -> dict:
     return {k: (getattr(s, k) if s is not None else None) for k in keys}
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class Plan:
     """What `plan` decided: the chosen candidate (None when nothing fits), why, and every other candidate."""
 

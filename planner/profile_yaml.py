@@ -12,11 +12,11 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from .record import record
 from .errors import ProfileError, UnitError
 from .hardware import (SCHEMA_VERSION, Calibration, CalibrationEntry, FittedEntry, GPUSpec, HardwareProfile, HostSpec,
                        LinkSpec, Overheads, PublicFit, _FieldError, _is_number)
@@ -31,7 +31,7 @@ from .yaml_strict import safe_load_strict
 # YAML value into the internal unit and format it back exactly.
 
 
-@dataclass(frozen=True)
+@record
 class _Kind:
     """How one kind of YAML value parses into the internal unit and formats back."""
 

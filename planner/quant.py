@@ -38,12 +38,12 @@ not depend on the values are stored once per fused tensor:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from .record import record
 from .modelspec import Kind, ModelSpec, TensorSpec, dtype_bytes
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class QualityCost:
     """Typical perplexity increase over bf16, in percent, and where the number comes from."""
 
@@ -51,7 +51,7 @@ class QualityCost:
     source: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class WeightScheme:
     """A weight quantization scheme: its bytes per parameter by role, its backend and what it costs in quality."""
 
@@ -256,7 +256,7 @@ def cpu_head_bytes(t: TensorSpec) -> int:
     return out_features * in_features + 2 * out_features
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class KVScheme:
     """A KV-cache dtype as transformers 5 stores it."""
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
+from .record import record
 from .choice import OFFLOAD_MODES, OffloadMode, StrEnum
 from .errors import PlanError
 from .gguf import GGUF_FILE_TYPES
@@ -56,7 +57,7 @@ COMPILE_SCHEMES = {"bf16": "bf16", "fp16": "fp16"}  # weights -> the KV cache dt
 MAX_NODES = 1024
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class Request:
     """What the user asks the planner for: context, batch, budgets and forced choices, validated on creation."""
 

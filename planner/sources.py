@@ -16,12 +16,13 @@ import json
 import os
 import stat
 import struct
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .record import record
 from .architectures import BUILDERS, spec_from_config
 from .architectures.config import check_rope
 from .errors import AmbiguousModelError, CheckpointError, ConfigError, ModelNotFoundError, UnsupportedArchitectureError
@@ -32,7 +33,7 @@ from .modelspec import ModelSpec, canonical_dtype, dtype_bytes
 MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class ModelSource:
     """Where a model came from (directory, HF cache, catalog or hub), with its config and tensor headers."""
 
@@ -51,7 +52,7 @@ class ModelSource:
 
 
 # ------------------------------------------------------------------ catalog
-@dataclass(frozen=True)
+@record
 class CatalogEntry:
     """A model of the built-in catalog: its id, config file and aliases."""
 
@@ -336,7 +337,7 @@ def index_shards(text: str, where: str) -> list[str]:
     return shards
 
 
-@dataclass(frozen=True)
+@record
 class HeaderTensor:
     """One tensor of a safetensors header: name, dtype and shape (no data)."""
 

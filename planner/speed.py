@@ -28,8 +28,8 @@ Llama-3.1-8B in bf16 at 41 tok/s, the 4090 at 47). A torch.compile'd decode with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from .record import record
 from .hardware import HardwareProfile
 from .choice import Choice, ComputeDevice, OffloadMode
 from .constant import constants
@@ -42,7 +42,7 @@ from .work import (DecodeWork, ReadBytes, decode_work, expert_flop_share, expert
                    read_bytes_per_layer)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class Efficiency:
     """A scheme's achieved fractions of the peaks, and its fixed cost per layer: the speed model's constants."""
 
@@ -330,7 +330,7 @@ def speed_constants(hw: HardwareProfile, scheme: WeightScheme, device: str = "gp
     return constants(out)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class ExpertEfficiency:
     """Routed experts computed by the CPU: achieved bandwidth and the fixed cost of one expert's call."""
 
@@ -348,7 +348,7 @@ def expert_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, we
     return ExpertEfficiency(bandwidth=weights.bandwidth, per_call_s=call, source="default")
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class KVEfficiency:
     """Reading, attending over and updating the KV cache: achieved fractions of the peaks."""
 
@@ -391,7 +391,7 @@ def kv_efficiency(hw: HardwareProfile, device: str, spec: ModelSpec, kv: KVSchem
                         prefill_compute=prefill, source=source)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class DeviceRates:
     """One device as the speed model sees it: peaks and the efficiencies that apply there."""
 
@@ -450,7 +450,7 @@ def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: Weig
                        experts=expert_efficiency(hw, kind, scheme, eff))
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class SpeedEstimate:
     """A placement's predicted decode and time to first token, with the terms they are made of."""
 

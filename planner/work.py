@@ -4,9 +4,10 @@ planner.speed divides them by a device's rates."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cached_property
 
+from .record import record
 from .modelspec import ModelSpec, Role, dtype_bytes
 from .quant import KVScheme, WeightScheme, kv_bytes_per_layer
 from .memory import LayerCosts
@@ -54,7 +55,7 @@ def experts_touched(spec: ModelSpec, tokens: int) -> float:
     return spec.moe.num_experts * active_fraction(spec, tokens)
 
 
-@dataclass(frozen=True)
+@record
 class ReadBytes:
     """Weight bytes one decode step reads per layer, and of those the routed experts' (MoE: only the experts the
     batch routes to)."""
@@ -139,7 +140,7 @@ def prefill_flop(spec: ModelSpec, prompt: int, batch: int = 1) -> float:
     return matmul * batch + prefill_attention_flop(spec, prompt, batch)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class DecodeWork:
     """What one decode step at one context moves and computes, per layer."""
 

@@ -216,3 +216,64 @@ def test_a_private_import_is_caught(tmp_path):
     planted = tmp_path / "engine.py"
     planted.write_text("from ..search import _choose as choose\nfrom .common import Export\n")
     assert _private_imports(planted) == ["search._choose"]
+
+
+def test_records_share_methods_that_behave_as_dataclass_generates():
+    """planner.record's shared __repr__/__eq__/__hash__ against dataclass's generated ones, over every field flag and
+    inheritance; and every frozen dataclass the planner defines is a record, so it has exactly those."""
+    import importlib
+    import pkgutil
+    from dataclasses import FrozenInstanceError, dataclass, field, is_dataclass, replace
+
+    import vramplan.planner as planner_pkg
+    from vramplan.planner.record import SHARED, record
+
+    def variants(decorate, kw):
+        @decorate
+        class Base:
+            a: int
+            b: str = field(default="x", repr=False)
+            c: tuple = field(default=(1, 2), compare=False)
+            d: float = field(default=0.5, hash=False)
+            e: list = field(default_factory=list, compare=False, hash=False)
+            f: int = field(default=3, hash=True, compare=True)
+
+        @decorate
+        class Child(Base):
+            g: str = "y"
+
+        return Base, Child
+
+    def plain(c):
+        return dataclass(frozen=True)(c)
+
+    for (RB, RC), (PB, PC) in [(variants(record, {}), variants(plain, {}))]:
+        for args in [(1,), (1, "z"), (2, "x", (3,), 0.25), (1, "x", (1, 2), 0.5, [1], 4)]:
+            for (r_cls, p_cls) in ((RB, PB), (RC, PC)):
+                r, p = r_cls(*args), p_cls(*args)
+                assert repr(r).replace(r_cls.__qualname__, "X") == repr(p).replace(p_cls.__qualname__, "X")
+                assert hash(r) == hash(p)
+                r2, p2 = replace(r, c=(9,), e=[9]), replace(p, c=(9,), e=[9])
+                assert (r == r2) == (p == p2) and (r == replace(r, a=7)) == (p == replace(p, a=7))
+                assert hash(r2) == hash(p2)
+                with pytest.raises(FrozenInstanceError):
+                    r.a = 5
+        assert RB(1) != RC(1) and RC(1) != RB(1) and (RB(1) == 1) is False  # another class: NotImplemented
+    with pytest.raises(TypeError, match="a record shares them"):
+        @record
+        class Own:
+            x: int
+
+            def __repr__(self):
+                return "own"
+
+    frozen = []
+    for info in pkgutil.walk_packages(planner_pkg.__path__, "vramplan.planner."):
+        module = importlib.import_module(info.name)
+        for obj in vars(module).values():
+            if isinstance(obj, type) and obj.__module__ == module.__name__ and is_dataclass(obj) \
+                    and obj.__dataclass_params__.frozen:
+                frozen.append(obj)
+    assert len(frozen) > 60
+    not_records = [c.__qualname__ for c in frozen if any(getattr(c, k) is not f for k, f in SHARED.items())]
+    assert not not_records, f"frozen dataclasses that are not records: {not_records}"

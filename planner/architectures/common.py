@@ -7,9 +7,10 @@ whether the layer is a routed-expert layer) and the layer's norms, then the fina
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Protocol
 
+from ..record import record
 from ..errors import ConfigError
 from ..modelspec import AttentionLayout, Kind, ModelSpec, MoEInfo, Role, TensorSpec
 from .config import Cfg
@@ -93,7 +94,7 @@ class AttentionBlock(Protocol):
     def layout(self, window: int | None) -> AttentionLayout: ...
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class MHA:
     """Multi-head attention with GQA: q/k/v/o projections (or phi3's fused qkv) and their options."""
 

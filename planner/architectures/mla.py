@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from ..record import record
 from ..modelspec import AttentionLayout, ModelSpec, Role
 from .common import Inventory, build_decoder
 from .config import Cfg
@@ -18,7 +18,7 @@ MLA_CACHE_NOTE = ("MLA: the KV cache holds the compressed latent (kv_lora_rank +
                   "in fp32 (workspace term sdpa_math_fallback)")
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class MLA:
     """Low-rank q (or a plain q_proj when q_lora_rank is null, as in V2-Lite) and a compressed joint KV."""
 

@@ -14,6 +14,7 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 
+from ..record import record
 from ..choice import Choice
 from ..modelspec import ModelSpec
 from ..constant import Constant
@@ -23,7 +24,7 @@ from ..units import GiB, format_bytes
 EMIT_ENGINES = ("vllm", "llama.cpp", "ollama", "transformers")
 
 
-@dataclass(frozen=True)
+@record
 class EngineConstant(Constant):
     """One of an engine's own rules: a plan's Constant (its value and where it comes from: file + commit, or a doc
     URL), and whether it is an `assumption`, a value no source gives; the export says so."""
@@ -38,7 +39,7 @@ class EngineConstant(Constant):
         return Constant(self.value, self.source + (" (assumption)" if self.assumption else ""))
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class Export:
     """A plan written for another engine."""
 
@@ -165,7 +166,7 @@ class EngineAnswer:
         return self
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class FastestEngine:
     """Which engine decodes fastest here by prediction, its decode, why, and how many times vramplan's plan (None when
     it is vramplan's own plan, or vramplan's plan does not fit)."""
@@ -184,7 +185,7 @@ class FastestEngine:
                    decode_vs_plan=d.get("decode_vs_plan"))
 
 
-@dataclass(frozen=True)
+@record
 class Engine:
     """One engine behind the interface: its name, its answer to a request vramplan planned
     (`answer(spec, hw, req, plan) -> EngineAnswer`), its export of a plan (`export(spec, hw, plan) -> Export`), and

@@ -9,8 +9,9 @@ file and cache types, into a `llama-server` command. Pure.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import field, fields, replace
 
+from ..record import record
 from ..choice import Choice, ComputeDevice, OffloadMode, experts_in_ram_text
 from ..errors import PlanError
 from ..gguf import GGUF_FILE_TYPES, gguf_file_bytes
@@ -107,7 +108,7 @@ CACHE_FOR_KV = {"bf16": "f16", "fp16": "f16", "fp8": "q8_0", "quanto-int4": "q4_
 GGUF_REPO_CONVENTION = "bartowski/{name}-GGUF"
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class LlamaCppChoice(Choice):
     """A Choice in llama.cpp's own names: a GGUF file type and a llama.cpp KV cache type. Choice's placement rules
     apply unchanged; the decoder layers on the GPUs are the LAST gpu_layers ones (llama.cpp's -ngl)."""
@@ -141,7 +142,7 @@ def _capacities(hw: HardwareProfile, req: Request) -> list[int]:
     return gpu_capacities(hw, req)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class Server:
     """The llama-server a plan is for, as far as its memory depends on how it is started: its slots and physical batch
     (rules.Slots), what --fit keeps free per device, the RAM of the processes beside its buffers, and the constants that

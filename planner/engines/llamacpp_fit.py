@@ -9,8 +9,9 @@ every `vramplan plan` does, does not load the fitter. Pure.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from ..record import record
 from ..calibration import MIN_EFFICIENCY, Sample, fit
 from ..hardware import MAX_EFFICIENCY, Calibration, CalibrationEntry, HardwareProfile
 from ..modelspec import ModelSpec
@@ -22,7 +23,7 @@ from .llamacpp import (ATTENTION_IMPL, ENGINE, LLAMA_CPP_BACKENDS, MEASURED_AT_V
                        gguf_layer_costs, gguf_read_bytes, kv_scheme, plan_llamacpp)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class ServerRun:
     """One measured llama-server request: a prompt of one sequence, then `new_tokens` tokens, all layers on the CPU."""
 

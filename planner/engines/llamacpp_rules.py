@@ -14,8 +14,9 @@ Pure: no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from ..record import record
 from ..gguf import GGML_TYPES, GGUFTensor, gguf_tensors
 from ..modelspec import ModelSpec
 from ..request import LLAMA_CPP_KV_DTYPES, Request
@@ -164,7 +165,7 @@ def is_expert_tensor(t: GGUFTensor) -> bool:
     return "_exps." in t.name
 
 
-@dataclass(frozen=True)
+@record
 class GGUFModel:
     """A GGUF file's bytes as llama.cpp places them: per decoder layer, routed experts apart, and outside."""
 
@@ -208,7 +209,7 @@ def gguf_model(spec: ModelSpec, file_type: str) -> GGUFModel:
                      output_bytes=output + copy, tied_copy_bytes=copy)
 
 
-@dataclass(frozen=True)
+@record
 class Slots:
     """How the server holds sequences: `count` slots (n_seq_max), one KV pool all share (`unified`) or one KV stream
     per slot, how many rows of logits its compute graph is reserved for, and the physical batch (-ub) its graph and
@@ -330,7 +331,7 @@ def output_buffer_bytes(spec: ModelSpec, slots: Slots) -> int:
     return spec.vocab_size * slots.output_rows * 4
 
 
-@dataclass(frozen=True)
+@record
 class LlamaCppPlacement:
     """-ngl and --n-cpu-moe: the last `gpu_layers` decoder layers (and the output layer, when any is) on the GPUs,
     split over devices as `per_device`; the experts of the first `cpu_moe` layers in host memory."""
@@ -345,7 +346,7 @@ class LlamaCppPlacement:
         return sum(self.per_device)
 
 
-@dataclass(frozen=True)
+@record
 class DeviceBytes:
     """What llama.cpp puts on one device: weights, KV cache and compute buffer bytes."""
 

@@ -21,8 +21,9 @@ So the Modelfile sets FROM and num_ctx, and never num_gpu. Tags follow ollama.co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from ..record import record
 from ..gguf import gguf_file_bytes
 from ..hardware import HardwareProfile
 from ..memory import gpu_capacity
@@ -123,7 +124,7 @@ def free_memory(hw: HardwareProfile, req: Request, device: int) -> int:
     return max(0, gpu_capacity(hw, req, device) - hw.overheads.cuda_context_bytes)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class OllamaLaunch:
     """How Ollama starts llama-server for one model: what Scheduler.load decides before the start."""
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..record import record
 from ..choice import OffloadMode
 from ..hardware import HardwareProfile
 from ..memory import gpu_capacity
@@ -109,7 +110,7 @@ def weight_format(scheme: str, spec: ModelSpec | None = None) -> WeightFormat | 
 
 
 # ---------------------------------------------------------------- one layout's memory
-@dataclass(frozen=True, kw_only=True)
+@record(kw_only=True)
 class Layout:
     """One vLLM layout: tensor and pipeline parallel sizes, nodes, and its memory per GPU."""
 

@@ -15,8 +15,8 @@ get_kv_cache_configs) or vLLM refuses to start. Pure: no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from ..record import record
 from ..hardware import GPUSpec
 from ..modelspec import Kind, ModelSpec, Role, TensorSpec
 from ..units import GiB
@@ -224,7 +224,7 @@ def derived_max_model_len(spec: ModelSpec) -> tuple[int, str]:
 
 
 # ---------------------------------------------------------------- weights as vLLM holds them
-@dataclass(frozen=True)
+@record
 class WeightFormat:
     """How vLLM holds the weights: its flags, which tensors are quantized and how (`encoding`: None, "fp8-tensor",
     "fp8-block" or "mxfp4"), and the least compute capability it runs on (x10, vLLM's get_min_capability)."""
@@ -299,7 +299,7 @@ def online_format(scheme: str, bits: int) -> WeightFormat:
 
 
 # ---------------------------------------------------------------- the KV cache
-@dataclass(frozen=True)
+@record
 class LayerKV:
     """One attention layer's KV spec on one rank (KV_INTERFACE FullAttentionSpec / SlidingWindowSpec /
     MLAAttentionSpec): its window (None: full attention), bytes of one block (page) and tokens per block."""
@@ -318,7 +318,7 @@ class LayerKV:
         return math.ceil(tokens / self.block_size) + 1
 
 
-@dataclass(frozen=True)
+@record
 class KVGroup:
     """Layers that share one KV cache spec after vLLM's page unification."""
 
