@@ -17,37 +17,36 @@ __init__, the frozen __setattr__/__delattr__, __match_args__, `dataclasses.repla
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any, Callable, TypeVar, dataclass_transform, overload
 
 T = TypeVar("T", bound=type)
 
-# per class: the names of the fields repr shows, eq compares and hash hashes
-_NAMES: dict[type, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {}
 
-
-def _names(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    names = _NAMES.get(cls)
-    if names is None:
-        fs = fields(cls)
-        names = _NAMES[cls] = (tuple(f.name for f in fs if f.repr), tuple(f.name for f in fs if f.compare),
-                               tuple(f.name for f in fs if (f.compare if f.hash is None else f.hash)))
-    return names
+def _key(names: tuple[str, ...]) -> Callable[[Any], tuple]:
+    """The tuple of these attributes, built in C (operator.attrgetter) for two or more."""
+    if len(names) >= 2:
+        return attrgetter(*names)
+    if names:
+        name = names[0]
+        return lambda o: (getattr(o, name),)
+    return lambda o: ()
 
 
 def _repr(self) -> str:
-    shown = ", ".join(f"{n}={getattr(self, n)!r}" for n in _names(type(self))[0])
+    shown = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__record__[0])
     return f"{type(self).__qualname__}({shown})"
 
 
 def _eq(self, other: Any) -> bool:
     if other.__class__ is not self.__class__:
         return NotImplemented
-    names = _names(type(self))[1]
-    return tuple(getattr(self, n) for n in names) == tuple(getattr(other, n) for n in names)
+    key = self.__record__[1]
+    return key(self) == key(other)
 
 
 def _hash(self) -> int:
-    return hash(tuple(getattr(self, n) for n in _names(type(self))[2]))
+    return hash(self.__record__[2](self))
 
 
 SHARED = {"__repr__": _repr, "__eq__": _eq, "__hash__": _hash}
@@ -69,6 +68,10 @@ def record(cls=None, /, *, kw_only: bool = False):
         if own:
             raise TypeError(f"{c.__qualname__} defines {', '.join(own)}: a record shares them; use @dataclass")
         c = dataclass(c, frozen=True, repr=False, eq=False, kw_only=kw_only)
+        fs = fields(c)
+        # what repr shows, and the keys eq compares and hash hashes, as dataclass picks them
+        c.__record__ = (tuple(f.name for f in fs if f.repr), _key(tuple(f.name for f in fs if f.compare)),
+                        _key(tuple(f.name for f in fs if (f.compare if f.hash is None else f.hash))))
         for name, fn in SHARED.items():
             setattr(c, name, fn)
         return c
