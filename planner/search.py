@@ -10,6 +10,7 @@ verdict comes from `memory.Footprint`, the same formula whose breakdown the plan
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Callable
 
@@ -323,7 +324,7 @@ def secant_max(probe: Callable[[int], tuple[bool, float]], lo: int, hi: int) -> 
     halved = True
     while hi - lo > 1:
         width = hi - lo
-        if halved and s_lo > s_hi:
+        if halved and s_lo > s_hi and math.isfinite(s_lo - s_hi):
             x = lo + int(width * s_lo / (s_lo - s_hi))
         else:
             x = (lo + hi) // 2

@@ -6,7 +6,8 @@ read far more often than it changes, so the parsed document is cached by the SHA
 What is cached is the document, not the profile: every read checks it with planner.profile_yaml.profile_from_dict,
 exactly as a fresh parse is checked, so an error in a profile reads the same whether or not it was cached. A changed
 text is a new digest, never a stale entry. Only a document that JSON holds exactly is cached (string keys; strings,
-integers, finite floats, booleans and nulls); YAML that is not valid is never cached, and says so every time.
+integers, finite floats, booleans and nulls); YAML that is not valid, or not a valid profile, is never cached,
+and says so every time.
 Any cache that cannot be read or written is passed over: the YAML is parsed, as without a cache.
 """
 
@@ -41,19 +42,24 @@ def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
     ProfileError."""
     origin = str(Path(path))
     text = read_profile_text(path)
-    entry = entry_path(text)
-    doc = _read(entry)
-    if doc is None:
-        doc = parse_profile_text(text, origin)
-        if _exact_in_json(doc):
-            _write(entry, doc)
-    return profile_from_dict(doc, origin=origin)
+    try:
+        entry = entry_path(text)
+    except (RuntimeError, OSError):  # no cache directory to be had (no home directory): parse, as without a cache
+        entry = None
+    doc = _read(entry) if entry is not None else None
+    if doc is not None:
+        return profile_from_dict(doc, origin=origin)
+    doc = parse_profile_text(text, origin)
+    profile = profile_from_dict(doc, origin=origin)  # a document that is no profile is refused first, never cached
+    if entry is not None and _exact_in_json(doc):
+        _write(entry, doc)
+    return profile
 
 
 def _read(entry: Path) -> Any:
     try:
         data = json.loads(entry.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("format") != FORMAT or "document" not in data:
         return None
@@ -61,10 +67,17 @@ def _read(entry: Path) -> Any:
 
 
 def _exact_in_json(doc: Any) -> bool:
+    try:
+        return _plain(doc)
+    except RecursionError:  # YAML's aliases can make a list that holds itself
+        return False
+
+
+def _plain(doc: Any) -> bool:
     if isinstance(doc, dict):
-        return all(isinstance(k, str) and _exact_in_json(v) for k, v in doc.items())
+        return all(isinstance(k, str) and _plain(v) for k, v in doc.items())
     if isinstance(doc, list):
-        return all(_exact_in_json(v) for v in doc)
+        return all(_plain(v) for v in doc)
     if isinstance(doc, float):
         return math.isfinite(doc)
     return doc is None or isinstance(doc, (str, int, bool))

@@ -505,3 +505,28 @@ def test_plan_on_a_named_profile_imports_no_yaml_once_cached(tmp_path):
     assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr
     assert "yaml imported: True" in runs[0].stderr and "yaml imported: False" in runs[1].stderr
     assert json.loads(runs[0].stdout) == json.loads(runs[1].stdout)
+
+
+def test_yaml_cache_refuses_what_the_planner_refuses_and_needs_no_home(tmp_path, monkeypatch):
+    """A review's two finds: a YAML list that holds itself (an alias inside its own anchor) is a one-line
+    ProfileError, as without the cache, not a RecursionError; and with no home directory to find a cache in, the
+    profile loads all the same."""
+    from vramplan.runtime import yaml_cache
+
+    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    looped = tmp_path / "looped.yaml"
+    looped.write_text("name: x\nfoo: &a [*a]\n")
+    for load in (load_profile, yaml_cache.load_profile, yaml_cache.load_profile):
+        with pytest.raises(ProfileError, match='missing required key "schema_version"'):
+            load(looped)
+    assert not (tmp_path / "cache" / "profiles").exists()
+    assert yaml_cache._exact_in_json(yaml.safe_load("foo: &a [*a]\n")) is False
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    for var in ("VRAMPLAN_CACHE_DIR", "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    path = shipped_profiles_dir() / "a10g.yaml"
+    assert yaml_cache.load_profile(path) == load_profile(path)

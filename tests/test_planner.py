@@ -311,6 +311,8 @@ def test_secant_max_finds_the_boundary_bisection_finds():
             assert len(probes) <= 2 * math.ceil(math.log2(hi - lo + 1)) + 2, (name, hi, b, len(probes))
             if name == "linear" and hi > 4096:
                 assert len(probes) <= 6, (hi, b, probes)
+    # a slack with no finite line through it (infinite bytes to spare): bisection's step, not a ValueError
+    assert secant_max(lambda x: (x <= 1000, float("inf") if x <= 1000 else -1.0), 1, 131072) == 1000
 
 
 @pytest.mark.parametrize("model,hardware,context", [("llama-3.1-8b", "rtx-4090", "32k"),
