@@ -3,14 +3,15 @@ functions instead of three generated per class.
 
 Why: Python 3.11 compiles every method a dataclass generates with an `exec` of its own, 70-90 us each, and a frozen
 dataclass gets six. `vramplan plan` imports some 70 of the planner's, and creating them cost 44 ms of its 0.2 s start-up
-(bench/startup.py); sharing the three that need no per-class code saves 16 ms of it. (Python 3.13 compiles a class's
-methods in one go.)
+(bench/startup.py); sharing the three that need no per-class code saved 13 ms of it (31 ms left).
+(Python 3.13 compiles a class's methods in one go.)
 
 They behave as dataclass's own, field flags included:
 - repr: `Name(a=1, b='x')` over the fields with repr=True, the class's __qualname__ first;
 - eq: NotImplemented for another class (a subclass included), else the tuples of the compare=True fields compared;
 - hash: the hash of the tuple of the fields dataclass hashes (hash=True, or hash=None and compare=True).
-tests/test_structure.py checks this against dataclass's generated methods for every record the planner defines.
+tests/test_structure.py checks this against dataclass's generated methods over every field flag and for
+subclasses, and that every frozen dataclass the planner defines is a record.
 __init__, the frozen __setattr__/__delattr__, __match_args__, `dataclasses.replace` and `fields` are dataclass's.
 """
 
