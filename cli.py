@@ -76,8 +76,8 @@ EngineOpt = Annotated[Optional[str], typer.Option("--engine", help="Whose memory
 OverflowOpt = Annotated[bool, typer.Option("--allow-context-overflow", help="Plan a context beyond the model's "
                        "max_position_embeddings (or its rope scaling's reach) instead of refusing it.")]
 CompileOpt = Annotated[bool, typer.Option("--compile", help="Decode compiled (a static KV cache and torch.compile, "
-                      "CUDA graphs on a GPU): bf16/fp16 weights, every layer on one device; priced without the "
-                      "eager dispatch.")]
+                      "CUDA graphs on a GPU): bf16/fp16 weights, every layer on one device, and on a machine without a "
+                      "GPU also quanto-int8/int4/w8a8 (dense models); priced without the eager dispatch.")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help="Machines of this profile an engine that scales out "
                      "may use (vLLM over Ray; default 1).")]
 

@@ -17,6 +17,7 @@ shared/DESIGN.md and tests/test_runtime_core.py check them on real modules):
   (On the CPU, bnb re-lays 4-bit weights out at the first forward: bf16 scales, double
   quantization undone, ~0.531 B/param. The plan counts the layout as loaded.)
 - quanto qint8: int8 [out, in] + one scale per output row in the compute dtype + 8 B of fp32 scalars.
+  quanto-w8a8 stores the same bytes; only its matmul differs (activations quantized per token, on the CPU).
 - quanto qint4: packed uint8 (n/2) + scale and shift per group of 128 along each row in the
   compute dtype + 8 B of fp32 scalars (quanto's groups: 128, 96, 64 or 32 dividing in > 128; else
   one per row, or per column for a single-row weight: `quanto_linear_int4_group`).
@@ -78,6 +79,10 @@ class WeightScheme:
     # The scheme lm_head takes on a machine without a GPU, where the CPU reads all of it every token (None: it stays
     # in the load dtype, as transformers leaves it): see cpu_head_scheme.
     cpu_head: str | None = None
+    # 8: every matmul quantizes its input to int8 on the fly, one absmax scale per token (row), and multiplies int8 by
+    # int8 into int32 (runtime.quantize.Int8Dynamic: torch._int_mm); 16: the activations stay in the compute dtype
+    # (weight-only). Same weight bytes either way.
+    activation_bits: int = 16
 
     @property
     def quantized(self) -> bool:
@@ -199,6 +204,11 @@ _QLORA = ("QLoRA (Dettmers et al. 2023, arXiv:2305.14314) Table 2: mean Pile-CC 
           "Pythia: NF4+DQ 27.41, FP4 (E3M0) 29.48, FP4 (E2M1) 31.07, Int4 34.34; NF4 matches 16-bit in fine-tuning "
           "benchmarks. The % over bf16 is a typical 7B-13B figure, not a per-model measurement.")
 
+_INT8DQ = ("torchao's int8 dynamic activation + int8 weight (int8dq: symmetric absmax int8 per weight row and per "
+           "activation token, the recipe quanto-w8a8 runs), torchao/quantization/README.md (pytorch/ao 03d01ad), "
+           "lm_eval WikiText perplexity: Llama-3-8B bf16 7.441, int8dq 7.581 (+1.9 %), int8 weight-only 7.447; "
+           "Llama-2-7B 12.212, 12.262 (+0.4 %), 12.204. The larger of the two")
+
 SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
     WeightScheme(name="bf16", backend="torch", bits=16, devices=("cuda", "cpu", "mps"),
                  description="bfloat16, unquantized",
@@ -221,6 +231,11 @@ SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
                  description="optimum-quanto qint8 weights, one scale per output row",
                  quality=QualityCost(ppl_increase_pct=0.2, source="per-channel int8 weight-only RTN: within noise of "
                                      "fp16 (SmoothQuant, Xiao et al. 2022, arXiv:2211.10438, W8A16 rows)")),
+    WeightScheme(name="quanto-w8a8", backend="quanto", bits=8, row_scales=True, row_scale_bytes=2.0,
+                 fixed_bytes_per_tensor=8, devices=("cpu",), streams_on=(), cpu_head="quanto-w8a8", activation_bits=8,
+                 description="optimum-quanto qint8 weights x int8 activations (absmax per token, at each matmul): "
+                             "torch's int8 x int8 matmul on the CPU (VNNI), torchao's int8dq recipe",
+                 quality=QualityCost(ppl_increase_pct=1.9, source=_INT8DQ)),
     WeightScheme(name="quanto-int4", backend="quanto", bits=4, group_size=128, scale_bytes=4.0,
                  fixed_bytes_per_tensor=8, devices=("cuda", "cpu", "mps"), streams_on=(), cpu_head="quanto-int8",
                  description="optimum-quanto qint4 weights, group 128, scale + shift per group",

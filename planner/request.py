@@ -53,6 +53,15 @@ EXPERT_PLACEMENTS = ("gpu", "cpu")
 # unquantized weights with a cache of the same dtype, every layer on one device (bitsandbytes' and quanto's kernels
 # break the graph; the offload engine moves weights between steps).
 COMPILE_SCHEMES = {"bf16": "bf16", "fp16": "fp16"}  # weights -> the KV cache dtype they compile with
+# On a machine without a GPU the quanto schemes' layers call torch's CPU kernels themselves
+# (runtime.quantize.direct_kernels), which inductor compiles through: with a bf16 cache, dense models (vramplan's
+# quantized experts route tokens in Python).
+CPU_COMPILE_SCHEMES = {**COMPILE_SCHEMES, "quanto-int8": "bf16", "quanto-int4": "bf16", "quanto-w8a8": "bf16"}
+
+
+def compile_schemes(has_gpu: bool) -> dict[str, str]:
+    """The weights --compile runs on this machine, each with the KV cache dtype it compiles with."""
+    return COMPILE_SCHEMES if has_gpu else CPU_COMPILE_SCHEMES
 # Nodes of the profile's machine type a scale-out export (vLLM over Ray) may use; more is a typo.
 MAX_NODES = 1024
 

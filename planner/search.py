@@ -23,7 +23,7 @@ from .modelspec import ModelSpec, context_limit
 from .constant import Constant, constants
 from .plan import Alternative, Candidate, Plan, hardware_ref, model_ref
 from .quant import KV_SCHEMES, SCHEMES, KVScheme, WeightScheme
-from .request import COMPILE_SCHEMES, RUNTIME_BASE_RAM_BYTES, Request
+from .request import COMPILE_SCHEMES, RUNTIME_BASE_RAM_BYTES, Request, compile_schemes
 from .speed import SpeedEstimate, compiled_scheme, estimate, speed_constants
 from .work import read_bytes_per_layer
 from .units import format_bytes
@@ -173,7 +173,7 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
     `weights` and `read` (weight bytes a decode step reads per layer) are shared across KV dtypes."""
     base = dict(weight_quant=scheme.name, kv_dtype=kv.name,
                 quality_cost_pct=scheme.quality.ppl_increase_pct + kv.quality.ppl_increase_pct)
-    why_not = _device_ok(scheme, hw) or _kv_ok(spec, kv) or _compile_ok(req, scheme, kv)
+    why_not = _device_ok(scheme, hw) or _kv_ok(spec, kv) or _compile_ok(spec, hw, req, scheme, kv)
     if why_not:
         return Candidate(**base, fits=False, reason=why_not)
     fp = _footprint(spec, hw, req, scheme, kv, weights)
@@ -204,10 +204,17 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
                      reason=_placement_reason(c, mem, fp.costs, scored))
 
 
-def _compile_ok(req: Request, scheme: WeightScheme, kv: KVScheme) -> str | None:
-    if req.compiled and COMPILE_SCHEMES.get(scheme.name) != kv.name:
-        return (f"--compile runs {', '.join(f'{w} weights with a {k} cache' for w, k in COMPILE_SCHEMES.items())} "
-                "(a static cache torch.compile captures; bitsandbytes' and quanto's kernels break the graph)")
+def _compile_ok(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme) -> str | None:
+    if not req.compiled:
+        return None
+    runs = compile_schemes(hw.has_gpu)
+    if runs.get(scheme.name) != kv.name:
+        return (f"--compile runs {', '.join(f'{w} weights with a {k} cache' for w, k in runs.items())} here "
+                "(a static cache torch.compile captures; bitsandbytes' kernels break the graph"
+                + (", and quanto's on a GPU)" if hw.has_gpu else ")"))
+    if scheme.quantized and spec.moe is not None:
+        return (f"--compile: {scheme.name}'s routed experts are vramplan's own modules, which route tokens in Python "
+                "(a graph break): run it eager")
     return None
 
 

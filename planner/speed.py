@@ -101,6 +101,7 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     # MAX_EFFICIENCY: TTFT over-predicted by 75-100 % (was 6-13x with 0.25 / 0.15).
     ("cpu", "quanto-int8"): (0.46, 1.0, 640e-6, 500e-6),
     ("cpu", "quanto-int4"): (0.48, 1.0, 450e-6, 500e-6),
+    ("cpu", "quanto-w8a8"): (0.46, 1.0, 640e-6, 500e-6),
 }
 # Attention at decode, per layer: max(KV bytes / (bandwidth x kv_bw_eff), attention FLOPs /
 # (compute x attn_compute_eff)). The kernel reads the cache in the compute dtype: a quantized cache
@@ -303,7 +304,8 @@ def _calibrated_entry(hw: HardwareProfile, device: str, scheme: WeightScheme):
     if e is not None and e.bandwidth_efficiency is not None:
         return e, None
     for other in SCHEMES.values():
-        if other.name != scheme.name and other.backend == scheme.backend and other.bits == scheme.bits:
+        if other.name != scheme.name and other.backend == scheme.backend and other.bits == scheme.bits \
+                and other.activation_bits == scheme.activation_bits:
             e = cal.lookup(device, other.backend, other.name)
             if e is not None and e.bandwidth_efficiency is not None:
                 return e, other.name

@@ -52,8 +52,9 @@ class Matrix:
 # tokens so that the KV term and prefill attention (half of a 4096-token prefill's time) are measured, not just the
 # weights: fitted on prompts of at most 2048, a 4000-token prompt's TTFT came out 29 % short (attention's
 # efficiency falls as the cache outgrows the CPU's caches).
-CPU_MATRIX = Matrix(models=("qwen2.5-0.5b", "llama-3.2-1b"), quants=("bf16", "quanto-int8", "quanto-int4"),
-                    prompts=(64, 1024, 4096), new_tokens=8, kv_dtypes=("fp8", "quanto-int4", "quanto-int2"))
+CPU_MATRIX = Matrix(models=("qwen2.5-0.5b", "llama-3.2-1b"),
+                    quants=("bf16", "quanto-int8", "quanto-int4", "quanto-w8a8"), prompts=(64, 1024, 4096),
+                    new_tokens=8, kv_dtypes=("fp8", "quanto-int4", "quanto-int2"))
 GPU_MATRIX = Matrix(models=("qwen2.5-0.5b", "llama-3.2-3b", "llama-3.1-8b"),
                     quants=("bf16", "bnb-int8", "bnb-nf4", "quanto-int8", "quanto-int4"),
                     prompts=(512, 4096), new_tokens=32, kv_dtypes=("fp8", "quanto-int4"))

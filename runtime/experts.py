@@ -12,7 +12,8 @@ once per projection. planner/quant.py counts exactly these bytes (WeightScheme._
 Kernels, per scheme (all run on the device the weights are on):
 - quanto int8: quanto's kernels: on the CPU torch's ``_weight_int8pack_mm`` (bf16 activations; in_features a
   multiple of 16, see INT8PACK_IN_MULTIPLE); on CUDA quanto's ``qbytes_mm``, which dequantizes to bf16 and
-  multiplies, its own choice for weight-only int8.
+  multiplies, its own choice for weight-only int8. quanto-w8a8 (CPU only): the same bytes, its input quantized per
+  token and multiplied int8 by int8 (``int8_dynamic_mm``).
 - quanto int4: torch's tinygemm kernels, ``_weight_int4pack_mm_for_cpu`` and, on CUDA (sm80+),
   ``_weight_int4pack_mm``. Their packing is device-specific: moving the module to another device type
   repacks the experts, as quanto's own tensors do (never streamed: planner's ``streams_on`` is empty).
@@ -130,6 +131,19 @@ def quanto_int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q._data, q._scale
 
 
+def int8_dynamic_mm(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M, in] times the int8 rows `data` [out, in] (one scale per row, [out] or [out, 1]) with x quantized to int8
+    on the fly, one absmax scale per row of x (per token): symmetric, to -127..127, as torchao's int8dq quantizes
+    activations. torch._int_mm multiplies int8 by int8 into exact int32 sums (oneDNN; VNNI where the CPU has it),
+    given the [in, out] view of the row-major rows as they are; both scales apply to the sums in fp32. Returns fp32
+    [M, out]. A row of zeros stays zeros. Written in few ops, as eager runs them one by one (about 10 a matmul): the
+    absmax in x's own dtype (exact), fp32 only where the division promotes to it, the int32 sums scaled by one
+    promoting multiply."""
+    step = x.abs().amax(dim=-1, keepdim=True).float().clamp_min_(torch.finfo(torch.float32).tiny).div_(127)
+    q = x.div(step).round_().to(torch.int8)
+    return torch._int_mm(q, data.t()).mul(step.mul(scale.reshape(1, -1)))
+
+
 class QuantoInt8Matrices(ExpertMatrices):
     """quanto qint8 per expert: int8 [E, out, in] + one bf16 scale per output row [E, out, 1]."""
 
@@ -157,6 +171,14 @@ class QuantoInt8Matrices(ExpertMatrices):
 
     def dequantize(self, expert):
         return self.data[expert].float() * self.scale[expert].float()
+
+
+class QuantoW8A8Matrices(QuantoInt8Matrices):
+    """quanto-w8a8's experts: quanto-int8's bytes, multiplied with their input quantized per token (int8_dynamic_mm),
+    on the CPU, the only device the scheme runs on."""
+
+    def matmul(self, x, expert):
+        return int8_dynamic_mm(x, self.data[expert], self.scale[expert]).to(x.dtype)
 
 
 class QuantoInt4Matrices(ExpertMatrices):
@@ -322,7 +344,7 @@ def _matrices_class(scheme: WeightScheme, out_features: int, in_features: int) -
         return BnbInt8Matrices if scheme.bits == 8 else Bnb4bitMatrices
     if scheme.backend == "quanto":
         if scheme.bits == 8:
-            return QuantoInt8Matrices
+            return QuantoW8A8Matrices if scheme.activation_bits == 8 else QuantoInt8Matrices
         return QuantoInt4Matrices if experts_int4_group(out_features, in_features) else PlainMatrices
     raise ValueError(f"{scheme.name}: no per-expert quantization for backend {scheme.backend!r}")
 

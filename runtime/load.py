@@ -141,10 +141,14 @@ def load_model(
     model.requires_grad_(False)
     if cpu_alone is None:
         cpu_alone = device == "cpu"
-    if cpu_alone and device == "cpu" and compute_dtype == "bf16":  # (the fp32 reference mode: as loaded)
+    if scheme.activation_bits < 16 and not (cpu_alone and device == "cpu"):
+        raise VramplanError(f"{scheme.name} runs on the CPU alone (its int8 x int8 matmul is torch's CPU kernel): "
+                            "load it with device='cpu'")
+    # the fp32 reference mode keeps the model as loaded, except a scheme whose numerics are its own kernel's
+    if cpu_alone and device == "cpu" and (compute_dtype == "bf16" or scheme.activation_bits < 16):
         head_note = quantize_cpu_head(model, scheme)
         notes += [head_note] if head_note else []
-        if direct := direct_kernels(model):
+        if direct := direct_kernels(model, scheme.activation_bits):
             notes.append(f"{direct} layers call torch's CPU kernels directly (runtime.quantize.direct_kernels: the "
                          "same tensors; quanto's without its per-call dispatch, bf16's one-row products by GEMV)")
     release_freed_heap()

@@ -21,7 +21,7 @@ from torch import nn
 
 from vramplan.planner.errors import VramplanError
 from vramplan.planner.quant import INT8PACK_IN_MULTIPLE, WeightScheme, cpu_head_scheme
-from vramplan.runtime.experts import quanto_int8_rows, quantize_experts
+from vramplan.runtime.experts import int8_dynamic_mm, quanto_int8_rows, quantize_experts
 from vramplan.runtime.measure import is_oom
 
 
@@ -154,6 +154,25 @@ class Int8Rows(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 rows"
 
 
+class Int8Dynamic(Int8Rows):
+    """quanto-w8a8 on the CPU: Int8Rows' tensors (a frozen quanto qint8 QLinear's, shared, or lm_head quantized as
+    quanto does), with each input row quantized to int8 by its absmax and multiplied int8 by int8 into int32
+    (runtime.experts.int8_dynamic_mm: torch._int_mm, VNNI where the CPU has it). Where bf16 is converted in software
+    (no AVX512-BF16), _weight_int8pack_mm widens every weight to bf16 and multiplies at about 12.5 GB/s of int8 rows
+    streamed from RAM; _int_mm reads them at about 20 (2-core Xeon VM, 160 4864 x 896 matrices, 700 MB: 55 against
+    32-39 ms with the quantization). The numerics are torchao's int8dq, not weight-only int8's: the scheme's own
+    quality cost (planner.quant: quanto-w8a8)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = int8_dynamic_mm(x.reshape(-1, self.in_features), self.data, self.scale)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 rows x int8 tokens"
+
+
 class Int4Groups(nn.Module):
     """quanto's qint4 QLinear in torch's tinygemm layout (groups of 128 along each row) on the CPU without quanto's
     dispatch: its own packed data and scale/shift, shared, not copied, with its fp32 input/output scale scalars, and
@@ -247,12 +266,13 @@ def _with_scalars(module: nn.Module, qlinear: nn.Module) -> nn.Module:
     return module
 
 
-def direct_kernels(model: nn.Module) -> int:
+def direct_kernels(model: nn.Module, activation_bits: int = 16) -> int:
     """Every layer on the CPU (a model run there alone, or the layers an offload computes there) whose kernel
     vramplan can call itself is replaced by a module over the same tensors (same bytes, same kernel or, for bf16, the
     same sums by GEMV): a frozen quanto QLinear in qint8 by Int8Rows, in qint4 with tinygemm's layout by Int4Groups,
     and a plain bf16 nn.Linear by Bf16Rows (on a CPU without native bf16: Bf16Rows.pays_here); returns how many.
-    Other layouts (quanto's generic 4-bit packing, fp16, bitsandbytes) stay as they are."""
+    Other layouts (quanto's generic 4-bit packing, fp16, bitsandbytes) stay as they are. With `activation_bits` 8
+    (the scheme's: quanto-w8a8) every qint8 QLinear on the CPU becomes an Int8Dynamic, whatever its scale's dtype."""
     swaps = []
     quanto = "optimum.quanto" in sys.modules  # no QLinear exists before quanto is imported (it takes 1-2 s)
     if quanto:
@@ -270,8 +290,11 @@ def direct_kernels(model: nn.Module) -> int:
         if type(m.weight) is TinyGemmWeightQBitsTensor and m.weight._data._data.device.type == "cpu":
             swaps.append((name, Int4Groups(m)))
         elif getattr(m.weight, "qtype", None) is qint8 and m.weight._data.dtype == torch.int8 \
-                and m.weight._scale.dtype == torch.bfloat16 and m.weight._data.device.type == "cpu":
-            swaps.append((name, Int8Rows.from_quanto(m)))
+                and m.weight._data.device.type == "cpu":
+            if activation_bits == 8:
+                swaps.append((name, Int8Dynamic.from_quanto(m)))
+            elif m.weight._scale.dtype == torch.bfloat16:
+                swaps.append((name, Int8Rows.from_quanto(m)))
     for name, module in swaps:
         model.set_submodule(name, module)
     return len(swaps)
@@ -287,8 +310,10 @@ def quantize_cpu_head(model: nn.Module, scheme: WeightScheme) -> str | None:
         return None
     name = next(n for n, m in model.named_modules() if m is head)
     tied = head.weight is getattr(model.get_input_embeddings(), "weight", None)
-    model.set_submodule(name, Int8Rows.from_linear(head))
-    return (f"lm_head in int8 rows ({head_scheme.name}'s qint8) on the CPU, read whole every token "
+    rows = Int8Dynamic if head_scheme.activation_bits == 8 else Int8Rows
+    model.set_submodule(name, rows.from_linear(head))
+    per_token = ", its input quantized per token" if rows is Int8Dynamic else ""
+    return (f"lm_head in int8 rows ({head_scheme.name}'s qint8{per_token}) on the CPU, read whole every token "
             "(planner.quant.cpu_head_scheme)"
             + ("; the tied embedding keeps its own copy for the lookup" if tied else ""))
 

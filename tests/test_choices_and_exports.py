@@ -54,7 +54,7 @@ def test_expert_placement_forced_cpu_gpu_and_n(capsys):
     # every expert stays with its layer: the model does not fit whole, so whole layers are offloaded instead
     assert code == 0 and g["expert_placement"] == "gpu" and g["expert_layers_in_ram"] == []
     assert g["gpu_layers"] < 32 and g["offload"] != "none"
-    assert all(x["expert_placement"] in ("gpu", None) for x in gpu["candidates"])
+    assert all(x.get("expert_placement") in ("gpu", None) for x in gpu["candidates"])
 
     code, n = plan_json(capsys, *MIXTRAL, "--expert-placement", "20")
     e = n["choice"]

@@ -46,6 +46,8 @@ def _quantization(scheme: str) -> tuple[str, list[str]]:
                                       f'    bnb_4bit_quant_type="{s.variant}",',
                                       f"    bnb_4bit_use_double_quant={s.double_quant},",
                                       "    bnb_4bit_compute_dtype=torch.bfloat16,"]
+    if s.activation_bits == 8:  # vramplan's own kernel: transformers runs the same recipe through torchao
+        return "TorchAoConfig", ["TorchAoConfig(", "    Int8DynamicActivationInt8WeightConfig(),"]
     return "QuantoConfig", ["QuantoConfig(", f'    weights="int{s.bits}",']
 
 
@@ -133,7 +135,13 @@ def export_transformers(spec: ModelSpec, p: Plan) -> Export:
         args.append("    quantization_config=quantization_config,")
     args += ["    device_map=device_map,", f"    dtype={dtype},"]
     body += ["model = AutoModelForCausalLM.from_pretrained(", *args, ")", *_cache_lines(c.kv_dtype)]
-    code = "\n".join(["import torch", f"from transformers import {', '.join(imports)}", "", *body])
+    extra = []
+    if s.activation_bits == 8:
+        extra = ["from torchao.quantization import Int8DynamicActivationInt8WeightConfig"]
+        notes.append(f"{c.weight_quant} is vramplan's own CPU kernel (int8 rows x int8 tokens); transformers runs the "
+                     "same recipe through torchao (pip install torchao), whose tensors and speed vramplan has not "
+                     "measured")
+    code = "\n".join(["import torch", f"from transformers import {', '.join(imports)}", *extra, "", *body])
     return Export(engine=ENGINE, fits=fits, text=commented(notes, code), notes=tuple(notes),
                   details={"weight_quant": c.weight_quant, "kv_dtype": c.kv_dtype})
 

@@ -101,7 +101,8 @@ def engine_constants(hw: HardwareProfile, file_types=(), kv_types=()) -> dict:
 
 
 # Closest GGUF file type and llama.cpp cache type to each of vramplan's schemes.
-GGUF_FOR_SCHEME = {"bf16": "BF16", "fp16": "F16", "bnb-int8": "Q8_0", "quanto-int8": "Q8_0", "bnb-nf4": "Q4_K_M",
+GGUF_FOR_SCHEME = {"bf16": "BF16", "fp16": "F16", "bnb-int8": "Q8_0", "quanto-int8": "Q8_0", "quanto-w8a8": "Q8_0",
+                   "bnb-nf4": "Q4_K_M",
                    "bnb-nf4-dq": "Q4_K_M", "bnb-fp4": "Q4_K_M", "bnb-fp4-dq": "Q4_K_M", "quanto-int4": "Q4_K_M"}
 CACHE_FOR_KV = {"bf16": "f16", "fp16": "f16", "fp8": "q8_0", "quanto-int4": "q4_0", "quanto-int2": "q4_0"}
 # The conventional name of a community GGUF repository (stated as a convention: it may not exist).

@@ -1,0 +1,179 @@
+"""quanto-w8a8: quanto's int8 rows multiplied by int8 activations quantized per token (runtime.quantize.Int8Dynamic,
+runtime.experts.int8_dynamic_mm), on the CPU; its bytes, where the planner offers it, and the compiled CPU decode of
+the quanto schemes (runtime.compiled with the direct kernels)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_config_dict
+from vramplan.planner.errors import VramplanError
+from vramplan.planner.quant import SCHEMES
+from vramplan.runtime.experts import int8_dynamic_mm
+from vramplan.runtime.generate import generate, synthetic_prompt, warm_up
+from vramplan.runtime.load import load_model
+
+
+def _reference_w8a8(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The recipe written out in float64: each row of x to int8 by its absmax / 127, exact integer sums, both scales."""
+    xd = x.double()
+    step = xd.abs().amax(dim=-1, keepdim=True).clamp_min(1e-300) / 127
+    q = torch.round(xd / step).clamp(-127, 127)
+    return (q @ data.double().t()) * step * scale.double().reshape(1, -1)
+
+
+@pytest.mark.parametrize("rows,k,n", [(1, 896, 64), (5, 100, 7), (3, 17, 16)])
+def test_int8_dynamic_mm_is_the_per_token_recipe(rows, k, n):
+    g = torch.Generator().manual_seed(rows * k + n)
+    x = (torch.randn(rows, k, generator=g) * 3).to(torch.bfloat16)
+    x[0, 0] = 40.0  # an outlier sets its row's step
+    data = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    scale = (torch.rand(n, generator=g) / 100).to(torch.bfloat16)
+    out = int8_dynamic_mm(x, data, scale)
+    ref = _reference_w8a8(x, data, scale)
+    assert out.dtype == torch.float32 and out.shape == (rows, n)
+    # the int32 sums are exact; what differs is fp32 rounding of the step and the products (and a rare tie of round)
+    assert torch.allclose(out.double(), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    zeros = int8_dynamic_mm(torch.zeros(2, k, dtype=torch.bfloat16), data, scale)
+    assert torch.equal(zeros, torch.zeros(2, n))
+
+
+def test_int8_dynamic_mm_differs_from_weight_only_by_the_activation_rounding():
+    """Not weight-only int8 under another name: the result moves by the activations' int8 rounding, by a small
+    relative amount."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 512, generator=g).to(torch.bfloat16)
+    data = torch.randint(-127, 128, (256, 512), dtype=torch.int8, generator=g)
+    scale = torch.full((256,), 0.01, dtype=torch.bfloat16)
+    weight_only = torch._weight_int8pack_mm(x, data, scale).float()
+    dynamic = int8_dynamic_mm(x, data, scale)
+    rel = ((dynamic - weight_only).norm() / weight_only.norm()).item()
+    assert 1e-4 < rel < 2e-2
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+    config = tiny_config_dict("llama", tie_word_embeddings=False)
+    return {q: load_model(config, scheme=SCHEMES[q], dummy_weights=True, seed=3, device="cpu")
+            for q in ("bf16", "quanto-int8", "quanto-w8a8")}
+
+
+def test_w8a8_loads_every_linear_and_the_head_as_int8_dynamic(tiny_models):
+    from vramplan.runtime.quantize import Int8Dynamic, Int8Rows
+    from vramplan.runtime.tensors import count_tensor_bytes
+
+    w8a8, int8 = tiny_models["quanto-w8a8"], tiny_models["quanto-int8"]
+    dynamic = [n for n, m in w8a8.model.named_modules() if type(m) is Int8Dynamic]
+    rows = [n for n, m in int8.model.named_modules() if type(m) is Int8Rows]
+    assert dynamic == rows and "lm_head" in dynamic and len(dynamic) == 2 * 7 + 1
+    assert any("its input quantized per token" in n for n in w8a8.notes)
+    assert count_tensor_bytes(w8a8.model) == count_tensor_bytes(int8.model)  # the same bytes: only the matmul differs
+
+
+def test_w8a8_logits_stay_near_bf16_and_near_weight_only_int8(tiny_models):
+    ids = synthetic_prompt(12, 512, seed=1)
+    with torch.no_grad():
+        logits = {q: m.model(ids).logits.float() for q, m in tiny_models.items()}
+
+    def rel(a, b):
+        return ((logits[a] - logits[b]).norm() / logits[b].norm()).item()
+
+    assert rel("quanto-w8a8", "bf16") < 0.05 and rel("quanto-int8", "bf16") < 0.05
+    assert rel("quanto-w8a8", "quanto-int8") > 1e-4  # it did quantize the activations
+
+
+def test_w8a8_refuses_anything_but_the_cpu_alone():
+    with pytest.raises(VramplanError, match="runs on the CPU alone"):
+        load_model(tiny_config_dict("llama"), scheme=SCHEMES["quanto-w8a8"], dummy_weights=True, device="cpu",
+                   cpu_alone=False)
+
+
+def test_w8a8_experts_multiply_int8_tokens():
+    from vramplan.runtime.experts import ExpertMatrices, QuantoW8A8Matrices, QuantizedExperts
+
+    loaded = load_model(tiny_config_dict("mixtral"), scheme=SCHEMES["quanto-w8a8"], dummy_weights=True, device="cpu")
+    experts = [m for m in loaded.model.modules() if isinstance(m, QuantizedExperts)]
+    matrices = [m for e in experts for m in e.children() if isinstance(m, ExpertMatrices)]
+    assert len(matrices) == 2 * len(experts) and all(type(m) is QuantoW8A8Matrices for m in matrices)
+    e = matrices[0]
+    x = torch.randn(3, e.in_features).to(torch.bfloat16)
+    ref = _reference_w8a8(x, e.data[1], e.scale[1])
+    assert torch.allclose(e.matmul(x, 1).double(), ref, rtol=2e-2, atol=1e-2 * ref.abs().max().item())
+    with torch.no_grad():
+        assert torch.isfinite(loaded.model(synthetic_prompt(6, 512)).logits).all()
+
+
+# ---------------------------------------------------------------- the planner
+
+
+def test_the_planner_counts_w8a8_as_int8_and_offers_it_only_without_a_gpu():
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.request import Request
+    from vramplan.planner.search import plan
+    from vramplan.planner.sources import model_spec
+
+    spec = model_spec("qwen2.5-0.5b")
+    w8a8, int8 = SCHEMES["quanto-w8a8"], SCHEMES["quanto-int8"]
+    assert w8a8.bytes_of(spec.tensors) == int8.bytes_of(spec.tensors)
+    assert w8a8.quality.ppl_increase_pct > int8.quality.ppl_increase_pct and "7.581" in w8a8.quality.source
+    cpu = plan(spec, resolve_profile("cpu-ddr5-desktop")[0], Request(context=4096, quant=("quanto-w8a8",)))
+    assert cpu.fits and cpu.choice.weight_quant == "quanto-w8a8" and not cpu.choice.on_gpu
+    gpu = plan(spec, resolve_profile("rtx-4090")[0], Request(context=4096, quant=("quanto-w8a8",)))
+    assert not gpu.fits and "quanto-w8a8 does not run on cuda" in gpu.candidates[0].reason
+
+
+def test_a_calibration_of_weight_only_int8_does_not_stand_in_for_w8a8():
+    from dataclasses import replace
+
+    from vramplan.planner.hardware import Calibration, CalibrationEntry
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.speed import efficiency
+
+    hw = resolve_profile("cpu-ddr5-desktop")[0]
+    entry = CalibrationEntry(device="cpu", backend="quanto", quant="quanto-int8", bandwidth_efficiency=0.11,
+                             compute_efficiency=None, per_layer_overhead_s=1e-3, per_token_overhead_s=1e-3)
+    hw = replace(hw, calibration=Calibration(measured_at="2026-11-26", entries=(entry,)))
+    assert efficiency(hw, "cpu", SCHEMES["quanto-int8"]).bandwidth == 0.11
+    assert efficiency(hw, "cpu", SCHEMES["quanto-w8a8"]).bandwidth != 0.11
+    assert efficiency(hw, "cpu", SCHEMES["quanto-w8a8"]).source == "default"
+
+
+def test_compile_on_a_cpu_takes_the_quanto_schemes_but_not_their_experts_nor_on_a_gpu():
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.request import Request
+    from vramplan.planner.search import plan
+    from vramplan.planner.sources import model_spec
+
+    cpu = resolve_profile("cpu-ddr5-desktop")[0]
+    dense = model_spec("qwen2.5-0.5b")
+    for q in ("quanto-int8", "quanto-int4", "quanto-w8a8"):
+        p = plan(dense, cpu, Request(context=4096, compiled=True, quant=(q,), kv_dtype=("bf16",)))
+        assert p.fits and p.choice.weight_quant == q
+    moe = plan(model_spec("qwen3-30b-a3b"), cpu, Request(context=4096, compiled=True, quant=("quanto-int8",),
+                                                         kv_dtype=("bf16",)))
+    assert not moe.fits and "route tokens in Python" in moe.candidates[0].reason
+    gpu = plan(dense, resolve_profile("rtx-4090")[0], Request(context=4096, compiled=True, quant=("quanto-int8",),
+                                                              kv_dtype=("bf16",)))
+    assert not gpu.fits and "quanto's on a GPU" in gpu.candidates[0].reason
+
+
+# ---------------------------------------------------------------- compiled decode on the CPU
+
+
+@pytest.mark.parametrize("quant", ["quanto-int8", "quanto-w8a8"])
+def test_a_compiled_cpu_decode_of_the_int8_schemes_gives_the_eager_tokens(quant):
+    """inductor compiles through the direct kernels (Int8Rows' _weight_int8pack_mm, Int8Dynamic's _int_mm and its
+    per-token quantization) and gives the tokens eager gives."""
+    from vramplan.runtime.compiled import StaticDecoder
+    from vramplan.runtime.quantize import Int8Dynamic, Int8Rows
+
+    model = load_model(tiny_config_dict("llama"), scheme=SCHEMES[quant], dummy_weights=True, seed=5,
+                       device="cpu").model
+    assert any(type(m) in (Int8Rows, Int8Dynamic) for m in model.modules())
+    prompt = synthetic_prompt(16, 512, seed=2)
+    eager = generate(model, prompt, max_new_tokens=8, prefill_chunk=16)
+    static = StaticDecoder(model, max_len=16 + 8, device=torch.device("cpu"))
+    assert warm_up(model, prompt, 16, static=static) > 0
+    compiled = generate(model, prompt, max_new_tokens=8, prefill_chunk=16, static=static)
+    assert compiled.tokens == eager.tokens and len(compiled.tokens) == 8
