@@ -2,8 +2,9 @@
 
 The same random-weight model (a catalog architecture saved once with transformers, bf16) is run at each bit width by
 each engine, each in a fresh process, one after the other:
-- vramplan: `vramplan run` of the saved checkpoint with the scheme forced (bf16, quanto-int8, quanto-int4), all on this
-  machine's CPU; its report gives predicted and measured decode, TTFT and peak RAM;
+- vramplan: `vramplan run` of the saved checkpoint with the scheme forced (bf16, quanto-int8 and quanto-w8a8,
+  quanto-int4), all on this machine's CPU, eager and (vramplan-compiled) with --compile; its report gives predicted and
+  measured decode, TTFT and peak RAM; with --recommended also `vramplan run` with the scheme the plan chooses;
 - transformers: `AutoModelForCausalLM.from_pretrained` (quanto through `QuantoConfig` for 8 and 4 bits) and
   `generate(do_sample=False)` with a streamer stamping each token; peak RSS of that process;
 - llama.cpp: the checkpoint converted with llama.cpp's convert_hf_to_gguf.py (BF16) and quantized with llama-quantize
@@ -38,6 +39,9 @@ __import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when n
 
 # bits -> (vramplan / transformers scheme, GGUF file type)
 WIDTHS = {16: ("bf16", "BF16"), 8: ("quanto-int8", "Q8_0"), 4: ("quanto-int4", "Q4_0")}
+# vramplan's schemes at each width: 8 bits also as quanto-w8a8 (the same bytes, activations in int8 too, as llama.cpp's
+# CPU kernels quantize them for Q8_0 and Q4_0)
+VRAMPLAN_SCHEMES = {16: ("bf16",), 8: ("quanto-int8", "quanto-w8a8"), 4: ("quanto-int4",)}
 MODELS = ("qwen2.5-0.5b", "llama-3.2-1b")
 
 # Plain transformers in a fresh process: the model loaded as a user would, then one greedy generate whose streamer
@@ -75,7 +79,8 @@ def run_cli(model_dir: Path, args: list[str], hw_name: str | None, prompt: int, 
         return {"error": (r.stderr.strip().splitlines() or ["no output"])[-1][:300]}
     d = json.loads(r.stdout)
     m, p = d["measured"], d["predicted"]
-    return {"decode_tokens_per_s": m["decode_tokens_per_s"],
+    return {"scheme": ((d.get("plan") or {}).get("choice") or {}).get("weight_quant"),
+            "decode_tokens_per_s": m["decode_tokens_per_s"],
             "ttft_s": m["ttft_s"], "peak_ram_bytes": m["peak_ram_bytes"],
             "predicted": {"decode_tokens_per_s": p["decode_tokens_per_s"], "ttft_s": p["ttft_s"],
                           "peak_ram_bytes": p["peak_ram_bytes"]}}
@@ -104,6 +109,8 @@ def markdown(out: dict) -> str:
         lines.append(f"| {row['model']} | {row['bits']} | {row['engine']} ({row['scheme']}) | "
                      f"{r['decode_tokens_per_s']:.1f} | {row.get('vs_fastest', 0):.2f} | {r['ttft_s']:.3f} | "
                      f"{r['peak_ram_bytes'] / 2**30:.2f} | {'-' if pred is None else f'{pred:.1f}'} |")
+    lines += ["", "x fastest: against the fastest row at that width; the recommended plan's row against the fastest "
+              "row of that model at any width."]
     return "\n".join(lines) + "\n"
 
 
@@ -111,8 +118,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-cpp", type=Path, help="llama.cpp source tree (convert_hf_to_gguf.py)")
     ap.add_argument("--bin", type=Path, help="directory with llama-server and llama-quantize")
-    ap.add_argument("--engines", default="vramplan,transformers,llama.cpp",
-                    help="comma list of vramplan, vramplan-compiled (16-bit only), transformers, llama.cpp")
+    ap.add_argument("--engines", default="vramplan,vramplan-compiled,transformers,llama.cpp",
+                    help="comma list of vramplan, vramplan-compiled, transformers, llama.cpp")
+    ap.add_argument("--recommended", action="store_true",
+                    help="also `vramplan run` each model with the plan vramplan recommends (no --quant), and compare "
+                         "it with the fastest row of that model at any width")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--bits", default="16,8,4")
     ap.add_argument("--prompt", type=int, default=128)
@@ -150,14 +160,15 @@ def main(argv=None) -> int:
             group = []
             for engine in engines:
                 print(f"{name} {bits}-bit {engine}", flush=True)
-                if engine == "vramplan":
-                    r = run_cli(model_dir, ["--quant", scheme], args.hardware, args.prompt, args.new_tokens)
-                elif engine == "vramplan-compiled":  # `vramplan run --compile`: unquantized weights only
-                    if bits != 16:
-                        continue
-                    r = run_cli(model_dir, ["--quant", scheme, "--compile"], args.hardware, args.prompt,
-                                args.new_tokens)
-                elif engine == "transformers":
+                if engine in ("vramplan", "vramplan-compiled"):  # `vramplan run` (--compile) of each scheme
+                    for s in VRAMPLAN_SCHEMES[bits]:
+                        r = run_cli(model_dir, ["--quant", s] + (["--compile"] if engine != "vramplan" else []),
+                                    args.hardware, args.prompt, args.new_tokens)
+                        print("   ", s, {k: v for k, v in r.items() if k != "command"}, flush=True)
+                        group.append({"model": name, "bits": bits, "engine": engine, "scheme": s, "result": r})
+                    rows.extend(group[-len(VRAMPLAN_SCHEMES[bits]):])
+                    continue
+                if engine == "transformers":
                     r = run_transformers(model_dir, bits, args.prompt, args.new_tokens)
                 else:  # the GGUF made once per file type, then `vramplan run --engine llama.cpp` on it
                     gguf = ls.make_gguf(args.llama_cpp, args.bin, config, file_type, work, key)
@@ -173,6 +184,18 @@ def main(argv=None) -> int:
             for g in group:
                 if best and "error" not in g["result"]:
                     g["vs_fastest"] = g["result"]["decode_tokens_per_s"] / best
+            (args.out / f"vs-engines-{args.machine}.json").write_text(json.dumps(out, indent=2) + "\n")
+            (args.out / f"vs-engines-{args.machine}.md").write_text(markdown(out))
+        if args.recommended:  # `vramplan run` as a user runs it: the plan's own scheme, against the model's fastest row
+            print(f"{name} recommended plan", flush=True)
+            r = run_cli(model_dir, [], args.hardware, args.prompt, args.new_tokens)
+            print("   ", r, flush=True)
+            best = max((g["result"].get("decode_tokens_per_s") or 0 for g in rows if g["model"] == name), default=0)
+            row = {"model": name, "bits": "plan", "engine": "vramplan (recommended plan)", "scheme": r.get("scheme"),
+                   "result": r}
+            if best and "error" not in r:
+                row["vs_fastest"] = r["decode_tokens_per_s"] / best
+            rows.append(row)
             (args.out / f"vs-engines-{args.machine}.json").write_text(json.dumps(out, indent=2) + "\n")
             (args.out / f"vs-engines-{args.machine}.md").write_text(markdown(out))
     print(markdown(out))

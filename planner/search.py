@@ -226,7 +226,8 @@ def _on_one_device(c: Choice) -> bool:
 
 def speed_scheme(req: Request, scheme: WeightScheme) -> WeightScheme:
     """The scheme whose constants price the decode: with --compile, a compiled decode of the same bytes (its fitted
-    constants, no eager dispatch); else the scheme itself."""
+    constants, no eager dispatch); else the scheme itself. (On a CPU the quanto schemes price as themselves:
+    speed.efficiency takes the measured compiled saving off their per-layer cost.)"""
     return compiled_scheme(16) if req.compiled and scheme.name in COMPILE_SCHEMES else scheme
 
 
@@ -572,10 +573,11 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
     chosen, reasons = choose_by_preference(cands, req)
     c = chosen.choice
     common["constants"].update(speed_constants(hw, speed_scheme(req, SCHEMES[c.weight_quant]),
-                                               "gpu" if c.on_gpu else "cpu"))
+                                               "gpu" if c.on_gpu else "cpu", req.compiled))
     if req.compiled:
         reasons.append("decode compiled (--compile: a static cache and torch.compile, CUDA graphs on a GPU), priced "
-                       f"without the eager dispatch; efficiencies: {chosen.speed.terms.get('efficiency_source')}")
+                       "without the eager dispatch (on a CPU: with the fixed cost compiling measured to save); "
+                       f"efficiencies: {chosen.speed.terms.get('efficiency_source')}")
     if c.offload is not OffloadMode.NONE:
         warnings.append(f"{c.offloaded_layers} of {c.total_layers} layers are offloaded ({c.offload.value}): decode "
                         f"is limited by the {'host link' if c.offload is OffloadMode.STREAM else 'CPU'}")

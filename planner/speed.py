@@ -28,6 +28,7 @@ Llama-3.1-8B in bf16 at 41 tok/s, the 4090 at 47). A torch.compile'd decode with
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 from .record import record
 from .hardware import HardwareProfile
@@ -101,7 +102,11 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     # MAX_EFFICIENCY: TTFT over-predicted by 75-100 % (was 6-13x with 0.25 / 0.15).
     ("cpu", "quanto-int8"): (0.46, 1.0, 640e-6, 500e-6),
     ("cpu", "quanto-int4"): (0.48, 1.0, 450e-6, 500e-6),
-    ("cpu", "quanto-w8a8"): (0.46, 1.0, 640e-6, 500e-6),
+    # quanto-w8a8 (runtime.quantize.Int8Dynamic), fitted against quanto-int8 in one run of the same profile
+    # (bench/results/decode-profile-cpu-dev-w8a8.md, 128-token prompt): its matmuls took 22.5 ms where int8's took
+    # 36.4 -> 0.46 x 36.4 / 22.5 = 0.74; the rest of its step 7.5 ms more (the per-token quantization's ops) ->
+    # 0.64 + 7.5 / 24 = 0.95 ms a layer.
+    ("cpu", "quanto-w8a8"): (0.74, 1.0, 950e-6, 500e-6),
 }
 # Attention at decode, per layer: max(KV bytes / (bandwidth x kv_bw_eff), attention FLOPs /
 # (compute x attn_compute_eff)). The kernel reads the cache in the compute dtype: a quantized cache
@@ -204,6 +209,17 @@ def compiled_scheme(bits: int, group_size: int | None = None) -> WeightScheme:
     raise ValueError(f"no compiled weight format of {bits} bits (group {group_size})")
 
 
+# A compiled decode on a CPU (runtime.compiled: inductor, no CUDA graphs) runs the same matmul kernels as eager and
+# fuses what lies between them, so it keeps the scheme's efficiencies and takes this much off each layer's fixed cost:
+# eager minus compiled step time over 24 layers, Qwen2.5-0.5B, 128-token prompt, median of 40 steps each, one run
+# (bench/compiled_cpu.py; bench/results/compiled-cpu-cpu-dev.md): quanto-int8 53.4 -> 45.5 ms, quanto-int4 37.3 -> 30.9,
+# quanto-w8a8 45.5 -> 32.0. quanto-w8a8 gains most: its per-token quantization (about 8 small ops a matmul in eager)
+# fuses into the ops around it. bf16 has none: its step is its GEMVs' (72.3 -> 68.9 ms in that run, but +1 % and -7 %
+# for Qwen2.5-0.5B and Llama-3.2-1B in bench/results/vs-engines-cpu-dev.md before).
+COMPILED_CPU_PER_LAYER_SAVING_S: dict[str, float] = {"quanto-int8": 330e-6, "quanto-int4": 270e-6,
+                                                     "quanto-w8a8": 560e-6}
+
+
 # llama.cpp's file types until calibrated (`vramplan calibrate --engine llama.cpp`): on a GPU bf16's; on the CPU the
 # values bf16 had before vramplan's GEMV path, which has no counterpart in llama.cpp (ggml has no per-op dispatch).
 # Against bench/results/vs-engines-cpu-dev.md (2-core VM, not fitted to it): Qwen2.5-0.5B BF16 / Q8_0 / Q4_0
@@ -256,11 +272,23 @@ def fitted_entry(hw: HardwareProfile, device: str, scheme: WeightScheme):
     return e
 
 
-def efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> Efficiency:
+def efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, compiled: bool = False) -> Efficiency:
     """The weights' efficiencies and fixed costs on `device` ("gpu" or "cpu"): calibrated, else fitted to public
     measurements (the profile's public_fit, GPU only), else the defaults (field by field: a calibration that did not
     measure prefill keeps the default compute efficiency). A calibration's per-layer cost was measured with the
-    host's dispatch in it: no dispatch term is added to it."""
+    host's dispatch in it: no dispatch term is added to it. `compiled` on a CPU (a compiled decode of this scheme,
+    runtime.compiled): the per-layer cost less what compiling measured to take off it
+    (COMPILED_CPU_PER_LAYER_SAVING_S); on a GPU a compiled decode is its own scheme (compiled_scheme)."""
+    eff = _efficiency(hw, device, scheme)
+    saving = COMPILED_CPU_PER_LAYER_SAVING_S.get(scheme.name, 0.0) if compiled and device == "cpu" else 0.0
+    if not saving:
+        return eff
+    return replace(eff, per_layer_s=max(0.0, eff.per_layer_s - saving),
+                   source=f"{eff.source}; compiled: {saving * 1e3:.2f} ms less a layer "
+                          f"(planner.speed.COMPILED_CPU_PER_LAYER_SAVING_S[{scheme.name}])")
+
+
+def _efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> Efficiency:
     bw, comp, per_layer, per_token = _default(device, scheme)
     if scheme.backend == COMPILED_BACKEND and device == "cpu" and scheme.name in SCHEMES:
         # a CPU has no dispatch term to drop, and a compiled decode measured +1 % / -7 % of eager there
@@ -312,11 +340,11 @@ def _calibrated_entry(hw: HardwareProfile, device: str, scheme: WeightScheme):
     return None, None
 
 
-def speed_constants(hw: HardwareProfile, scheme: WeightScheme, device: str = "gpu") -> dict:
+def speed_constants(hw: HardwareProfile, scheme: WeightScheme, device: str = "gpu", compiled: bool = False) -> dict:
     """The speed constants a prediction of `scheme` on `device` uses, by name, as Constant records (the value and where
     it comes from; for constants fitted to public measurements, the records they were fitted to:
     tests/data/public_gpu/records.jsonl)."""
-    eff = efficiency(hw, device, scheme)
+    eff = efficiency(hw, device, scheme, compiled)
     fitted = fitted_entry(hw, device, scheme) if eff.source.startswith("fitted") else None
     where = eff.source + (f"; records {', '.join(fitted.records)}" if fitted is not None else "")
     prefix = f"{device}_{fitted_engine(scheme)}_{fitted.quant if fitted is not None else scheme.name}"
@@ -439,11 +467,12 @@ class DeviceRates:
                 + attention_flop / (self.flop_per_s * self.kv.prefill_compute))
 
 
-def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme) -> DeviceRates:
+def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme,
+           compiled: bool = False) -> DeviceRates:
     """The rates of GPU `device` (an index) or of "cpu"."""
     gpu = device != "cpu"
     kind = "gpu" if gpu else "cpu"
-    eff = efficiency(hw, kind, scheme)
+    eff = efficiency(hw, kind, scheme, compiled)
     g = hw.devices[device] if gpu else None
     return DeviceRates(bandwidth_bytes_per_s=(g.memory_bandwidth_bytes_per_s if gpu
                                               else hw.host.ram_bandwidth_bytes_per_s),
@@ -485,7 +514,7 @@ class _Model:
         self.spec, self.hw, self.req, self.scheme, self.kv, self.c, self.costs, self.read = (
             spec, hw, req, scheme, kv, c, costs, read)
         L = spec.num_layers
-        self.rates = {CPU_DEVICE: _rates(hw, CPU_DEVICE, spec, scheme, kv)}
+        self.rates = {CPU_DEVICE: _rates(hw, CPU_DEVICE, spec, scheme, kv, req.compiled)}
         for d in range(len(hw.devices) if c.on_gpu else 0):
             self.rates[d] = _rates(hw, d, spec, scheme, kv)
         self.main = self.rates[0] if c.on_gpu else self.rates[CPU_DEVICE]  # where lm_head and the fixed costs are

@@ -177,3 +177,23 @@ def test_a_compiled_cpu_decode_of_the_int8_schemes_gives_the_eager_tokens(quant)
     assert warm_up(model, prompt, 16, static=static) > 0
     compiled = generate(model, prompt, max_new_tokens=8, prefill_chunk=16, static=static)
     assert compiled.tokens == eager.tokens and len(compiled.tokens) == 8
+
+
+def test_a_compiled_cpu_decode_is_priced_with_its_measured_per_layer_saving():
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.request import Request
+    from vramplan.planner.search import plan
+    from vramplan.planner.sources import model_spec
+    from vramplan.planner.speed import COMPILED_CPU_PER_LAYER_SAVING_S
+
+    cpu, dense = resolve_profile("cpu-ddr5-desktop")[0], model_spec("qwen2.5-0.5b")
+    ask = dict(context=4096, quant=("quanto-w8a8",), kv_dtype=("bf16",))
+    eager, compiled = (plan(dense, cpu, Request(**ask, compiled=c)) for c in (False, True))
+    saving = COMPILED_CPU_PER_LAYER_SAVING_S["quanto-w8a8"]
+    assert saving > 0
+    e, c = eager.chosen.speed.terms, compiled.chosen.speed.terms
+    assert c["per_layer_s"] == pytest.approx(e["per_layer_s"] - saving)
+    assert "COMPILED_CPU_PER_LAYER_SAVING_S[quanto-w8a8]" in c["efficiency_source"]
+    assert compiled.predicted.decode_tokens_per_s > eager.predicted.decode_tokens_per_s
+    shown = {k: v for k, v in compiled.constants.items() if k.endswith("per_layer_s")}
+    assert shown and all(v.value == pytest.approx(c["per_layer_s"]) for v in shown.values())
