@@ -205,7 +205,7 @@ _QLORA = ("QLoRA (Dettmers et al. 2023, arXiv:2305.14314) Table 2: mean Pile-CC 
           "benchmarks. The % over bf16 is a typical 7B-13B figure, not a per-model measurement.")
 
 _INT8DQ = ("torchao's int8 dynamic activation + int8 weight (int8dq: symmetric absmax int8 per weight row and per "
-           "activation token, the recipe quanto-w8a8 runs), torchao/quantization/README.md (pytorch/ao 03d01ad), "
+           "activation token, the scheme quanto-w8a8 runs), torchao/quantization/README.md (pytorch/ao 03d01ad), "
            "lm_eval WikiText perplexity: Llama-3-8B bf16 7.441, int8dq 7.581 (+1.9 %), int8 weight-only 7.447; "
            "Llama-2-7B 12.212, 12.262 (+0.4 %), 12.204. The larger of the two")
 

@@ -54,8 +54,8 @@ EXPERT_PLACEMENTS = ("gpu", "cpu")
 # break the graph; the offload engine moves weights between steps).
 COMPILE_SCHEMES = {"bf16": "bf16", "fp16": "fp16"}  # weights -> the KV cache dtype they compile with
 # On a machine without a GPU the quanto schemes' layers call torch's CPU kernels themselves
-# (runtime.quantize.direct_kernels), which inductor compiles through: with a bf16 cache, dense models (vramplan's
-# quantized experts route tokens in Python).
+# (runtime.quantize.direct_kernels), which inductor compiles through (tested: the eager tokens): with a bf16 cache,
+# dense models (vramplan's quantized experts route tokens in Python). On a GPU quanto's compiled decode is unmeasured.
 CPU_COMPILE_SCHEMES = {**COMPILE_SCHEMES, "quanto-int8": "bf16", "quanto-int4": "bf16", "quanto-w8a8": "bf16"}
 
 
@@ -91,7 +91,7 @@ class Request:
     nodes: int = 1  # machines of the profile's type available to an engine that scales out (vLLM over Ray)
     engine: str = "vramplan"  # whose memory rules the plan follows: one of PLANNING_ENGINES
     allow_context_overflow: bool = False  # plan a context beyond what the model is made for (see context_limit)
-    compiled: bool = False  # decode compiled (COMPILE_SCHEMES, every layer on one device), priced without dispatch
+    compiled: bool = False  # decode compiled (compile_schemes, every layer on one device), priced without dispatch
 
     def __post_init__(self) -> None:
         _int(self, "context", 1, MAX_CONTEXT_TOKENS, "the context")

@@ -211,7 +211,7 @@ def _compile_ok(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weig
     if runs.get(scheme.name) != kv.name:
         return (f"--compile runs {', '.join(f'{w} weights with a {k} cache' for w, k in runs.items())} here "
                 "(a static cache torch.compile captures; bitsandbytes' kernels break the graph"
-                + (", and quanto's on a GPU)" if hw.has_gpu else ")"))
+                + ("; quanto's compiled decode is unmeasured on a GPU)" if hw.has_gpu else ")"))
     if scheme.quantized and spec.moe is not None:
         return (f"--compile: {scheme.name}'s routed experts are vramplan's own modules, which route tokens in Python "
                 "(a graph break): run it eager")

@@ -210,14 +210,15 @@ def compiled_scheme(bits: int, group_size: int | None = None) -> WeightScheme:
 
 
 # A compiled decode on a CPU (runtime.compiled: inductor, no CUDA graphs) runs the same matmul kernels as eager and
-# fuses what lies between them, so it keeps the scheme's efficiencies and takes this much off each layer's fixed cost:
-# eager minus compiled step time over 24 layers, Qwen2.5-0.5B, 128-token prompt, median of 40 steps each, one run
-# (bench/compiled_cpu.py; bench/results/compiled-cpu-cpu-dev.md): quanto-int8 53.4 -> 45.5 ms, quanto-int4 37.3 -> 30.9,
-# quanto-w8a8 45.5 -> 32.0. quanto-w8a8 gains most: its per-token quantization (about 8 small ops a matmul in eager)
-# fuses into the ops around it. bf16 has none: its step is its GEMVs' (72.3 -> 68.9 ms in that run, but +1 % and -7 %
-# for Qwen2.5-0.5B and Llama-3.2-1B in bench/results/vs-engines-cpu-dev.md before).
-COMPILED_CPU_PER_LAYER_SAVING_S: dict[str, float] = {"quanto-int8": 330e-6, "quanto-int4": 270e-6,
-                                                     "quanto-w8a8": 560e-6}
+# fuses what lies between them, so it keeps the scheme's efficiencies and leaves this fraction of each layer's fixed
+# cost (calibrated or default): 1 - (eager - compiled step time) / 24 layers / the default per-layer cost, the mean of
+# two runs 40 min apart (bench/compiled_cpu.py, Qwen2.5-0.5B, 128-token prompt, median of 40 steps each;
+# bench/results/compiled-cpu-cpu-dev-1.md and compiled-cpu-cpu-dev.md, ms saved a layer): quanto-int8 0.33 and 0.24 of
+# 0.64; quanto-int4 0.27 and 0.14 of 0.45; quanto-w8a8 0.56 and 0.68 of 0.95 (its per-token quantization, about 8 small
+# ops a matmul in eager, fuses into the ops around it). The two runs differ by up to 0.12 ms a layer: this VM's spread.
+# bf16 has no entry: its step is its GEMVs' (0.14 ms a layer in both runs; +1 % and -7 % for Qwen2.5-0.5B and
+# Llama-3.2-1B in bench/results/vs-engines-cpu-dev.md as of 2554959, -0 % and +1 % in the run committed after it).
+COMPILED_CPU_PER_LAYER_FACTOR: dict[str, float] = {"quanto-int8": 0.56, "quanto-int4": 0.54, "quanto-w8a8": 0.35}
 
 
 # llama.cpp's file types until calibrated (`vramplan calibrate --engine llama.cpp`): on a GPU bf16's; on the CPU the
@@ -277,22 +278,22 @@ def efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, compiled:
     measurements (the profile's public_fit, GPU only), else the defaults (field by field: a calibration that did not
     measure prefill keeps the default compute efficiency). A calibration's per-layer cost was measured with the
     host's dispatch in it: no dispatch term is added to it. `compiled` on a CPU (a compiled decode of this scheme,
-    runtime.compiled): the per-layer cost less what compiling measured to take off it
-    (COMPILED_CPU_PER_LAYER_SAVING_S); on a GPU a compiled decode is its own scheme (compiled_scheme)."""
+    runtime.compiled): the per-layer cost times what compiling measured to leave of it
+    (COMPILED_CPU_PER_LAYER_FACTOR); on a GPU a compiled decode is its own scheme (compiled_scheme)."""
     eff = _efficiency(hw, device, scheme)
-    saving = COMPILED_CPU_PER_LAYER_SAVING_S.get(scheme.name, 0.0) if compiled and device == "cpu" else 0.0
-    if not saving:
+    factor = COMPILED_CPU_PER_LAYER_FACTOR.get(scheme.name) if compiled and device == "cpu" else None
+    if factor is None:
         return eff
-    return replace(eff, per_layer_s=max(0.0, eff.per_layer_s - saving),
-                   source=f"{eff.source}; compiled: {saving * 1e3:.2f} ms less a layer "
-                          f"(planner.speed.COMPILED_CPU_PER_LAYER_SAVING_S[{scheme.name}])")
+    return replace(eff, per_layer_s=eff.per_layer_s * factor,
+                   source=f"{eff.source}; compiled: x {factor:g} a layer's fixed cost "
+                          f"(planner.speed.COMPILED_CPU_PER_LAYER_FACTOR[{scheme.name}])")
 
 
 def _efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> Efficiency:
     bw, comp, per_layer, per_token = _default(device, scheme)
     if scheme.backend == COMPILED_BACKEND and device == "cpu" and scheme.name in SCHEMES:
-        # a CPU has no dispatch term to drop, and a compiled decode measured +1 % / -7 % of eager there
-        # (bench/results/vs-engines-cpu-dev.md): the weights' own calibration stands for it
+        # a CPU has no dispatch term to drop, and a compiled bf16 decode measured +1 % / -7 % of eager there
+        # (bench/results/vs-engines-cpu-dev.md as of 2554959): the weights' own calibration stands for it
         scheme = SCHEMES[scheme.name]
     e, stand_in = _calibrated_entry(hw, device, scheme)
     if e is None:
@@ -467,17 +468,30 @@ class DeviceRates:
                 + attention_flop / (self.flop_per_s * self.kv.prefill_compute))
 
 
+def weight_only_sibling(scheme: WeightScheme) -> WeightScheme:
+    """The scheme with the same backend and bits whose matmuls keep the activations in the compute dtype (the scheme
+    itself when it does)."""
+    if scheme.activation_bits >= 16:
+        return scheme
+    return next((s for s in SCHEMES.values() if s.backend == scheme.backend and s.bits == scheme.bits
+                 and s.activation_bits >= 16), scheme)
+
+
 def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme,
            compiled: bool = False) -> DeviceRates:
     """The rates of GPU `device` (an index) or of "cpu"."""
     gpu = device != "cpu"
     kind = "gpu" if gpu else "cpu"
     eff = efficiency(hw, kind, scheme, compiled)
+    # attention and the cache update are not the weights' matmuls: a scheme that quantizes activations for its matmuls
+    # (quanto-w8a8) reads and updates its cache as its weight-only sibling does
+    sibling = weight_only_sibling(scheme)
+    kv_weights = eff if sibling is scheme else efficiency(hw, kind, sibling, compiled)
     g = hw.devices[device] if gpu else None
     return DeviceRates(bandwidth_bytes_per_s=(g.memory_bandwidth_bytes_per_s if gpu
                                               else hw.host.ram_bandwidth_bytes_per_s),
                        flop_per_s=g.bf16_flops if gpu else hw.host.cpu_bf16_flops,
-                       weights=eff, kv=kv_efficiency(hw, kind, spec, kv, eff),
+                       weights=eff, kv=kv_efficiency(hw, kind, spec, kv, kv_weights),
                        experts=expert_efficiency(hw, kind, scheme, eff))
 
 

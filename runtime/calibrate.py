@@ -125,6 +125,10 @@ def check_fits(hw: HardwareProfile, matrix: Matrix, *, named: tuple[str, ...] = 
         on_gpu = _on_gpu(hw)
     device = "cuda" if on_gpu else "cpu"
     skip, warnings, refused = list(matrix.skip), [], []
+    # a scheme the planner never offers on this profile (a CPU scheme on a GPU profile calibrated on its CPU) is not
+    # calibrated for it either
+    skip += [(name, q) for name in matrix.models for q in matrix.quants
+             if (hw.accelerator or "cpu") not in SCHEMES[q].devices and (name, q) not in skip]
     for name in matrix.models:
         spec = load_spec(resolve_model(name))
         for quant in matrix.quants:

@@ -9,9 +9,9 @@ cache. The first decode steps compile (tens of seconds; `vramplan run` does them
 What compiles: unquantized weights (bf16, fp16) with a KV cache of the model's dtype, every layer on one device; on
 a machine without a GPU also quanto's int8 / int4 / w8a8 layers, whose modules call torch's CPU kernels themselves
 (runtime.quantize.direct_kernels: _weight_int8pack_mm, _weight_int4pack_mm_for_cpu, _int_mm are ops inductor calls
-as they are, and it fuses w8a8's per-token quantization into the ops around it). bitsandbytes' kernels and quanto's
-own dispatch break the graph, and the offload engine moves weights between steps (planner.request.compile_schemes
-says so to the planner).
+as they are, and it fuses w8a8's per-token quantization into the ops around it). bitsandbytes' kernels break the
+graph, quanto's compiled decode on a GPU is unmeasured, and the offload engine moves weights between steps
+(planner.request.compile_schemes says so to the planner).
 """
 
 from __future__ import annotations

@@ -133,15 +133,19 @@ def quanto_int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def int8_dynamic_mm(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [M, in] times the int8 rows `data` [out, in] (one scale per row, [out] or [out, 1]) with x quantized to int8
-    on the fly, one absmax scale per row of x (per token): symmetric, to -127..127, as torchao's int8dq quantizes
-    activations. torch._int_mm multiplies int8 by int8 into exact int32 sums (oneDNN; VNNI where the CPU has it),
-    given the [in, out] view of the row-major rows as they are; both scales apply to the sums in fp32. Returns fp32
-    [M, out]. A row of zeros stays zeros. Written in few ops, as eager runs them one by one (about 10 a matmul): the
-    absmax in x's own dtype (exact), fp32 only where the division promotes to it, the int32 sums scaled by one
-    promoting multiply."""
-    step = x.abs().amax(dim=-1, keepdim=True).float().clamp_min_(torch.finfo(torch.float32).tiny).div_(127)
-    q = x.div(step).round_().to(torch.int8)
-    return torch._int_mm(q, data.t()).mul(step.mul(scale.reshape(1, -1)))
+    on the fly, one absmax scale per row of x (per token): symmetric, to -127..127, the scheme of torchao's int8dq
+    (whose scales' dtype and eps differ: the same scheme, not bit-identical tensors). torch._int_mm multiplies int8 by
+    int8 into exact int32 sums (oneDNN; VNNI where the CPU has it), given the [in, out] view of the row-major rows as
+    they are; both scales apply to the sums in fp32. Returns fp32 [M, out]. A row of zeros stays zeros.
+
+    Written in few ops, as eager runs them one by one (about 10 a matmul): the absmax in x's own dtype (exact), fp32
+    only where the multiply promotes to it, the int32 sums scaled by one promoting multiply. x is multiplied by
+    127 / absmax rather than divided by absmax / 127: with the division, inductor's compiled decode rounded some value
+    the other way than eager (its tokens parted on the tests' model; with inductor's emulate_precision_casts they did
+    not), and with the multiply the two agree (tests/test_w8a8.py)."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float().clamp_min_(torch.finfo(torch.float32).tiny)
+    q = x.mul(127 / amax).round_().to(torch.int8)  # a multiply, which inductor computes as eager does
+    return torch._int_mm(q, data.t()).mul((amax / 127).mul(scale.reshape(1, -1)))
 
 
 class QuantoInt8Matrices(ExpertMatrices):

@@ -103,6 +103,11 @@ def load_model(
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"unknown compute_dtype {compute_dtype!r}; one of {', '.join(COMPUTE_DTYPES)}")
     device = _normalize_device(device)
+    if cpu_alone is None:
+        cpu_alone = device == "cpu"
+    if scheme.activation_bits < 16 and not (cpu_alone and device == "cpu"):  # before anything is built
+        raise VramplanError(f"{scheme.name} runs on the CPU alone (its int8 x int8 matmul is torch's CPU kernel): load "
+                            "it with device='cpu' and cpu_alone left on; no offload engine or GPU runs it")
     if device == "cpu" and gpu_layers not in (None, 0):
         raise ValueError(f"gpu_layers={gpu_layers} needs a CUDA device, got device='cpu'")
     if not scheme.quantized and compute_dtype != "fp32":
@@ -139,12 +144,8 @@ def load_model(
         _quantize_loaded_experts(model, num_layers, scheme, device, device_map)
     model.eval()
     model.requires_grad_(False)
-    if cpu_alone is None:
-        cpu_alone = device == "cpu"
-    if scheme.activation_bits < 16 and not (cpu_alone and device == "cpu"):
-        raise VramplanError(f"{scheme.name} runs on the CPU alone (its int8 x int8 matmul is torch's CPU kernel): "
-                            "load it with device='cpu'")
-    # the fp32 reference mode keeps the model as loaded, except a scheme whose numerics are its own kernel's
+    # the fp32 reference mode keeps the model as loaded (quanto's own layers, lm_head as it is), except a scheme whose
+    # numerics are its own kernel's: quanto-w8a8 gets its kernels and its int8 head in fp32 too
     if cpu_alone and device == "cpu" and (compute_dtype == "bf16" or scheme.activation_bits < 16):
         head_note = quantize_cpu_head(model, scheme)
         notes += [head_note] if head_note else []

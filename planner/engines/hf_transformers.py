@@ -46,7 +46,7 @@ def _quantization(scheme: str) -> tuple[str, list[str]]:
                                       f'    bnb_4bit_quant_type="{s.variant}",',
                                       f"    bnb_4bit_use_double_quant={s.double_quant},",
                                       "    bnb_4bit_compute_dtype=torch.bfloat16,"]
-    if s.activation_bits == 8:  # vramplan's own kernel: transformers runs the same recipe through torchao
+    if s.activation_bits == 8:  # vramplan's own kernel: transformers runs the same scheme through torchao
         return "TorchAoConfig", ["TorchAoConfig(", "    Int8DynamicActivationInt8WeightConfig(),"]
     return "QuantoConfig", ["QuantoConfig(", f'    weights="int{s.bits}",']
 
@@ -139,7 +139,8 @@ def export_transformers(spec: ModelSpec, p: Plan) -> Export:
     if s.activation_bits == 8:
         extra = ["from torchao.quantization import Int8DynamicActivationInt8WeightConfig"]
         notes.append(f"{c.weight_quant} is vramplan's own CPU kernel (int8 rows x int8 tokens); transformers runs the "
-                     "same recipe through torchao (pip install torchao), whose tensors and speed vramplan has not "
+                     "same scheme through torchao (pip install torchao): int8 per row and per token, but not "
+                     "bit-identical tensors (its scales' dtype and rounding differ), and a speed vramplan has not "
                      "measured")
     code = "\n".join(["import torch", f"from transformers import {', '.join(imports)}", *extra, "", *body])
     return Export(engine=ENGINE, fits=fits, text=commented(notes, code), notes=tuple(notes),
@@ -169,9 +170,10 @@ def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> Engin
         return a
     if not c.on_gpu:
         a.max_context_tokens = p.chosen.max_context_tokens or None
-        a.speed_from = "not predicted: on the CPU vramplan calls torch's kernels itself (bf16 by GEMV, quanto's "\
-                       "int8/int4 without its dispatch, lm_head in int8 rows), plain transformers does not (it " \
-                       "decoded at 0.59-0.97x of vramplan's speed in three runs: bench/results/vs-engines-cpu-dev.md)"
+        a.speed_from = ("not predicted: on the CPU vramplan calls torch's kernels itself (bf16 by GEMV, quanto's "
+                        "int8/int4 without its dispatch, lm_head in int8 rows), plain transformers does not (it "
+                        "decoded at 0.69-0.88x of vramplan's speed in the run of bench/results/vs-engines-cpu-dev.md, "
+                        "0.59-0.97x in three runs before it)")
         return a
     speed = p.chosen.speed
     if req.compiled:  # plain generate decodes eagerly: price vramplan's eager decode of the same placement
