@@ -217,7 +217,8 @@ def compiled_scheme(bits: int, group_size: int | None = None) -> WeightScheme:
 # 0.64; quanto-int4 0.27 and 0.14 of 0.45; quanto-w8a8 0.56 and 0.68 of 0.95 (its per-token quantization, about 8 small
 # ops a matmul in eager, fuses into the ops around it). The two runs differ by up to 0.12 ms a layer: this VM's spread.
 # bf16 has no entry: its step is its GEMVs' (0.14 ms a layer in both runs; +1 % and -7 % for Qwen2.5-0.5B and
-# Llama-3.2-1B in bench/results/vs-engines-cpu-dev.md as of 2554959, -0 % and +1 % in the run committed after it).
+# Llama-3.2-1B in bench/results/vs-engines-cpu-dev.md as of 2554959; -0 / -1 % and +15 / -1 % in the two runs of
+# bench/results/vs-engines-cpu-dev*.md since).
 COMPILED_CPU_PER_LAYER_FACTOR: dict[str, float] = {"quanto-int8": 0.56, "quanto-int4": 0.54, "quanto-w8a8": 0.35}
 
 

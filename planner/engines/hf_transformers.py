@@ -172,8 +172,8 @@ def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> Engin
         a.max_context_tokens = p.chosen.max_context_tokens or None
         a.speed_from = ("not predicted: on the CPU vramplan calls torch's kernels itself (bf16 by GEMV, quanto's "
                         "int8/int4 without its dispatch, lm_head in int8 rows), plain transformers does not (it "
-                        "decoded at 0.69-0.88x of vramplan's speed in the run of bench/results/vs-engines-cpu-dev.md, "
-                        "0.59-0.97x in three runs before it)")
+                        "decoded at 0.69-1.04x of vramplan's speed in the two runs of "
+                        "bench/results/vs-engines-cpu-dev*.md, 0.59-0.97x in three runs before them)")
         return a
     speed = p.chosen.speed
     if req.compiled:  # plain generate decodes eagerly: price vramplan's eager decode of the same placement
