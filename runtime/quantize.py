@@ -160,8 +160,8 @@ class Int8Dynamic(Int8Rows):
     (runtime.experts.int8_dynamic_mm: torch._int_mm, VNNI where the CPU has it). Where bf16 is converted in software
     (no AVX512-BF16), _weight_int8pack_mm widens every weight to bf16 and multiplies at about 12.5 GB/s of int8 rows
     streamed from RAM; _int_mm reads them at about 20 (2-core Xeon VM, 160 4864 x 896 matrices, 700 MB: 55 against
-    32-39 ms with the quantization). The numerics are torchao's int8dq, not weight-only int8's: the scheme's own
-    quality cost (planner.quant: quanto-w8a8)."""
+    32-39 ms with the quantization). The scheme is torchao's int8dq, not weight-only int8: it has its own quality
+    cost (planner.quant: quanto-w8a8)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = int8_dynamic_mm(x.reshape(-1, self.in_features), self.data, self.scale)
