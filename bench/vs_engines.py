@@ -114,6 +114,20 @@ def markdown(out: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def against_fastest(rows: list[dict], pool: list[dict]) -> None:
+    """Each row's decode over the fastest of `pool` (its "vs_fastest"), where both measured."""
+    best = max((g["result"].get("decode_tokens_per_s") or 0 for g in pool), default=0)
+    for r in rows:
+        if best and "error" not in r["result"]:
+            r["vs_fastest"] = r["result"]["decode_tokens_per_s"] / best
+
+
+def save(out: dict, where: Path, machine: str) -> None:
+    """The results so far, as JSON and Markdown (after every group, so a run cut short keeps what it measured)."""
+    (where / f"vs-engines-{machine}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (where / f"vs-engines-{machine}.md").write_text(markdown(out))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-cpp", type=Path, help="llama.cpp source tree (convert_hf_to_gguf.py)")
@@ -180,24 +194,17 @@ def main(argv=None) -> int:
                 print("   ", {k: v for k, v in r.items() if k != "command"}, flush=True)
                 rows.append(row)
                 group.append(row)
-            best = max((g["result"].get("decode_tokens_per_s") or 0 for g in group), default=0)
-            for g in group:
-                if best and "error" not in g["result"]:
-                    g["vs_fastest"] = g["result"]["decode_tokens_per_s"] / best
-            (args.out / f"vs-engines-{args.machine}.json").write_text(json.dumps(out, indent=2) + "\n")
-            (args.out / f"vs-engines-{args.machine}.md").write_text(markdown(out))
+            against_fastest(group, group)
+            save(out, args.out, args.machine)
         if args.recommended:  # `vramplan run` as a user runs it: the plan's own scheme, against the model's fastest row
             print(f"{name} recommended plan", flush=True)
             r = run_cli(model_dir, [], args.hardware, args.prompt, args.new_tokens)
             print("   ", r, flush=True)
-            best = max((g["result"].get("decode_tokens_per_s") or 0 for g in rows if g["model"] == name), default=0)
             row = {"model": name, "bits": "plan", "engine": "vramplan (recommended plan)", "scheme": r.get("scheme"),
                    "result": r}
-            if best and "error" not in r:
-                row["vs_fastest"] = r["decode_tokens_per_s"] / best
+            against_fastest([row], [g for g in rows if g["model"] == name])
             rows.append(row)
-            (args.out / f"vs-engines-{args.machine}.json").write_text(json.dumps(out, indent=2) + "\n")
-            (args.out / f"vs-engines-{args.machine}.md").write_text(markdown(out))
+            save(out, args.out, args.machine)
     print(markdown(out))
     return 0
 

@@ -227,7 +227,7 @@ def _on_one_device(c: Choice) -> bool:
 def speed_scheme(req: Request, scheme: WeightScheme) -> WeightScheme:
     """The scheme whose constants price the decode: with --compile, a compiled decode of the same bytes (its fitted
     constants, no eager dispatch); else the scheme itself. (On a CPU the quanto schemes price as themselves:
-    speed.efficiency takes the measured compiled saving off their per-layer cost.)"""
+    speed.efficiency scales their per-layer cost by COMPILED_CPU_PER_LAYER_FACTOR.)"""
     return compiled_scheme(16) if req.compiled and scheme.name in COMPILE_SCHEMES else scheme
 
 
@@ -576,7 +576,8 @@ def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
                                                "gpu" if c.on_gpu else "cpu", req.compiled))
     if req.compiled:
         reasons.append("decode compiled (--compile: a static cache and torch.compile, CUDA graphs on a GPU), priced "
-                       "without the eager dispatch (on a CPU: with the fixed cost compiling measured to save); "
+                       "without the eager dispatch (on a CPU: with the share of each layer's fixed cost that compiling "
+                       "measured to leave); "
                        f"efficiencies: {chosen.speed.terms.get('efficiency_source')}")
     if c.offload is not OffloadMode.NONE:
         warnings.append(f"{c.offloaded_layers} of {c.total_layers} layers are offloaded ({c.offload.value}): decode "
