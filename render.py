@@ -331,6 +331,8 @@ def profile(p: Any, path: Any = None) -> None:
     rows += [["host RAM", f"{format_bytes(h.ram_bytes)} ({h.ram_bytes:,} B)"],
              ["  RAM bandwidth", format_bandwidth(h.ram_bandwidth_bytes_per_s)], ["  CPU cores", h.cpu_cores],
              ["  CPU bf16 compute", format_flops(h.cpu_bf16_flops)]]
+    rows += [[f"  CPU {label} compute", format_flops(v)] for label, v in (("fp32", h.cpu_fp32_flops),
+                                                                          ("int8", h.cpu_int8_ops)) if v is not None]
     if p.link is not None:
         lk = p.link
         rows += [["link", lk.name],

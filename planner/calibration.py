@@ -17,10 +17,11 @@ bandwidth efficiency when reading the cache bounds it (GPUs) or its compute effi
 FLOPs do (CPUs); the other side is left unmeasured (null). Prefill then gives the compute
 efficiency:
 
-    eff_compute = flops / (peak_flops * (t_prefill - chunks * (layers * per_layer_s + per_token_s)))
+    eff_compute = flops / (peak * (t_prefill - chunks * (layers * per_layer_s + per_token_s)))
 
-less the attention kernels' share, attention_flops / (peak_flops * eff_prefill_attn): one least-squares
-fit per device over every scheme's runs, an unknown matmul efficiency per scheme and one attention
+less the attention kernels' share, attention_flops / (peak_flops * eff_prefill_attn), where `peak` is what the
+scheme's matmuls compute against (peak_flops, or on a CPU planner.speed.cpu_matmul_peak's int8 one):
+one least-squares fit per device over every scheme's runs, an unknown matmul efficiency per scheme and one attention
 efficiency per attention implementation (the same kernel on bf16 activations whatever the weights
 are), stored as an entry with backend "prefill-attn-<impl>". Prompts of several lengths tell the two
 apart (attention grows with the prompt squared); where the runs' attention share is too small to
@@ -62,7 +63,7 @@ class Sample:
     backend: str
     quant: str
     bandwidth_bytes_per_s: float  # peak bandwidth of where the layers ran
-    peak_flops: float
+    peak_flops: float  # a GPU's bf16 peak, a CPU's planner.speed.cpu_float_peak (bf16's in runs stored before it)
     bytes_read_per_token: float  # weights + lm_head one decode step reads
     kv_bytes_per_token: float  # KV cache one decode step reads (at the measured context, compute dtype)
     attention_flops_per_token: float  # QK^T + AV FLOPs of one decode step
@@ -75,6 +76,9 @@ class Sample:
     kv_dtype: str = "bf16"
     kv_update_bytes_per_token: float = 0.0  # a quantized cache's extra update traffic per decode step
     prefill_attention_flops: float = 0.0  # of prefill_flops, the attention kernels' (0 in runs stored before them)
+    # the peak the prefill's weight matmuls compute against (planner.speed.cpu_matmul_peak on a CPU); None: peak_flops
+    # (runs stored before it, and GPUs)
+    matmul_peak_flops: float | None = None
     label: str = ""
 
 
@@ -287,7 +291,7 @@ def _fit_prefill(device: str, groups: dict[tuple[str, str, str], tuple[list[Samp
     rows, y, weights = [], [], []
     for key, s, t in runs:
         attention = s.prefill_attention_flops / s.peak_flops
-        matmul = (s.prefill_flops - s.prefill_attention_flops) / s.peak_flops
+        matmul = (s.prefill_flops - s.prefill_attention_flops) / (s.matmul_peak_flops or s.peak_flops)
         impl = column_of[s.attention_impl]
         rows.append([matmul if c == ("matmul", key) else attention if c == ("attention", impl) else 0.0
                      for c in columns])

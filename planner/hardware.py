@@ -122,13 +122,18 @@ class GPUSpec:
 
 @record(kw_only=True)
 class HostSpec:
-    """The CPU side: RAM, its bandwidth, cores and what a bf16 matmul achieves on them, and how fast one core
-    dispatches an eager decoder layer to the GPU."""
+    """The CPU side: RAM, its bandwidth, cores and what a bf16 matmul achieves on them (and, where measured, an fp32
+    and an int8 one), and how fast one core dispatches an eager decoder layer to the GPU."""
 
     ram_bytes: int
     ram_bandwidth_bytes_per_s: float
     cpu_cores: int
     cpu_bf16_flops: float  # what a bf16 matmul achieves on all cores
+    # What an fp32 matmul and an int8 one (torch._int_mm: int8 x int8 into int32, a multiply-add counted as 2 ops)
+    # achieve on all cores; None: not measured. A CPU prefill's matmuls run against the one of these their kernel
+    # computes in (planner.speed.cpu_matmul_peak): where bf16 is converted in software, fp32 is the faster.
+    cpu_fp32_flops: float | None = None
+    cpu_int8_ops: float | None = None
     # What the host takes to issue one bf16 decoder layer of transformers' eager forward to the GPU (Python, ATen
     # dispatch, kernel launches) at batch 1: eager decode on a fast GPU waits on it (planner.speed). None: unknown,
     # the speed model's default (planner.speed.DEFAULT_EAGER_DISPATCH_PER_LAYER_S).
@@ -139,6 +144,9 @@ class HostSpec:
         _check_float(self, "ram_bandwidth_bytes_per_s")
         _check_int(self, "cpu_cores", minimum=1)
         _check_float(self, "cpu_bf16_flops")
+        for name in ("cpu_fp32_flops", "cpu_int8_ops"):
+            if getattr(self, name) is not None:
+                _check_float(self, name)
         if self.eager_dispatch_per_layer_s is not None:
             _check_float(self, "eager_dispatch_per_layer_s", positive=False, maximum=1.0)
 

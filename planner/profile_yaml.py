@@ -181,6 +181,8 @@ OPT_SIZE = _Kind('a size like "700 MiB" (or null)', lambda v: None if v is None 
 OPT_NUMBER = _Kind("a number (or null)", lambda v: None if v is None else _parse_number(v), _ident)
 OPT_TIME = _Kind('a time like "750 us" (or null)', lambda v: None if v is None else TIME.parse(v),
                  lambda v: None if v is None else TIME.format(v))
+OPT_COMPUTE = _Kind('a compute rate like "1.2 TFLOPS" (or null)', lambda v: None if v is None else COMPUTE.parse(v),
+                    lambda v: None if v is None else COMPUTE.format(v))
 CC = _Kind('a quoted compute capability like "8.9" (or null)', _parse_opt_str, _ident)
 
 # yaml key -> (field, kind, default) ; default _REQUIRED means the key must be present.
@@ -199,6 +201,8 @@ _HOST_KEYS = {
     "ram_bandwidth": ("ram_bandwidth_bytes_per_s", BANDWIDTH, _REQUIRED),
     "cpu_cores": ("cpu_cores", INT, _REQUIRED),
     "cpu_bf16_compute": ("cpu_bf16_flops", COMPUTE, _REQUIRED),
+    "cpu_fp32_compute": ("cpu_fp32_flops", OPT_COMPUTE, None),
+    "cpu_int8_compute": ("cpu_int8_ops", OPT_COMPUTE, None),
     "eager_dispatch_per_layer": ("eager_dispatch_per_layer_s", OPT_TIME, None),
 }
 _LINK_KEYS = {

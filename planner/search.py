@@ -459,6 +459,10 @@ def _constants(hw: HardwareProfile, req: Request) -> dict[str, Constant]:
                                                                                           "host.ram_bandwidth"},
         "cpu_bf16_flops": {"value": hw.host.cpu_bf16_flops, "from": f"profile {hw.name}: host.cpu_bf16_compute"},
     }
+    for key, field, value in (("cpu_fp32_flops", "cpu_fp32_compute", hw.host.cpu_fp32_flops),
+                              ("cpu_int8_ops", "cpu_int8_compute", hw.host.cpu_int8_ops)):
+        if value is not None:  # a CPU prefill's matmuls compute against these (planner.speed.cpu_matmul_peak)
+            out[key] = {"value": value, "from": f"profile {hw.name}: host.{field}"}
     entry = 0
     for g in hw.gpus:  # the other devices, where a profile has several
         for _ in range(g.count):

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .record import record
-from .hardware import HardwareProfile
+from .hardware import HardwareProfile, HostSpec
 from .choice import Choice, ComputeDevice, OffloadMode
 from .constant import constants
 from .memory import LayerCosts, layer_costs
@@ -87,7 +87,14 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     # runtime.quantize.Bf16Rows): 56.9 ms over 988 MB -> 0.60; 17.0 ms -> 0.71 ms a layer (was 0.50, 150 us). Against
     # bench/results/vs-engines-cpu-dev.md (a later run, the probe at 27.7 GB/s): Qwen2.5-0.5B bf16 / int8 / int4 +1 / +1
     # / -2 %; held out, Llama-3.2-1B -17 / -12 / -6 %.
-    ("cpu", "bf16"): (0.60, 0.50, 710e-6, 500e-6),
+    # The CPU compute efficiencies (prefill matmuls) are against planner.speed.cpu_matmul_peak: the faster of the bf16
+    # and fp32 matmul, quanto-w8a8's the int8 one. One least-squares fit, on Qwen2.5-0.5B's TTFT at 128 / 512 / 2048
+    # tokens in each scheme on the 2-core dev VM (the per-layer costs here, and one prefill attention efficiency, 0.395:
+    # DEFAULT_PREFILL_ATTENTION_EFFICIENCY; fp32 peak 360 GFLOP/s, int8 1182 GOP/s by the probe; 2026-11-26,
+    # bench/results/prefill-fit-cpu-dev.md): bf16 0.574, int8 0.355, int4 0.384, w8a8 0.406, every TTFT within 17 %.
+    # They were 0.50 and 1.0 (held at the cap) against the bf16 matmul's 62 GFLOP/s, which this CPU converts in
+    # software: the quanto TTFTs over-predicted by 75-100 %, w8a8's 5-8x.
+    ("cpu", "bf16"): (0.60, 0.57, 710e-6, 500e-6),
     ("cpu", "fp16"): (0.15, 0.10, 150e-6, 500e-6),
     ("cpu", "bnb-int8"): (0.03, 0.03, 300e-6, 500e-6),
     ("cpu", "bnb-nf4"): (0.03, 0.03, 300e-6, 500e-6),
@@ -97,16 +104,14 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     # quanto: vramplan calls torch's int8 / int4 kernels itself and keeps lm_head in int8 rows
     # (runtime.quantize.Int8Rows / Int4Groups, quant.cpu_head_scheme). Fitted as bf16 above: int8 37.6 ms over 494 MB ->
     # 0.46, 15.4 ms -> 0.64 ms a layer; int4 (and its int8 head) 23.7 ms over 326 MB -> 0.48, 10.7 ms -> 0.45 ms a layer
-    # (were 0.40 / 0.39 with 150 us, bf16's cost of then, fitted to a vs_engines run). Prefill: the int8 / int4 kernels
-    # (VNNI) outrun the probe's bf16 peak (Qwen2.5-0.5B's TTFT wants 1.8-2.0 of it), so the compute efficiency is
-    # MAX_EFFICIENCY: TTFT over-predicted by 75-100 % (was 6-13x with 0.25 / 0.15).
-    ("cpu", "quanto-int8"): (0.46, 1.0, 640e-6, 500e-6),
-    ("cpu", "quanto-int4"): (0.48, 1.0, 450e-6, 500e-6),
+    # (were 0.40 / 0.39 with 150 us, bf16's cost of then, fitted to a vs_engines run). Prefill: above.
+    ("cpu", "quanto-int8"): (0.46, 0.36, 640e-6, 500e-6),
+    ("cpu", "quanto-int4"): (0.48, 0.38, 450e-6, 500e-6),
     # quanto-w8a8 (runtime.quantize.Int8Dynamic), fitted against quanto-int8 in one run of the same profile
     # (bench/results/decode-profile-cpu-dev-w8a8.md, 128-token prompt): its matmuls took 22.5 ms where int8's took
     # 36.4 -> 0.46 x 36.4 / 22.5 = 0.74; the rest of its step 7.5 ms more (the per-token quantization's ops) ->
     # 0.64 + 7.5 / 24 = 0.95 ms a layer.
-    ("cpu", "quanto-w8a8"): (0.74, 1.0, 950e-6, 500e-6),
+    ("cpu", "quanto-w8a8"): (0.74, 0.41, 950e-6, 500e-6),
 }
 # Attention at decode, per layer: max(KV bytes / (bandwidth x kv_bw_eff), attention FLOPs /
 # (compute x attn_compute_eff)). The kernel reads the cache in the compute dtype: a quantized cache
@@ -116,7 +121,8 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
 # bandwidth efficiency. On a CPU the single-query attention kernel is compute-bound (measured: time
 # per cached token follows heads x head_dim x layers, not KV bytes). Calibration fits both per
 # device x attention implementation (entries with backend "attn-sdpa" / "attn-eager");
-# uncalibrated, the compute side defaults to the weights' compute efficiency.
+# uncalibrated, the compute side defaults to the weights' compute efficiency on a GPU, on a CPU to
+# DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY.
 KV_PASSES_DEFAULT = 3.0
 # KV update traffic: what a quantized cache moves per cached element per decode step beyond the
 # bf16 DynamicCache's torch.cat, is quant.KVScheme.update_extra_bytes_per_element (derived there from
@@ -128,13 +134,20 @@ KV_UPDATE_BACKEND = "kv-update"
 # Attention at prefill (QK^T and AV over the causal pairs, windows capped) is its own kernel with its own efficiency,
 # not the weight matmuls': it is costed as its FLOPs / (compute x eff) beside them. Calibration fits it per device x
 # attention implementation (entries with backend "prefill-attn-sdpa" / "prefill-attn-eager", compute efficiency),
-# jointly with each scheme's matmul efficiency over prompts of several lengths. Uncalibrated defaults: on a CPU 0.17,
-# measured on the 2-core dev VM (Qwen3-0.6B, prompts 128-4096: matmuls 0.62 and attention 0.17 of the profile's bf16
-# peak fit every TTFT within 11 %, where one shared efficiency missed the 4096-token prompt by half); on a GPU 0.35,
-# FlashAttention-2's forward on an H100 (about 350 of 989 TFLOPS at head_dim 128, FlashAttention-3 paper, Shah et
-# al. 2024, fig. 5).
+# jointly with each scheme's matmul efficiency over prompts of several lengths. Uncalibrated defaults: on a CPU 0.40
+# of cpu_float_peak, fitted on the 2-core Xeon dev VM with the CPU schemes' matmul efficiencies (_DEFAULTS:
+# Qwen2.5-0.5B, prompts 128-2048, 0.395; torch's causal SDPA in bf16 alone reaches 95-185 GFLOP/s there at
+# 512-2048 tokens against the fp32 peak's 312-360; it was 0.17 of the bf16 peak, fitted on the AVX512-BF16 EPYC
+# VM); on a GPU 0.35, FlashAttention-2's forward on an H100 (about 350 of 989 TFLOPS at head_dim 128,
+# FlashAttention-3 paper, Shah et al. 2024, fig. 5).
 PREFILL_ATTENTION_BACKEND = "prefill-attn"
-DEFAULT_PREFILL_ATTENTION_EFFICIENCY = {"cpu": 0.17, "gpu": 0.35}
+DEFAULT_PREFILL_ATTENTION_EFFICIENCY = {"cpu": 0.40, "gpu": 0.35}
+# Attention at decode on a CPU, uncalibrated: its FLOPs at this fraction of cpu_float_peak (on a GPU, and before
+# runtime.attention, the weights' compute efficiency). vramplan's calibration on the 2-core Xeon dev VM (Qwen2.5-0.5B,
+# contexts 128-2048, the four CPU schemes: the attn-sdpa entry) fitted 0.088; SDPA of one packed query over 4096 cached
+# tokens alone reaches 62 GFLOP/s of 360 (0.17). It was the weights' 0.50 of the bf16 peak, and torch's enable_gqa path
+# that transformers takes reached 5 GFLOP/s.
+DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY = 0.09
 
 
 # MLA as transformers runs it (AttentionLayout.expands_cache: deepseek_v2/v3's `expand_kv`, modeling_deepseek_v3.py in
@@ -394,7 +407,8 @@ class KVEfficiency:
 
 def kv_efficiency(hw: HardwareProfile, device: str, spec: ModelSpec, kv: KVScheme, weights: Efficiency) -> KVEfficiency:
     """The attention kernel's efficiencies (per device x attention implementation) and the KV dtype's update one."""
-    read, compute = weights.bandwidth / KV_PASSES_DEFAULT, weights.compute
+    read = weights.bandwidth / KV_PASSES_DEFAULT
+    compute = DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY if device == "cpu" else weights.compute
     source = f"default (KV reads at the weights' efficiency / {KV_PASSES_DEFAULT:g})"
     if weights.kv is not None:
         read, source = weights.kv, f"{weights.source} (its kv_efficiency)"
@@ -428,7 +442,8 @@ class DeviceRates:
     """One device as the speed model sees it: peaks and the efficiencies that apply there."""
 
     bandwidth_bytes_per_s: float
-    flop_per_s: float
+    flop_per_s: float  # the peak attention's kernels compute against: a GPU's bf16, a CPU's cpu_float_peak
+    matmul_flop_per_s: float  # the peak the weights' matmuls compute against (cpu_matmul_peak on a CPU)
     weights: Efficiency
     kv: KVEfficiency
     experts: ExpertEfficiency
@@ -453,7 +468,7 @@ class DeviceRates:
         """An MLA layer's expansion of its cached context: kv_b_proj's FLOPs or the bytes it moves, the longer."""
         if not w.expand_flop or not w.expand_flop[i]:
             return 0.0
-        return max(w.expand_flop[i] / (self.flop_per_s * self.weights.compute),
+        return max(w.expand_flop[i] / (self.matmul_flop_per_s * self.weights.compute),
                    w.expand_bytes[i] / (self.bandwidth_bytes_per_s * self.weights.bandwidth))
 
     def kv_update_s(self, w: DecodeWork, i: int) -> float:
@@ -465,8 +480,30 @@ class DeviceRates:
     def prefill_s(self, flop: float, attention_flop: float, chunk_bytes: float, chunks: int) -> float:
         """A prefill's share on this device: its matmuls compute-bound, unless re-reading their weights each chunk
         takes longer, then its attention kernels at theirs."""
-        return (max(flop / (self.flop_per_s * self.weights.compute), chunks * self.weights_s(chunk_bytes))
+        return (max(flop / (self.matmul_flop_per_s * self.weights.compute), chunks * self.weights_s(chunk_bytes))
                 + attention_flop / (self.flop_per_s * self.kv.prefill_compute))
+
+
+def cpu_float_peak(host: HostSpec) -> tuple[float, str]:
+    """The peak a CPU's floating-point kernels compute against (its bf16 matmuls, torch's weight-only int8 / int4
+    kernels, the attention kernels), and the profile field it comes from: the faster of the bf16 and the fp32 matmul.
+    Where bf16 is native (AVX512-BF16, AMX) that is bf16's; where it is converted in software fp32 is faster, and
+    the kernels compute in it: on the 2-core Xeon dev VM (AVX-512, no BF16) torch's bf16 matmul reaches 62 GFLOP/s, its
+    fp32 one 312-350, and at 128 rows of 4864 x 896 vramplan's bf16 prefill (runtime.quantize.Bf16Rows, in fp32) 225,
+    _weight_int8pack_mm 147; SDPA's causal prefill attention in bf16 95-185. A profile without the fp32 figure
+    (datasheets, older probes) keeps bf16's."""
+    if host.cpu_fp32_flops is not None and host.cpu_fp32_flops > host.cpu_bf16_flops:
+        return host.cpu_fp32_flops, "host.cpu_fp32_compute"
+    return host.cpu_bf16_flops, "host.cpu_bf16_compute"
+
+
+def cpu_matmul_peak(host: HostSpec, scheme: WeightScheme) -> tuple[float, str]:
+    """The peak a CPU's weight matmuls of `scheme` compute against, and the profile field it comes from: the int8
+    matmul's where the scheme quantizes its activations to 8 bits (quanto-w8a8: torch._int_mm) and the profile has
+    it, else cpu_float_peak."""
+    if scheme.activation_bits == 8 and host.cpu_int8_ops is not None:
+        return host.cpu_int8_ops, "host.cpu_int8_compute"
+    return cpu_float_peak(host)
 
 
 def weight_only_sibling(scheme: WeightScheme) -> WeightScheme:
@@ -491,7 +528,8 @@ def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: Weig
     g = hw.devices[device] if gpu else None
     return DeviceRates(bandwidth_bytes_per_s=(g.memory_bandwidth_bytes_per_s if gpu
                                               else hw.host.ram_bandwidth_bytes_per_s),
-                       flop_per_s=g.bf16_flops if gpu else hw.host.cpu_bf16_flops,
+                       flop_per_s=g.bf16_flops if gpu else cpu_float_peak(hw.host)[0],
+                       matmul_flop_per_s=g.bf16_flops if gpu else cpu_matmul_peak(hw.host, scheme)[0],
                        weights=eff, kv=kv_efficiency(hw, kind, spec, kv, kv_weights),
                        experts=expert_efficiency(hw, kind, scheme, eff))
 
@@ -711,7 +749,9 @@ def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightS
                "kv_update_per_layer_s": main.kv.update_per_layer_s,
                "prefill_attention_efficiency": main.kv.prefill_compute,
                "kv_efficiency_source": main.kv.source, "bandwidth_efficiency": main.weights.bandwidth,
-               "compute_efficiency": main.weights.compute, "per_layer_s": main.weights.per_layer_s,
+               "compute_efficiency": main.weights.compute, "matmul_peak_flops": main.matmul_flop_per_s,
+               "matmul_peak_from": ("gpu bf16_compute" if c.on_gpu else cpu_matmul_peak(hw.host, scheme)[1]),
+               "per_layer_s": main.weights.per_layer_s,
                "per_token_s": main.weights.per_token_s, "experts_bandwidth_efficiency": main.experts.bandwidth,
                "per_expert_call_s": main.experts.per_call_s, "experts_efficiency_source": main.experts.source,
                "dispatch_per_layer_s": main.weights.dispatch_per_layer_s,

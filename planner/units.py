@@ -265,7 +265,10 @@ def format_bandwidth(bps: float | None) -> str:
 
 
 def format_flops(fps: float | None) -> str:
-    return "-" if fps is None else f"{fps / 1e12:.1f} TFLOPS"
+    """TFLOPS to a tenth; a rate under 1 TFLOPS (a CPU's) in GFLOPS, where a tenth of a TFLOPS would hide it."""
+    if fps is None:
+        return "-"
+    return f"{fps / 1e12:.1f} TFLOPS" if fps >= 1e12 else f"{fps / 1e9:.0f} GFLOPS"
 
 
 def format_count(n: int | float | None) -> str:

@@ -25,6 +25,7 @@ from vramplan.planner.memory import layer_costs, weight_costs
 from vramplan.planner.quant import KV_SCHEMES, SCHEMES
 from vramplan.planner.request import Request
 from vramplan.planner.sources import resolve_model
+from vramplan.planner.speed import cpu_float_peak, cpu_matmul_peak
 from vramplan.planner.work import decode_work, prefill_attention_flop, prefill_flop
 from vramplan.runtime.inventory import load_spec  # counted as the installed transformers loads it
 
@@ -267,7 +268,8 @@ def _sample(hw: HardwareProfile, spec, quant: str, kv_dtype: str, prompt: int, m
     return Sample(
         device="gpu" if on_gpu else "cpu", backend=scheme.backend, quant=quant,
         bandwidth_bytes_per_s=hw.gpu.memory_bandwidth_bytes_per_s if on_gpu else hw.host.ram_bandwidth_bytes_per_s,
-        peak_flops=hw.gpu.bf16_flops if on_gpu else hw.host.cpu_bf16_flops,
+        peak_flops=hw.gpu.bf16_flops if on_gpu else cpu_float_peak(hw.host)[0],
+        matmul_peak_flops=None if on_gpu else cpu_matmul_peak(hw.host, scheme)[0],
         bytes_read_per_token=sum(work.weights_bytes) + work.head_bytes, kv_bytes_per_token=sum(work.kv_read_bytes),
         attention_flops_per_token=sum(work.attention_flop), attention_impl=attention_impl,
         num_layers=spec.num_layers, decode_s_per_token=1.0 / result.decode_tokens_per_s_median,
@@ -348,6 +350,7 @@ def _run_model(config: dict, spec, quant: str, runs: list[tuple[int, str, str]],
                seed: int, say: Callable[[str], None], advance: Advance | None = None) -> tuple[list, int]:
     """Load one model in one scheme and time its runs (prompt, KV dtype, attention implementation);
     ([(prompt, kv dtype, implementation, result)], peak RSS)."""
+    from .attention import attention_name, pack_single_queries
     from .generate import generate, synthetic_prompt
     from .load import load_model
     from .measure import PeakMemorySampler
@@ -362,8 +365,10 @@ def _run_model(config: dict, spec, quant: str, runs: list[tuple[int, str, str]],
         generate(model, synthetic_prompt(min((p for p, _, _ in runs), default=8), spec.vocab_size, seed + 1),
                  max_new_tokens=2, prefill_chunk=matrix.prefill_chunk)
         for prompt, kv_dtype, impl in runs:
-            if model.config._attn_implementation != impl:
+            if attention_name(model) != impl:
                 model.set_attn_implementation(impl)
+                if impl == "sdpa" and device == "cpu":  # as load_model leaves a model on the CPU alone
+                    pack_single_queries(model)
             ids = synthetic_prompt(prompt, spec.vocab_size, seed)
             r = best_of(matrix.repeats, lambda: generate(model, ids, max_new_tokens=matrix.new_tokens,
                                                          prefill_chunk=matrix.prefill_chunk,

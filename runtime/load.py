@@ -30,6 +30,7 @@ from vramplan.runtime.dummy import build_dummy
 from vramplan.runtime.experts import quantize_experts
 from vramplan.runtime.measure import is_oom
 from vramplan.runtime.modeling import attention_kwargs, config_from_dict, config_from_dir, decoder_layers
+from vramplan.runtime.attention import pack_single_queries
 from vramplan.runtime.quantize import backend, direct_kernels, quantize_cpu_head, unsupported
 from vramplan.runtime.tensors import count_tensor_bytes, release_freed_heap
 
@@ -152,6 +153,9 @@ def load_model(
         if direct := direct_kernels(model, scheme.activation_bits):
             notes.append(f"{direct} layers call torch's CPU kernels directly (runtime.quantize.direct_kernels: the "
                          "same tensors; quanto's without its per-call dispatch, bf16's one-row products by GEMV)")
+        if pack_single_queries(model):
+            notes.append("decode attention packs a query's heads by KV group (runtime.attention: the same SDPA, "
+                         "without torch's slow enable_gqa CPU path)")
     release_freed_heap()
     if tokenizer is None and model_dir is not None:
         tokenizer = load_tokenizer(model_dir, trust_remote_code)

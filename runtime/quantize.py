@@ -18,6 +18,7 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from vramplan.planner.errors import VramplanError
 from vramplan.planner.quant import INT8PACK_IN_MULTIPLE, WeightScheme, cpu_head_scheme
@@ -210,8 +211,14 @@ class Bf16Rows(nn.Linear):
     converts bf16 at about half the rate of mv's GEMV on a CPU without native bf16 (2-core Xeon, AVX-512 without
     BF16: 8192 x 2048 in 1230 us against 719; a Qwen2.5-0.5B decode 11.8 -> 13.1 tok/s,
     bench/results/vs-engines-cpu-dev.md). Both sum in fp32, in another order: an output equals F.linear's or differs
-    in its last bf16 bit (896 x 4864: 0.5 elements a row on average, at most 2). Several rows (a prefill) keep
+    in its last bf16 bit (896 x 4864: 0.5 elements a row on average, at most 2). Several rows (a prefill) multiply in
+    fp32, the weight widened a block of rows at a time (_fp32_blocks): bf16 F.linear converts in software at about 61
+    GFLOP/s there, this at 200-290 from 8 rows up (128 rows of 4864 x 896: 225). Fewer than FP32_MIN_ROWS keep
     F.linear. A subclass, so what looks for a Linear (transformers' output embeddings, tied weights) still finds one."""
+
+    # from this many rows the fp32 blocks beat bf16 F.linear on the 2-core Xeon dev VM: 8 rows 49-87 GFLOP/s against
+    # 38-39 (4864 x 896, 896 x 4864, 8192 x 2048); 4 rows 15-50 against 27-30, 2 rows 9-34 against 35-50
+    FP32_MIN_ROWS = 8
 
     @classmethod
     def of(cls, linear: nn.Linear) -> "Bf16Rows":
@@ -230,8 +237,12 @@ class Bf16Rows(nn.Linear):
                     or getattr(cpu, "_is_amx_tile_supported", lambda: False)())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() != self.in_features or not x.is_cpu:  # several rows (a prefill), or moved to a GPU
+        if not x.is_cpu:  # moved to a GPU
             return super().forward(x)
+        if x.numel() != self.in_features:  # several rows: a prefill
+            if x.numel() < self.FP32_MIN_ROWS * self.in_features or torch.compiler.is_compiling():
+                return super().forward(x)
+            return _fp32_blocks(self.weight, x, self.bias)
         row = x.reshape(-1)
         if torch.compiler.is_compiling():  # inductor would decompose mv into loops of its own: keep torch's
             out = _gemv_op(self.weight, row, self.bias)
@@ -244,6 +255,26 @@ def _gemv(weight: torch.Tensor, row: torch.Tensor, bias: torch.Tensor | None) ->
     """weight @ row (+ bias), by torch's GEMV; addmv adds the bias before the one rounding to bf16, as F.linear's
     addmm does."""
     return torch.mv(weight, row) if bias is None else torch.addmv(bias, weight, row)
+
+
+# the fp32 rows of weight widened at a time: one core's L2 (2 MiB on the dev VM's Xeon); 2 MiB blocks ran 1.1-1.6x
+# faster than 256 KiB ones there, and widening the whole weight at once re-reads it from RAM (8192 x 2048: 127 GFLOP/s
+# at 128 rows against 227)
+FP32_BLOCK_BYTES = 2 << 20
+
+
+def _fp32_blocks(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T (+ bias) in fp32, rounded once to x's dtype as F.linear's fp32 accumulation is: the bf16 weight
+    widened FP32_BLOCK_BYTES of fp32 rows at a time, each block's product written into its columns of the output."""
+    in_features = weight.shape[1]
+    flat = x.reshape(-1, in_features).float()
+    out = torch.empty(flat.shape[0], weight.shape[0], dtype=x.dtype)
+    step = max(16, FP32_BLOCK_BYTES // (4 * in_features))
+    for start in range(0, weight.shape[0], step):
+        stop = start + step
+        out[:, start:stop] = F.linear(flat, weight[start:stop].float(),
+                                      None if bias is None else bias[start:stop].float())
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 @torch.library.custom_op("vramplan::bf16_gemv", mutates_args=())

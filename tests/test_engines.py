@@ -227,7 +227,7 @@ cache = QuantizedCache(backend="fp8", config=model.config)""",
          "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
          'offload), copying 18.16 GiB of weights from RAM for each of its 16 ubatches: TTFT 42.72 s = GPU 16.72 s + '
-         'link 26.00 s at 12 GB/s (pageable: mmapped weights), not the 533.35 s the CPU would take; the KV rows of '
+         'link 26.00 s at 12 GB/s (pageable: mmapped weights), not the 476.81 s the CPU would take; the KV rows of '
          'layers in RAM crossing the link are not counted']),
     ('70b-offloaded', 'ollama'): (
         r"""# ollama pull llama3.1:70b-text-q4_K_M
@@ -253,7 +253,7 @@ PARAMETER num_ctx 8192""",
          "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
          'offload), copying 18.16 GiB of weights from RAM for each of its 16 ubatches: TTFT 42.72 s = GPU 16.72 s + '
-         'link 26.00 s at 12 GB/s (pageable: mmapped weights), not the 533.35 s the CPU would take; the KV rows of '
+         'link 26.00 s at 12 GB/s (pageable: mmapped weights), not the 476.81 s the CPU would take; the KV rows of '
          'layers in RAM crossing the link are not counted',
          'ollama pull llama3.1:70b-text-q4_K_M']),
     ('70b-offloaded', 'transformers'): (

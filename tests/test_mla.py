@@ -23,7 +23,7 @@ from vramplan.planner.profile_yaml import profile_from_dict
 from vramplan.planner.quant import KV_SCHEMES, SCHEMES
 from vramplan.planner.request import Request
 from vramplan.planner.search import plan
-from vramplan.planner.speed import estimate
+from vramplan.planner.speed import _DEFAULTS, DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY, estimate
 from vramplan.planner.work import decode_work, prefill_expand_flop_per_layer
 
 # A small DeepSeek-V3: 4 heads, q_lora 24, kv_lora 32, qk_nope 16, qk_rope 8, v 12; layer 0 dense, 1-2 MoE (8 experts).
@@ -85,7 +85,7 @@ def test_planned_decode_cost_grows_with_the_context_as_the_expansion_implies():
     spec = spec_from_config(DS3, name="ds3")
     hw = cpu_hw(flops="0.001 TFLOPS", ram_bw="100 GB/s")
     scheme, kv = SCHEMES["bf16"], KV_SCHEMES["bf16"]
-    eff_compute = 0.5  # planner.speed._DEFAULTS[("cpu", "bf16")]
+    eff_compute = _DEFAULTS[("cpu", "bf16")][1]
 
     def decode_s(ctx: int) -> tuple[float, float]:
         r = req(ctx)
@@ -96,7 +96,8 @@ def test_planned_decode_cost_grows_with_the_context_as_the_expansion_implies():
     per_token_flop = 3 * 2.0 * LORA * HEADS * (NOPE + V)
     assert x512 == pytest.approx(512 * per_token_flop / (1e9 * eff_compute))
     assert x3000 == pytest.approx(3000 * per_token_flop / (1e9 * eff_compute))
-    attention_per_token = 3 * 2.0 * HEADS * (NOPE + ROPE + V) / (1e9 * eff_compute)  # compute-bound here too
+    attention_per_token = (3 * 2.0 * HEADS * (NOPE + ROPE + V)  # compute-bound here too
+                           / (1e9 * DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY))
     assert t3000 - t512 == pytest.approx((3000 - 512) * (per_token_flop / (1e9 * eff_compute) + attention_per_token))
 
 
@@ -115,7 +116,7 @@ def test_prefill_expands_once_per_chunk_over_the_context_so_far():
         r = req(1200)
         return estimate(s, hw, r, scheme, kv, _cpu_choice(s, hw, r), layer_costs(s, scheme, kv, r)).ttft_s
 
-    assert ttft(spec) - ttft(flat) == pytest.approx(3 * per_layer / (1e9 * 0.5), rel=1e-9)
+    assert ttft(spec) - ttft(flat) == pytest.approx(3 * per_layer / (1e9 * _DEFAULTS[("cpu", "bf16")][1]), rel=1e-9)
 
 
 def test_llama_cpp_and_other_attention_have_no_expansion():

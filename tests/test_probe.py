@@ -23,8 +23,10 @@ from vramplan.runtime.probe import (
     NvmlGpu,
     NvmlUnavailable,
     estimate_cpu_bf16_flops,
+    estimate_cpu_flops,
     filter_visible,
     match_datasheet,
+    measure_cpu_matmul,
     parse_cgroup_cpu_max,
     parse_cgroup_memory_value,
     parse_cpuinfo,
@@ -471,6 +473,8 @@ def test_full_probe_on_this_machine():
     assert m["ram_bandwidth"]["value"] == pytest.approx(p.host.ram_bandwidth_bytes_per_s, rel=1e-3)
     assert m["cpu_bf16_matmul"]["value"] == pytest.approx(p.host.cpu_bf16_flops, rel=1e-3)
     assert len(m["cpu_bf16_matmul"]["samples"]) >= 3
+    assert m["cpu_fp32_matmul"]["value"] == pytest.approx(p.host.cpu_fp32_flops, rel=1e-3)
+    assert m["cpu_int8_matmul"]["value"] == pytest.approx(p.host.cpu_int8_ops, rel=1e-3)
     assert any("RAM" in s for s in steps) and any("matmul" in s for s in steps)
     assert r.elapsed_s < 60
 
@@ -528,3 +532,24 @@ def test_without_the_driver_library_pynvml_is_not_imported(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "unavailable: NVML did not start" in r.stdout and "no NVIDIA driver" in r.stdout
     assert "imported: False False" in r.stdout and "ram equal: True []" in r.stdout
+
+
+def test_cpu_fp32_and_int8_estimates_follow_the_vector_extensions():
+    """The quick probe's fp32 and int8 matmul figures (what a CPU prefill's kernels compute against where bf16 is
+    converted in software): per cycle by the widest extension, none where no flag gives a rate."""
+    flops, how = estimate_cpu_flops(_host(cpu_flags=("avx2", "avx512_vnni", "avx512f", "fma")), "fp32")
+    assert flops == pytest.approx(2 * 2.6e9 * 64) and "AVX-512 FMA" in how and "estimated" in how
+    ops, how = estimate_cpu_flops(_host(cpu_flags=("avx2", "avx512_vnni", "avx512f", "fma")), "int8")
+    assert ops == pytest.approx(2 * 2.6e9 * 256) and "ops/cycle" in how
+    assert estimate_cpu_flops(_host(cpu_flags=("avx2", "fma")), "fp32")[0] == pytest.approx(2 * 2.6e9 * 32)
+    none, why = estimate_cpu_flops(_host(cpu_flags=("avx2", "fma")), "int8")
+    assert none is None and "not estimated" in why
+    assert estimate_cpu_flops(_host(cpu_flags=()), "fp32")[0] is None
+    assert estimate_cpu_flops(_host(), "bf16") == estimate_cpu_bf16_flops(_host())
+
+
+def test_the_full_probe_measures_the_fp32_and_int8_matmuls():
+    torch = pytest.importorskip("torch")
+    for kind in ("fp32", "int8"):
+        m = measure_cpu_matmul(torch, kind, repeats=1)
+        assert m.name == f"cpu_{kind}_matmul" and m.value > 0 and kind in m.method

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HW = "cpu-ddr5-desktop"  # a CPU-only profile: plans run on this machine's CPU whatever it is
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=320, max_position_embeddings=512)
-# The same CPU at 1 MFLOPS: the plan predicts an 18 s prefill of 48 tokens for the tiny model, which runs it in
+# The same CPU at 1 MFLOPS: the plan predicts a 14 s prefill of 48 tokens for the tiny model, which runs it in
 # milliseconds. A long predicted prefill (the bar's condition) in a fast test.
 SLOW_FLOPS = "1 MFLOPS"
 
@@ -215,7 +215,7 @@ def _prefill_lines(text: str) -> list[str]:
 
 
 def test_piped_output_has_no_bar_and_no_future_warning(tiny_dir, slow_profile):
-    """A predicted 18 s prefill, output piped: the lines are the ones `run` always printed, nothing drawn; and no
+    """A predicted 14 s prefill, output piped: the lines are the ones `run` always printed, nothing drawn; and no
     FutureWarning (transformers 5.24 warned on `past_key_values` every run)."""
     r = run_cli(*slow_run_args(tiny_dir, slow_profile))
     assert r.returncode == 0, r.stderr[-2000:]
@@ -256,7 +256,7 @@ def test_a_terminal_shows_the_prefill_bar_with_the_predicted_eta(tiny_dir, slow_
     assert code == 0, shown[-2000:]
     bars = [line for line in _prefill_lines(shown) if "━" in line]
     assert bars, shown[-2000:]
-    assert "predicted 0:18" in bars[0] and "ETA" in bars[0]  # the plan's 17.8 s TTFT
+    assert "predicted 0:14" in bars[0] and "ETA" in bars[0]  # the plan's 14 s TTFT
     assert any("48/48" in b for b in bars)  # it advanced to the end
     assert "FutureWarning" not in shown
     code, shown = run_in_terminal(slow_run_args(tiny_dir, slow_profile, "--json"))

@@ -28,10 +28,10 @@ _WHERE = {
     "ProbeResult": "core", "probe": "core",
     "DEFAULT_ALLOCATOR_RESERVE_BYTES": "datasheets", "DEFAULT_CUDA_CONTEXT_BYTES": "datasheets",
     "DEFAULT_KERNEL_LAUNCH_S": "datasheets", "match_datasheet": "datasheets", "typical_link": "datasheets",
-    "HostReading": "host", "estimate_cpu_bf16_flops": "host", "machine_fingerprint": "host",
+    "HostReading": "host", "estimate_cpu_bf16_flops": "host", "estimate_cpu_flops": "host", "machine_fingerprint": "host",
     "parse_cgroup_cpu_max": "host", "parse_cgroup_memory_value": "host", "parse_cpuinfo": "host",
     "read_cgroup_cpu": "host", "read_cgroup_memory": "host", "read_host": "host",
-    "Measurement": "measure", "measure_ram_bandwidth": "measure",
+    "Measurement": "measure", "measure_cpu_matmul": "measure", "measure_ram_bandwidth": "measure",
     "MigDevice": "nvml", "NvmlGpu": "nvml", "NvmlUnavailable": "nvml", "filter_visible": "nvml",
     "parse_nvml_gpu": "nvml", "read_nvml": "nvml",
 }

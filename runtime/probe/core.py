@@ -16,8 +16,8 @@ from vramplan.planner.units import (GiB, MiB, format_bandwidth, format_bytes, fo
 from .datasheets import (APPLE_CHIPS, DEFAULT_ALLOCATOR_RESERVE_BYTES, DEFAULT_CUDA_CONTEXT_BYTES,
                          DEFAULT_KERNEL_LAUNCH_S, GPU_FLOPS_PER_BYTE_GUESS, UNIFIED_NVIDIA_GPUS, _apple_chip,
                          norm_gpu_name, apple_gpu_share, estimate_gpu_bf16_flops, match_datasheet, typical_link)
-from .host import busy_note, estimate_cpu_bf16_flops, load_average, read_host
-from .measure import (Measurement, measure_cpu_matmul_bf16, measure_gpu_matmul_bf16, measure_gpu_memory_bandwidth,
+from .host import busy_note, estimate_cpu_flops, load_average, read_host
+from .measure import (Measurement, measure_cpu_matmul, measure_gpu_matmul_bf16, measure_gpu_memory_bandwidth,
                       measure_host_link, measure_kernel_launch, measure_ram_bandwidth)
 from .measure import FULL_RAM_COPY_BYTES, FULL_REPEATS, QUICK_RAM_COPY_BYTES, QUICK_RAM_REPEATS
 from .nvml import NvmlGpu, NvmlUnavailable, filter_visible, nvml_process_memory, nvml_used_memory, read_nvml
@@ -183,25 +183,30 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
         ram_bw = 10e9
         notes.append("RAM bandwidth unknown: assumed 10 GB/s")
 
-    cpu_flops = None
-    if torch is not None:
-        say("measuring CPU bf16 matmul")
-        try:
-            measurements["cpu_bf16_matmul"] = timed("cpu_bf16_matmul", lambda: measure_cpu_matmul_bf16(torch))
-            cpu_flops = measurements["cpu_bf16_matmul"].value
-            notes.append(f"CPU bf16 compute {format_flops(cpu_flops)} measured: "
-                         f"{measurements['cpu_bf16_matmul'].method}")
-        except Exception as e:
-            notes.append(f"CPU bf16 matmul not measured ({type(e).__name__}: {e})")
-    if cpu_flops is None:
-        cpu_flops, how = estimate_cpu_bf16_flops(host)
-        notes.append(how)
+    cpu_rates: dict[str, float | None] = {}
+    for kind in ("bf16", "fp32", "int8"):
+        rate = None
+        if torch is not None:
+            say(f"measuring CPU {kind} matmul")
+            name = f"cpu_{kind}_matmul"
+            try:
+                measurements[name] = timed(name, lambda: measure_cpu_matmul(torch, kind))
+                rate = measurements[name].value
+                notes.append(f"CPU {kind} compute {format_flops(rate)} measured: {measurements[name].method}")
+            except Exception as e:
+                notes.append(f"CPU {kind} matmul not measured ({type(e).__name__}: {e})")
+        if rate is None:
+            rate, how = estimate_cpu_flops(host, kind)
+            notes.append(how)
+        cpu_rates[kind] = rate
 
     host_spec = HostSpec(
         ram_bytes=host.effective_ram_bytes,
         ram_bandwidth_bytes_per_s=_bw(ram_bw),
         cpu_cores=host.effective_cores,
-        cpu_bf16_flops=_fl(cpu_flops),
+        cpu_bf16_flops=_fl(cpu_rates["bf16"]),
+        cpu_fp32_flops=None if cpu_rates["fp32"] is None else _fl(cpu_rates["fp32"]),
+        cpu_int8_ops=None if cpu_rates["int8"] is None else _fl(cpu_rates["int8"]),
     )
 
     # -- GPUs -----------------------------------------------------------------

@@ -82,22 +82,45 @@ def _matmul_size(rate_guess: float, target_s: float, lo: int = 512, hi: int = 81
 def measure_cpu_matmul_bf16(torch: Any, repeats: int = 5) -> Measurement:
     """bf16 matmul FLOP/s on all torch threads. The size steps up with the machine's speed
     (2048 below 1 TFLOPS, 4096 below 20, else 8192) so that one product takes tens of ms."""
-    a = torch.randn(1024, 1024).to(torch.bfloat16)
-    a @ a
+    return measure_cpu_matmul(torch, "bf16", repeats)
+
+
+# what each CPU matmul the probe times multiplies: (torch dtype name, the product, what it is)
+_CPU_MATMULS = {
+    "bf16": ("bfloat16", lambda torch, a, b: a @ b, "torch bf16"),
+    "fp32": ("float32", lambda torch, a, b: a @ b, "torch fp32"),
+    # int8 x int8 into int32 sums: the kernel quanto-w8a8's matmuls call (runtime.experts.int8_dynamic_mm)
+    "int8": ("int8", lambda torch, a, b: torch._int_mm(a, b), "torch._int_mm int8"),
+}
+
+
+def measure_cpu_matmul(torch: Any, kind: str, repeats: int = 5) -> Measurement:
+    """A square CPU matmul's rate on all torch threads (FLOP/s; int8: multiply-adds counted as 2 ops), `kind` one of
+    bf16, fp32, int8. The size steps up with the machine's speed (2048 below 1 TFLOPS, 4096 below 20, else 8192) so
+    that one product takes tens of ms."""
+    dtype_name, product, label = _CPU_MATMULS[kind]
+    dtype = getattr(torch, dtype_name)
+
+    def operand(n: int):
+        if kind == "int8":
+            return torch.randint(-127, 128, (n, n), dtype=dtype)
+        return torch.randn(n, n).to(dtype)
+
+    a = operand(1024)
+    product(torch, a, a)
     t0 = time.perf_counter()
-    a @ a
+    product(torch, a, a)
     guess = 2 * 1024**3 / max(time.perf_counter() - t0, 1e-6)
     n = 2048 if guess < 1e12 else 4096 if guess < 20e12 else 8192
-    a = torch.randn(n, n).to(torch.bfloat16)
-    b = torch.randn(n, n).to(torch.bfloat16)
-    a @ b
+    a, b = operand(n), operand(n)
+    product(torch, a, b)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        a @ b
+        product(torch, a, b)
         times.append(time.perf_counter() - t0)
-    return _median_measurement("cpu_bf16_matmul", "FLOP/s", 2 * n**3, times,
-                               f"torch bf16 {n}x{n} @ {n}x{n} on {torch.get_num_threads()} threads")
+    return _median_measurement(f"cpu_{kind}_matmul", "FLOP/s", 2 * n**3, times,
+                               f"{label} {n}x{n} @ {n}x{n} on {torch.get_num_threads()} threads")
 
 
 def _sync(torch: Any, device: str) -> None:
