@@ -2,8 +2,8 @@
 
 Each (scheme, mode) runs in a fresh process: the model (dummy weights, runtime.load, the CPU path: direct kernels and
 the CPU head) prefills `--prompt` tokens, then decodes `--steps` tokens greedily, one step at a time; the first
-`--warm` steps (which compile) are dropped and the median step time is kept. What compiling takes off a step, over the
-model's layers, is what planner.speed.COMPILED_CPU_PER_LAYER_SAVING_S holds (the matmul kernels are the same in both
+`--warm` steps (which compile) are dropped and the median step time is kept. What compiling leaves of a step's fixed
+cost per layer is what planner.speed.COMPILED_CPU_PER_LAYER_FACTOR holds (the matmul kernels are the same in both
 modes). The tokens of the two modes agree until the first near-tie of the random weights' logits, where the sums'
 order (fused or not) can pick the other token: the table gives how many agree. Writes
 bench/results/compiled-cpu-<machine>.json and .md. Run nothing else meanwhile: the VM has 2 cores.

@@ -65,7 +65,7 @@ class Measured(Metrics):
     """
 
     load_s: float | None = None
-    warmup_s: float | None = None  # a CUDA run's untimed first chunk and decode step (runtime.generate.warm_up)
+    warmup_s: float | None = None  # the untimed warm-up before the prefill (runtime.generate.warm_up)
     prefill_tokens_per_s: float | None = None
     decode_tokens_per_s_median: float | None = None
     decode_tokens_per_s_start: float | None = None
@@ -314,7 +314,8 @@ class _Attempt:
     def _load_and_generate(self, holder: dict, device: str, base_ids, max_new_tokens: int) -> str | None:
         import torch
 
-        from .generate import STATIC_WARM_UP_STEPS, STOP_INTERRUPTED, STOP_OOM, generate, model_device, warm_up
+        from .generate import (STATIC_WARM_UP_STEPS, STOP_INTERRUPTED, STOP_OOM, compute_device, generate, model_device,
+                               warm_up)
         from .measure import is_oom
         from .load import load_model
 
@@ -371,7 +372,9 @@ class _Attempt:
             report.notes.append("warm-up ran out of memory (the timed run follows)")
         if warm:
             report.measured.warmup_s = warm
-            self.say(f"warm-up ({'compiling the decode step' if static else 'CUDA first use'}, not timed): "
+            what = ("compiling the decode step" if static else "CUDA first use"
+                    if compute_device(loaded.model).type == "cuda" else "the weights' first touch")
+            self.say(f"warm-up ({what}, not timed): "
                      f"{warm:.3f} s")
         streamer = _Streamer(self.tokenizer, self.on_text)
         n_ids, new_tokens = int(ids.shape[-1]), max_new_tokens - len(report.tokens)

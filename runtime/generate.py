@@ -246,8 +246,9 @@ def generate(model: nn.Module, input_ids, *, max_new_tokens: int, prefill_chunk:
 
 def warm_up(model: nn.Module, input_ids: torch.Tensor, prefill_chunk: int, kv: KVScheme = KV_SCHEMES["bf16"],
             static=None) -> float:
-    """On a CUDA device, the prompt's first chunk and one decode step on a cache thrown away after; its seconds.
-    Elsewhere nothing (0.0). With a compiled decode (``static``, a StaticDecoder), on any device, the first chunk and
+    """On a CUDA device, the prompt's first chunk and one decode step on a cache thrown away after; its seconds. On
+    the CPU the prompt's first CPU_WARM_UP_TOKENS tokens, no decode step; elsewhere nothing (0.0). With a compiled
+    decode (``static``, a StaticDecoder), on any device, the first chunk and
     STATIC_WARM_UP_STEPS steps through its own cache, emptied after: the compilation happens here, untimed.
 
     A fresh process's first prefill on a GPU pays for what CUDA does once: cuBLAS handles, and the kernels it loads
@@ -255,12 +256,22 @@ def warm_up(model: nn.Module, input_ids: torch.Tensor, prefill_chunk: int, kv: K
     bf16, 512 tokens, five fresh processes): 318-914 ms for the first prefill, 12-22 ms for the next one and 17-30
     ms for one at a new length (bench/results/gpu-nvidia-h200-2/host-variance). The TTFT the planner predicts is a
     warm one, as an engine that serves requests sees it (llama.cpp warms up at load too); the run times it after this
-    and reports this as its own number. The first chunk is the one whose shapes the timed prefill starts with."""
+    and reports this as its own number. The first chunk is the one whose shapes the timed prefill starts with.
+
+    On the CPU a first prefill pays for touching the weights: a checkpoint's are pages of its mapped file until then.
+    Measured on the 2-core dev VM (bench/results/vs-engines-cpu-dev.md, 128-token prompt, a fresh process each):
+    Llama-3.2-1B bf16 from its checkpoint 2.47 s cold where the same prefill warm takes 1.29-1.41 s in one process,
+    and the compiled run, which warms up, 1.49 s. A few tokens touch every weight once; what is left cold is per shape
+    (0.2 s at most there). llama.cpp warms up at load the same way."""
     device = compute_device(model)  # an offloaded model keeps its input embedding (and the ids) in RAM
     if device.type != "cuda" and static is None:
-        return 0.0
+        if device.type != "cpu":
+            return 0.0
+        # the CPU: CPU_WARM_UP_TOKENS of the prompt, no decode step (a longer first chunk would cost its whole time)
+        prefill_chunk = min(prefill_chunk, CPU_WARM_UP_TOKENS)
+        input_ids = input_ids[:, :prefill_chunk]
     cache = make_cache(kv, model.config) if static is None else static
-    steps = 1 if static is None else STATIC_WARM_UP_STEPS
+    steps = 0 if device.type == "cpu" and static is None else 1 if static is None else STATIC_WARM_UP_STEPS
     if static is not None:
         steps = max(1, min(steps, static.max_len - min(prefill_chunk, input_ids.shape[1])))
     with no_grad_context(model, static):
@@ -278,6 +289,9 @@ def warm_up(model: nn.Module, input_ids: torch.Tensor, prefill_chunk: int, kv: K
     return seconds
 
 
+# The CPU warm-up's tokens: every weight touched once, at little more than a decode step's cost; as many as Bf16Rows
+# needs to take its fp32 prefill path
+CPU_WARM_UP_TOKENS = 8
 # A compiled decode's warm-up steps: the first compiles; under CUDA graphs the next ones record and replay the graph.
 STATIC_WARM_UP_STEPS = 3
 

@@ -268,10 +268,21 @@ def test_chunked_prefill_generates_the_same_tokens(load_tiny, arch):
     assert chunked.tokens == one_shot.tokens and len(one_shot.tokens) == 8
 
 
-def test_warm_up_is_for_cuda_only(load_tiny):
-    """On the CPU there is no lazy kernel loading to pay for: the warm-up does nothing and says 0 s."""
+def test_the_cpu_warm_up_prefills_a_few_tokens_on_a_cache_of_its_own(load_tiny, monkeypatch):
+    """On the CPU the warm-up touches the weights with the prompt's first CPU_WARM_UP_TOKENS tokens and no decode
+    step, not its whole first chunk; the tokens after it are the tokens without it."""
+    from vramplan.runtime import generate as gen
+
     model = load_tiny("llama", "bf16", "fp32").model
-    assert warm_up(model, PROMPT, prefill_chunk=7) == 0.0
+    cold = generate(model, PROMPT, max_new_tokens=8, prefill_chunk=64)
+    lengths = []
+    forward = gen.forward_logits
+    monkeypatch.setattr(gen, "forward_logits", lambda m, ids, *a, **kw: lengths.append(ids.shape[1]) or
+                        forward(m, ids, *a, **kw))
+    assert warm_up(model, PROMPT, prefill_chunk=64) > 0
+    assert lengths == [gen.CPU_WARM_UP_TOKENS] and PROMPT.shape[1] > gen.CPU_WARM_UP_TOKENS
+    monkeypatch.undo()
+    assert generate(model, PROMPT, max_new_tokens=8, prefill_chunk=64).tokens == cold.tokens
 
 
 @pytest.mark.gpu
