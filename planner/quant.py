@@ -255,11 +255,11 @@ def cpu_head_scheme(scheme: WeightScheme, in_features: int) -> WeightScheme | No
     load dtype); its bytes: cpu_head_bytes.
 
     The quanto schemes quantize it as quanto's qint8 does (absmax per row) into int8 rows for torch's CPU int8 kernel:
-    on the CPU lm_head is the largest single read of a decode step (Qwen2.5-0.5B: 272 MB in bf16, 17 of 66 ms a token
-    on the 2-core dev VM), and int8 halves it (66.0 -> 57.8 ms with quanto-int8 layers, 45.8 -> 37.2 with quanto-int4,
-    measured by hand; bench/results/vs-engines-cpu-dev.md has the runs). 8 bits under 4-bit layers too, as llama.cpp
-    keeps output.weight at 6-8 bits in its 4-bit types. A tied embedding stays as it is for the lookup, so the int8
-    head is a second copy (+0.5 B per element of it)."""
+    on the CPU lm_head is the largest single read of a decode step (Qwen2.5-0.5B: 272 MB in bf16, 17 of 66 ms a token on
+    the 2-core dev VM), and int8 halves it (66.0 -> 57.8 ms with quanto-int8 layers, 45.8 -> 37.2 with quanto-int4,
+    measured by hand; bench/results/vs-engines-cpu-dev.md as of 3293d8f has the runs). 8 bits under 4-bit layers too, as
+    llama.cpp keeps output.weight at 6-8 bits in its 4-bit types. A tied embedding stays as it is for the lookup, so the
+    int8 head is a second copy (+0.5 B per element of it)."""
     if scheme.cpu_head is None or in_features % INT8PACK_IN_MULTIPLE:
         return None
     return SCHEMES[scheme.cpu_head]

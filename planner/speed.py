@@ -85,8 +85,8 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     # GB/s by the probe then): the bandwidth efficiency from the matmuls' time over the weights they read; the per-layer
     # cost from the rest of the step, less attention and the 0.5 ms per token, over 24 layers. bf16 (by GEMV,
     # runtime.quantize.Bf16Rows): 56.9 ms over 988 MB -> 0.60; 17.0 ms -> 0.71 ms a layer (was 0.50, 150 us). Against
-    # bench/results/vs-engines-cpu-dev.md (a later run, the probe at 27.7 GB/s): Qwen2.5-0.5B bf16 / int8 / int4 +1 / +1
-    # / -2 %; held out, Llama-3.2-1B -17 / -12 / -6 %.
+    # bench/results/vs-engines-cpu-dev.md as of 3293d8f (a later run, the probe at 27.7 GB/s): Qwen2.5-0.5B bf16 /
+    # int8 / int4 +1 / +1 / -2 %; held out, Llama-3.2-1B -17 / -12 / -6 %.
     # The CPU compute efficiencies (prefill matmuls) are against planner.speed.cpu_matmul_peak: the faster of the bf16
     # and fp32 matmul, quanto-w8a8's the int8 one. One least-squares fit, on Qwen2.5-0.5B's TTFT at 128 / 512 / 2048
     # tokens in each scheme on the 2-core dev VM (the per-layer costs here, and one prefill attention efficiency, 0.395:
@@ -237,8 +237,8 @@ COMPILED_CPU_PER_LAYER_FACTOR: dict[str, float] = {"quanto-int8": 0.56, "quanto-
 
 # llama.cpp's file types until calibrated (`vramplan calibrate --engine llama.cpp`): on a GPU bf16's; on the CPU the
 # values bf16 had before vramplan's GEMV path, which has no counterpart in llama.cpp (ggml has no per-op dispatch).
-# Against bench/results/vs-engines-cpu-dev.md (2-core VM, not fitted to it): Qwen2.5-0.5B BF16 / Q8_0 / Q4_0
-# -19 / -18 / -13 %, Llama-3.2-1B -24 / -17 / -6 %.
+# Against bench/results/vs-engines-cpu-dev.md as of 3293d8f (2-core VM, not fitted to it): Qwen2.5-0.5B BF16 / Q8_0 /
+# Q4_0 -19 / -18 / -13 %, Llama-3.2-1B -24 / -17 / -6 %.
 _LLAMA_CPP_DEFAULTS: dict[str, tuple[float, float, float, float]] = {
     "gpu": _DEFAULTS[("gpu", "bf16")], "cpu": (0.50, 0.50, 150e-6, 500e-6)}
 

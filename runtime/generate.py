@@ -259,10 +259,10 @@ def warm_up(model: nn.Module, input_ids: torch.Tensor, prefill_chunk: int, kv: K
     and reports this as its own number. The first chunk is the one whose shapes the timed prefill starts with.
 
     On the CPU a first prefill pays for touching the weights: a checkpoint's are pages of its mapped file until then.
-    Measured on the 2-core dev VM (bench/results/vs-engines-cpu-dev.md, 128-token prompt, a fresh process each):
-    Llama-3.2-1B bf16 from its checkpoint 2.47 s cold where the same prefill warm takes 1.29-1.41 s in one process,
-    and the compiled run, which warms up, 1.49 s. A few tokens touch every weight once; what is left cold is per shape
-    (0.2 s at most there). llama.cpp warms up at load the same way."""
+    Measured on the 2-core dev VM (bench/results/vs-engines-cpu-dev.md as of 1ade6cf, 128-token prompt, a fresh process
+    each): Llama-3.2-1B bf16 from its checkpoint 2.47 s cold where the same prefill warm takes 1.29-1.41 s in one
+    process, and the compiled run, which warms up, 1.49 s. A few tokens touch every weight once; what is left cold is
+    per shape (0.2 s at most there). llama.cpp warms up at load the same way."""
     device = compute_device(model)  # an offloaded model keeps its input embedding (and the ids) in RAM
     if device.type != "cuda" and static is None:
         if device.type != "cpu":

@@ -208,13 +208,13 @@ class Int4Groups(nn.Module):
 class Bf16Rows(nn.Linear):
     """A bf16 nn.Linear on the CPU whose one-row products (a decode step at batch 1) call torch.mv, the same weight and
     bias Parameters, shared, not copied. torch 2.13's bf16 F.linear of one row goes through its GEMM path, which
-    converts bf16 at about half the rate of mv's GEMV on a CPU without native bf16 (2-core Xeon, AVX-512 without
-    BF16: 8192 x 2048 in 1230 us against 719; a Qwen2.5-0.5B decode 11.8 -> 13.1 tok/s,
-    bench/results/vs-engines-cpu-dev.md). Both sum in fp32, in another order: an output equals F.linear's or differs
-    in its last bf16 bit (896 x 4864: 0.5 elements a row on average, at most 2). Several rows (a prefill) multiply in
-    fp32, the weight widened a block of rows at a time (_fp32_blocks): bf16 F.linear converts in software at about 61
-    GFLOP/s there, this at 200-290 from 8 rows up (128 rows of 4864 x 896: 225). Fewer than FP32_MIN_ROWS keep
-    F.linear. A subclass, so what looks for a Linear (transformers' output embeddings, tied weights) still finds one."""
+    converts bf16 at about half the rate of mv's GEMV on a CPU without native bf16 (2-core Xeon, AVX-512 without BF16:
+    8192 x 2048 in 1230 us against 719; a Qwen2.5-0.5B decode 11.8 -> 13.1 tok/s, bench/results/vs-engines-cpu-dev.md as
+    of 3293d8f). Both sum in fp32, in another order: an output equals F.linear's or differs in its last bf16 bit (896 x
+    4864: 0.5 elements a row on average, at most 2). Several rows (a prefill) multiply in fp32, the weight widened a
+    block of rows at a time (_fp32_blocks): bf16 F.linear converts in software at about 61 GFLOP/s there, this at
+    200-290 from 8 rows up (128 rows of 4864 x 896: 225). Fewer than FP32_MIN_ROWS keep F.linear. A subclass, so what
+    looks for a Linear (transformers' output embeddings, tied weights) still finds one."""
 
     # from this many rows the fp32 blocks beat bf16 F.linear on the 2-core Xeon dev VM: 8 rows 49-87 GFLOP/s against
     # 38-39 (4864 x 896, 896 x 4864, 8192 x 2048); 4 rows 15-50 against 27-30, 2 rows 9-34 against 35-50

@@ -46,6 +46,9 @@ BUSY_PROBE_RETRY_S = 15 * 60
 # kernel and firmware reserve changes by a percent or two between kernels and boots; another machine type differs by
 # far more (and a cgroup limit that moved is a different machine for planning).
 SAME_MACHINE_MEMORY_TOLERANCE = 0.05
+# What every probe since it took the CPU's fp32 and int8 matmul figures (host.cpu_fp32_compute, cpu_int8_compute) says
+# of the fp32 one, measured, estimated or neither (runtime.probe.core): a cached probe without such a note is older
+CPU_FP32_NOTE_PREFIXES = ("CPU fp32 compute", "CPU fp32 matmul")
 
 
 def cache_path() -> Path:
@@ -139,6 +142,8 @@ def stale_reason(cached: HardwareProfile, path: Path) -> str | None:
     if age_s > limit_s:
         return (f"the cached one was {age_s / SECONDS_PER_DAY:.1f} days old (limit {limit_s / SECONDS_PER_DAY:g} "
                 f"days, ${PROBE_MAX_AGE_ENV})")
+    if not any(n.startswith(CPU_FP32_NOTE_PREFIXES) for n in cached.notes):
+        return "the cached one predates the CPU's fp32 and int8 matmul figures, which the CPU prefill is priced with"
     if busy_note(cached) is not None and age_s > BUSY_PROBE_RETRY_S:
         return (f"the cached one was taken while the machine was busy, {age_s / 60:.0f} min ago (retried after "
                 f"{BUSY_PROBE_RETRY_S / 60:g} min)")

@@ -194,6 +194,17 @@ def test_the_max_age_can_be_set_in_days(capsys, monkeypatch):
     assert "VRAMPLAN_PROBE_MAX_AGE_DAYS='soon'" in err
 
 
+def test_a_probe_cached_before_the_fp32_and_int8_figures_is_measured_again(capsys):
+    path = cache_an_idle_probe()
+    old = load_profile(path)
+    this_machine.store(old.replace(host=dataclasses.replace(old.host, cpu_fp32_flops=None, cpu_int8_ops=None),
+                                   notes=tuple(n for n in old.notes if not n.startswith("CPU fp32"))))
+    said = _plan_says(capsys)
+    assert "quick probe taken now (the cached one predates the CPU's fp32 and int8 matmul figures" in said, said
+    assert "CPU fp32 compute" in path.read_text()  # the new probe's note
+    assert "taken now" not in _plan_says(capsys)  # and it is used from then on
+
+
 def test_a_probe_cached_while_busy_is_measured_again(capsys):
     path = cache_an_idle_probe()
     busy = load_profile(path)
