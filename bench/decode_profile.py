@@ -45,6 +45,10 @@ def profile_one(config: dict, quant: str, attn: str, device: str, prompt: int, s
     model = load_model(config, scheme=SCHEMES[quant], dummy_weights=True, device=device,
                        random_device=device if device != "cpu" else None).model
     model.set_attn_implementation(attn)
+    if attn == "sdpa" and device == "cpu":  # as load_model leaves a model on the CPU alone (runtime.attention)
+        from vramplan.runtime.attention import pack_single_queries
+
+        pack_single_queries(model)
     vocab = int(model.config.get_text_config(decoder=True).vocab_size)
     ids = synthetic_prompt(prompt, vocab, seed=0).to(device)
     times: list[float] = []

@@ -365,6 +365,11 @@ def fit(samples: list[Sample], *, measured_at: str, versions: dict[str, str]) ->
         else:
             kv_groups.setdefault((s.device, s.backend, s.quant, s.kv_dtype), []).append(s)
     entries, residuals, warnings = [], {}, []
+    old = sum(1 for s in samples if s.device == "cpu" and s.matmul_peak_flops is None)
+    if old:
+        warnings.append(f"{old} CPU runs were saved before the CPU fp32 kernels and their peaks (no "
+                        "matmul_peak_flops): they are fitted against the bf16 peak they were saved with, beside runs "
+                        "priced against planner.speed.cpu_matmul_peak; measure them again")
     fitted: dict[tuple[str, str, str], _Fitted] = {}
     kv_effs: dict[tuple[str, str], list[float]] = {}
     bound: dict[tuple[str, str], list[bool]] = {}

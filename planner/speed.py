@@ -91,7 +91,8 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     # and fp32 matmul, quanto-w8a8's the int8 one. One least-squares fit, on Qwen2.5-0.5B's TTFT at 128 / 512 / 2048
     # tokens in each scheme on the 2-core dev VM (the per-layer costs here, and one prefill attention efficiency, 0.395:
     # DEFAULT_PREFILL_ATTENTION_EFFICIENCY; fp32 peak 360 GFLOP/s, int8 1182 GOP/s by the probe; 2026-11-26,
-    # bench/results/prefill-fit-cpu-dev.md): bf16 0.574, int8 0.355, int4 0.384, w8a8 0.406, every TTFT within 17 %.
+    # bench/results/prefill-fit-cpu-dev.md): bf16 0.574, int8 0.355, int4 0.384, w8a8 0.406, every TTFT within 17 %
+    # (18 % with these rounded values).
     # They were 0.50 and 1.0 (held at the cap) against the bf16 matmul's 62 GFLOP/s, which this CPU converts in
     # software: the quanto TTFTs over-predicted by 75-100 %, w8a8's 5-8x.
     ("cpu", "bf16"): (0.60, 0.57, 710e-6, 500e-6),
@@ -409,7 +410,8 @@ def kv_efficiency(hw: HardwareProfile, device: str, spec: ModelSpec, kv: KVSchem
     """The attention kernel's efficiencies (per device x attention implementation) and the KV dtype's update one."""
     read = weights.bandwidth / KV_PASSES_DEFAULT
     compute = DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY if device == "cpu" else weights.compute
-    source = f"default (KV reads at the weights' efficiency / {KV_PASSES_DEFAULT:g})"
+    source = f"default (KV reads at the weights' efficiency / {KV_PASSES_DEFAULT:g}" + (
+        f"; attention FLOPs at DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY {compute:g})" if device == "cpu" else ")")
     if weights.kv is not None:
         read, source = weights.kv, f"{weights.source} (its kv_efficiency)"
     cal = hw.calibration
@@ -487,9 +489,10 @@ class DeviceRates:
 def cpu_float_peak(host: HostSpec) -> tuple[float, str]:
     """The peak a CPU's floating-point kernels compute against (its bf16 matmuls, torch's weight-only int8 / int4
     kernels, the attention kernels), and the profile field it comes from: the faster of the bf16 and the fp32 matmul.
-    Where bf16 is native (AVX512-BF16, AMX) that is bf16's; where it is converted in software fp32 is faster, and
-    the kernels compute in it: on the 2-core Xeon dev VM (AVX-512, no BF16) torch's bf16 matmul reaches 62 GFLOP/s, its
-    fp32 one 312-350, and at 128 rows of 4864 x 896 vramplan's bf16 prefill (runtime.quantize.Bf16Rows, in fp32) 225,
+    Where bf16 is native (AVX512-BF16, AMX) that is bf16's (and the quick probe estimates no fp32 figure there); where
+    it is converted in software fp32 is faster, and the kernels compute in it: on the 2-core Xeon dev VM (AVX-512, no
+    BF16) torch's bf16 matmul reaches 62 GFLOP/s, its fp32 one 312-360, and at 128 rows of 4864 x 896 vramplan's bf16
+    prefill (runtime.quantize.Bf16Rows, in fp32) 225,
     _weight_int8pack_mm 147; SDPA's causal prefill attention in bf16 95-185. A profile without the fp32 figure
     (datasheets, older probes) keeps bf16's."""
     if host.cpu_fp32_flops is not None and host.cpu_fp32_flops > host.cpu_bf16_flops:
@@ -500,9 +503,13 @@ def cpu_float_peak(host: HostSpec) -> tuple[float, str]:
 def cpu_matmul_peak(host: HostSpec, scheme: WeightScheme) -> tuple[float, str]:
     """The peak a CPU's weight matmuls of `scheme` compute against, and the profile field it comes from: the int8
     matmul's where the scheme quantizes its activations to 8 bits (quanto-w8a8: torch._int_mm) and the profile has
-    it, else cpu_float_peak."""
+    it; the bf16 matmul's for fp16 and bitsandbytes (kernels of their own, their default efficiencies set against the
+    bf16 figure and not measured since); else cpu_float_peak (vramplan's bf16 rows, quanto's int8 / int4 kernels,
+    llama.cpp's, whose efficiencies were fitted against it)."""
     if scheme.activation_bits == 8 and host.cpu_int8_ops is not None:
         return host.cpu_int8_ops, "host.cpu_int8_compute"
+    if scheme.backend == "bnb" or scheme.name == "fp16":
+        return host.cpu_bf16_flops, "host.cpu_bf16_compute"
     return cpu_float_peak(host)
 
 

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 
 PACKED_SDPA = "vramplan_sdpa"
 # what takes transformers' own function: these change the product (or transformers refuses them for SDPA)
-_DEFER_KWARGS = ("softcap", "position_bias", "s_aux", "sinks", "output_attentions")
+_DEFER_KWARGS = ("softcap", "position_bias", "s_aux", "sinks")
 
 
 def packed_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -29,7 +29,8 @@ def packed_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch
 
     groups = getattr(module, "num_key_value_groups", 1)
     if (query.shape[2] != 1 or attention_mask is not None or groups <= 1 or dropout or not query.is_cpu
-            or torch.compiler.is_compiling() or any(kwargs.get(k) for k in _DEFER_KWARGS)
+            or torch.compiler.is_compiling() or kwargs.get("output_attentions")
+            or any(kwargs.get(k) is not None for k in _DEFER_KWARGS)
             or query.shape[1] != key.shape[1] * groups):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)

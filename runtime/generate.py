@@ -265,8 +265,8 @@ def warm_up(model: nn.Module, input_ids: torch.Tensor, prefill_chunk: int, kv: K
     per shape (0.2 s at most there). llama.cpp warms up at load the same way."""
     device = compute_device(model)  # an offloaded model keeps its input embedding (and the ids) in RAM
     if device.type != "cuda" and static is None:
-        if device.type != "cpu":
-            return 0.0
+        if device.type != "cpu" or any(p.device.type != "cpu" for p in model.parameters()):
+            return 0.0  # (an offloaded model whose lm_head stays in RAM: its layers are streamed, not mapped pages)
         # the CPU: CPU_WARM_UP_TOKENS of the prompt, no decode step (a longer first chunk would cost its whole time)
         prefill_chunk = min(prefill_chunk, CPU_WARM_UP_TOKENS)
         input_ids = input_ids[:, :prefill_chunk]
@@ -289,8 +289,8 @@ def warm_up(model: nn.Module, input_ids: torch.Tensor, prefill_chunk: int, kv: K
     return seconds
 
 
-# The CPU warm-up's tokens: every weight touched once, at little more than a decode step's cost; as many as Bf16Rows
-# needs to take its fp32 prefill path
+# The CPU warm-up's tokens: every weight touched once, in about two decode steps' time (Llama-3.2-1B bf16 here); as
+# many as Bf16Rows.FP32_MIN_ROWS, so that its fp32 prefill path is warmed too
 CPU_WARM_UP_TOKENS = 8
 # A compiled decode's warm-up steps: the first compiles; under CUDA graphs the next ones record and replay the graph.
 STATIC_WARM_UP_STEPS = 3

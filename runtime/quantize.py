@@ -212,9 +212,10 @@ class Bf16Rows(nn.Linear):
     8192 x 2048 in 1230 us against 719; a Qwen2.5-0.5B decode 11.8 -> 13.1 tok/s, bench/results/vs-engines-cpu-dev.md as
     of 3293d8f). Both sum in fp32, in another order: an output equals F.linear's or differs in its last bf16 bit (896 x
     4864: 0.5 elements a row on average, at most 2). Several rows (a prefill) multiply in fp32, the weight widened a
-    block of rows at a time (_fp32_blocks): bf16 F.linear converts in software at about 61 GFLOP/s there, this at
-    200-290 from 8 rows up (128 rows of 4864 x 896: 225). Fewer than FP32_MIN_ROWS keep F.linear. A subclass, so what
-    looks for a Linear (transformers' output embeddings, tied weights) still finds one."""
+    block of rows at a time (_fp32_blocks): bf16 F.linear converts in software at about 61 GFLOP/s there, this runs at
+    200-235 at 128 rows and 270-290 at 512 (4864 x 896: 225 at 128), and beats F.linear from 8 rows up. Fewer than
+    FP32_MIN_ROWS keep F.linear. A subclass, so what looks for a Linear (transformers' output embeddings, tied weights)
+    still finds one."""
 
     # from this many rows the fp32 blocks beat bf16 F.linear on the 2-core Xeon dev VM: 8 rows 49-87 GFLOP/s against
     # 38-39 (4864 x 896, 896 x 4864, 8192 x 2048); 4 rows 15-50 against 27-30, 2 rows 9-34 against 35-50

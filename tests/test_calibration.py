@@ -24,7 +24,8 @@ def synth(weights, flops_attn, layers, *, eff=0.6, attn_eff=0.02, per_layer=700e
     t = (weights / (BW * eff) + flops_attn / (PEAK * attn_eff) + layers * per_layer + per_token
          + update_bytes / (BW * update_eff)) * noise
     return Sample(device="cpu", backend="torch" if quant == "bf16" else "quanto", quant=quant,
-                  bandwidth_bytes_per_s=BW, peak_flops=PEAK, bytes_read_per_token=weights, kv_bytes_per_token=1e6,
+                  bandwidth_bytes_per_s=BW, peak_flops=PEAK, matmul_peak_flops=PEAK, bytes_read_per_token=weights,
+                  kv_bytes_per_token=1e6,
                   attention_flops_per_token=flops_attn, attention_impl="sdpa", num_layers=layers,
                   decode_s_per_token=t, prefill_flops=1e12, prefill_chunks=1,
                   prefill_s=1e12 / (PEAK * 0.9) + layers * per_layer + per_token, kv_dtype=kv_dtype,
@@ -414,3 +415,12 @@ def test_a_compiled_cpu_decode_uses_the_weights_own_calibration():
                        for c in (False, True))
     assert compiled.predicted.decode_tokens_per_s == pytest.approx(eager.predicted.decode_tokens_per_s)
     assert compiled.chosen.speed.terms["efficiency_source"].startswith("calibrated")
+
+
+def test_runs_saved_before_the_cpu_peaks_are_fitted_with_a_warning():
+    """A CPU run without matmul_peak_flops was saved (and measured) before the fp32 kernels: fitting it beside new runs
+    says so."""
+    old = [dataclasses.replace(s, matmul_peak_flops=None) for s in matrix()]
+    result = fit(old, measured_at="2026-11-26", versions={})
+    assert any(w.startswith("6 CPU runs were saved before the CPU fp32 kernels") for w in result.warnings)
+    assert not any("saved before" in w for w in fit(matrix(), measured_at="2026-11-26", versions={}).warnings)

@@ -111,9 +111,10 @@ def test_packed_attention_is_sdpa_of_the_same_tensors_and_defers_everything_else
     monkeypatch.setattr(sa, "sdpa_attention_forward", lambda *a, **kw: deferred.append(a[1].shape) or ("stock", None))
     packed_sdpa_forward(module, q, k, v, torch.ones(1, 1, 1, 50, dtype=torch.bool))
     packed_sdpa_forward(module, torch.randn(1, 6, 4, 16).to(torch.bfloat16), k, v, None)
+    packed_sdpa_forward(module, q, k, v, None, s_aux=torch.zeros(6))  # sinks, even all zero
     module.num_key_value_groups = 1
     packed_sdpa_forward(module, q[:, :2], k, v, None)
-    assert deferred == [(1, 6, 1, 16), (1, 6, 4, 16), (1, 2, 1, 16)]
+    assert deferred == [(1, 6, 1, 16), (1, 6, 4, 16), (1, 6, 1, 16), (1, 2, 1, 16)]
 
 
 def test_an_eager_model_keeps_its_attention():
@@ -138,6 +139,9 @@ def test_cpu_kernels_compute_against_the_faster_float_peak_and_w8a8_against_int8
     native = _cpu_profile(cpu_bf16_flops=2e12, cpu_fp32_flops=1e12).host  # AVX512-BF16 / AMX: bf16 is the faster
     assert cpu_float_peak(native) == (2e12, "host.cpu_bf16_compute")
     assert cpu_matmul_peak(native, SCHEMES["quanto-w8a8"]) == (2e12, "host.cpu_bf16_compute")  # no int8 figure
+    # fp16 and bitsandbytes keep the bf16 figure their default efficiencies were set against
+    assert cpu_matmul_peak(slow_bf16, SCHEMES["fp16"]) == (60e9, "host.cpu_bf16_compute")
+    assert cpu_matmul_peak(slow_bf16, SCHEMES["bnb-nf4"]) == (60e9, "host.cpu_bf16_compute")
     datasheet = _cpu_profile().host
     assert datasheet.cpu_fp32_flops is None
     assert cpu_matmul_peak(datasheet, SCHEMES["bf16"]) == (datasheet.cpu_bf16_flops, "host.cpu_bf16_compute")
@@ -170,3 +174,15 @@ def test_the_fp32_and_int8_figures_round_trip_through_yaml_and_are_checked():
     assert loads_profile(dumps_profile(_cpu_profile())).host.cpu_int8_ops is None  # written as null
     with pytest.raises(ProfileError, match="cpu_fp32"):
         loads_profile(text.replace("cpu_fp32_compute: 0.35 TFLOPS", "cpu_fp32_compute: fast"))
+
+
+def test_llama_cpp_runs_are_fitted_against_the_peaks_its_plans_are_priced_with():
+    from vramplan.planner.engines.llamacpp import SPEED_SCHEME
+    from vramplan.planner.engines.llamacpp_fit import ServerRun, calibration_sample
+
+    hw = _cpu_profile(cpu_bf16_flops=60e9, cpu_fp32_flops=360e9)
+    run = ServerRun(spec=model_spec("qwen2.5-0.5b"), file_type="Q8_0", kv_type="f16", prompt=256, new_tokens=16,
+                    decode_s_per_token=0.04, prefill_s=1.0)
+    sample = calibration_sample(hw, run)
+    assert sample.peak_flops == cpu_float_peak(hw.host)[0] == 360e9
+    assert sample.matmul_peak_flops == cpu_matmul_peak(hw.host, SPEED_SCHEME)[0] == 360e9

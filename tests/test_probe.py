@@ -546,6 +546,9 @@ def test_cpu_fp32_and_int8_estimates_follow_the_vector_extensions():
     assert none is None and "not estimated" in why
     assert estimate_cpu_flops(_host(cpu_flags=()), "fp32")[0] is None
     assert estimate_cpu_flops(_host(), "bf16") == estimate_cpu_bf16_flops(_host())
+    # native bf16 (AVX512-BF16 here): vramplan's CPU path keeps bf16 matmuls, no fp32 figure for the planner to prefer
+    none, why = estimate_cpu_flops(_host(), "fp32")
+    assert none is None and "bf16 is native here" in why
 
 
 def test_the_full_probe_measures_the_fp32_and_int8_matmuls():

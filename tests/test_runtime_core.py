@@ -641,3 +641,10 @@ def test_a_split_tells_loading_from_running_and_the_window_keeps_both():
     assert load >= 512 << 20
     assert torch.cuda.max_memory_reserved(0) < 512 << 20  # the peak after the split is the small one's
     assert sampler.result.peak_torch_reserved_bytes >= 512 << 20
+
+
+def test_the_cpu_warm_up_is_as_long_as_the_fp32_prefill_path_needs():
+    from vramplan.runtime import generate as gen
+    from vramplan.runtime.quantize import Bf16Rows
+
+    assert gen.CPU_WARM_UP_TOKENS >= Bf16Rows.FP32_MIN_ROWS

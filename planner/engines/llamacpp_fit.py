@@ -16,7 +16,7 @@ from ..calibration import MIN_EFFICIENCY, Sample, fit
 from ..hardware import MAX_EFFICIENCY, Calibration, CalibrationEntry, HardwareProfile
 from ..modelspec import ModelSpec
 from ..request import Request
-from ..speed import PREFILL_ATTENTION_BACKEND
+from ..speed import PREFILL_ATTENTION_BACKEND, cpu_float_peak, cpu_matmul_peak
 from ..work import decode_work, prefill_attention_flop, prefill_flop
 from . import llamacpp_rules as rules
 from .llamacpp import (ATTENTION_IMPL, ENGINE, LLAMA_CPP_BACKENDS, MEASURED_AT_VERSION, SPEED_SCHEME, footprint,
@@ -94,7 +94,8 @@ def calibration_sample(hw: HardwareProfile, run: ServerRun, label: str = "") -> 
     work = decode_work(spec, SPEED_SCHEME, kv_scheme(run.kv_type), 1, run.prompt + run.new_tokens // 2,
                        gguf_layer_costs(fp), gguf_read_bytes(spec, model, 1))
     return Sample(device="cpu", backend=SPEED_SCHEME.backend, quant=run.file_type,
-                  bandwidth_bytes_per_s=hw.host.ram_bandwidth_bytes_per_s, peak_flops=hw.host.cpu_bf16_flops,
+                  bandwidth_bytes_per_s=hw.host.ram_bandwidth_bytes_per_s, peak_flops=cpu_float_peak(hw.host)[0],
+                  matmul_peak_flops=cpu_matmul_peak(hw.host, SPEED_SCHEME)[0],
                   bytes_read_per_token=sum(work.weights_bytes) + work.head_bytes,
                   kv_bytes_per_token=sum(work.kv_read_bytes), attention_flops_per_token=sum(work.attention_flop),
                   attention_impl=ATTENTION_IMPL, num_layers=spec.num_layers,

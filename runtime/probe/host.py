@@ -41,6 +41,9 @@ CPU_FP32_FLOP_PER_CYCLE: tuple[tuple[str, float, str], ...] = (
     ("fma", 32.0, "AVX2 FMA (2 units)"),
     ("asimd", 16.0, "ARM NEON FMA"),
 )
+# where these are, bf16 matmuls are native and vramplan's CPU path keeps them (no fp32 estimate: the planner would take
+# it for the faster)
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 CPU_INT8_OPS_PER_CYCLE: tuple[tuple[str, float, str], ...] = (
     ("avx512_vnni", 256.0, "AVX-512 VNNI (vpdpbusd, 2 units)"),
 )
@@ -318,6 +321,9 @@ def estimate_cpu_flops(host: HostReading, kind: str) -> tuple[float | None, str]
     flags and clock; (None, why) where no flag gives a rate (fp32 and int8 have no fallback)."""
     table, fallback = _PER_CYCLE[kind]
     flags = set(host.cpu_flags)
+    if kind == "fp32" and flags & NATIVE_BF16_FLAGS:
+        return None, ("CPU fp32 compute not estimated: bf16 is native here (AVX512-BF16 / AMX), and the CPU kernels "
+                      "compute in it (runtime.quantize.Bf16Rows.pays_here)")
     per_cycle, isa = fallback, "no known vector extension"
     for flag, rate, label in table:
         if flag in flags:
