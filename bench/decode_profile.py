@@ -37,6 +37,7 @@ def profile_one(config: dict, quant: str, attn: str, device: str, prompt: int, s
     from torch.profiler import ProfilerActivity, profile
 
     from vramplan.planner.quant import KV_SCHEMES, SCHEMES
+    from vramplan.runtime.attention import use_attention
     from vramplan.runtime.generate import decode_one_token, prefill, synthetic_prompt
     from vramplan.runtime.kvcache import make_cache
     from vramplan.runtime.load import load_model
@@ -44,11 +45,7 @@ def profile_one(config: dict, quant: str, attn: str, device: str, prompt: int, s
 
     model = load_model(config, scheme=SCHEMES[quant], dummy_weights=True, device=device,
                        random_device=device if device != "cpu" else None).model
-    model.set_attn_implementation(attn)
-    if attn == "sdpa" and device == "cpu":  # as load_model leaves a model on the CPU alone (runtime.attention)
-        from vramplan.runtime.attention import pack_single_queries
-
-        pack_single_queries(model)
+    use_attention(model, attn, device)  # SDPA on the CPU packed, as the runtime runs it
     vocab = int(model.config.get_text_config(decoder=True).vocab_size)
     ids = synthetic_prompt(prompt, vocab, seed=0).to(device)
     times: list[float] = []

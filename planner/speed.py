@@ -492,9 +492,8 @@ def cpu_float_peak(host: HostSpec) -> tuple[float, str]:
     Where bf16 is native (AVX512-BF16, AMX) that is bf16's (and the quick probe estimates no fp32 figure there); where
     it is converted in software fp32 is faster, and the kernels compute in it: on the 2-core Xeon dev VM (AVX-512, no
     BF16) torch's bf16 matmul reaches 62 GFLOP/s, its fp32 one 312-360, and at 128 rows of 4864 x 896 vramplan's bf16
-    prefill (runtime.quantize.Bf16Rows, in fp32) 225,
-    _weight_int8pack_mm 147; SDPA's causal prefill attention in bf16 95-185. A profile without the fp32 figure
-    (datasheets, older probes) keeps bf16's."""
+    prefill (runtime.quantize.Bf16Rows, in fp32) 225, _weight_int8pack_mm 147; SDPA's causal prefill attention in
+    bf16 95-185. A profile without the fp32 figure (datasheets, older probes) keeps bf16's."""
     if host.cpu_fp32_flops is not None and host.cpu_fp32_flops > host.cpu_bf16_flops:
         return host.cpu_fp32_flops, "host.cpu_fp32_compute"
     return host.cpu_bf16_flops, "host.cpu_bf16_compute"

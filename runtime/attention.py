@@ -69,6 +69,15 @@ def pack_single_queries(model: torch.nn.Module) -> bool:
     return model.config._attn_implementation == PACKED_SDPA
 
 
+def use_attention(model: torch.nn.Module, impl: str, device: str) -> None:
+    """Set the model's attention implementation as the planner names it ("sdpa", "eager"): SDPA on the CPU is
+    PACKED_SDPA, as load_model leaves a model that runs on the CPU alone."""
+    if attention_name(model) != impl:
+        model.set_attn_implementation(impl)
+    if impl == "sdpa" and device == "cpu":
+        pack_single_queries(model)
+
+
 def attention_name(model: torch.nn.Module) -> str:
     """The model's attention implementation as the planner names it: PACKED_SDPA is SDPA."""
     name = getattr(model.config, "_attn_implementation", None) or "eager"

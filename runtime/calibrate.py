@@ -350,7 +350,7 @@ def _run_model(config: dict, spec, quant: str, runs: list[tuple[int, str, str]],
                seed: int, say: Callable[[str], None], advance: Advance | None = None) -> tuple[list, int]:
     """Load one model in one scheme and time its runs (prompt, KV dtype, attention implementation);
     ([(prompt, kv dtype, implementation, result)], peak RSS)."""
-    from .attention import attention_name, pack_single_queries
+    from .attention import use_attention
     from .generate import generate, synthetic_prompt
     from .load import load_model
     from .measure import PeakMemorySampler
@@ -365,10 +365,7 @@ def _run_model(config: dict, spec, quant: str, runs: list[tuple[int, str, str]],
         generate(model, synthetic_prompt(min((p for p, _, _ in runs), default=8), spec.vocab_size, seed + 1),
                  max_new_tokens=2, prefill_chunk=matrix.prefill_chunk)
         for prompt, kv_dtype, impl in runs:
-            if attention_name(model) != impl:
-                model.set_attn_implementation(impl)
-                if impl == "sdpa" and device == "cpu":  # as load_model leaves a model on the CPU alone
-                    pack_single_queries(model)
+            use_attention(model, impl, device)
             ids = synthetic_prompt(prompt, spec.vocab_size, seed)
             r = best_of(matrix.repeats, lambda: generate(model, ids, max_new_tokens=matrix.new_tokens,
                                                          prefill_chunk=matrix.prefill_chunk,

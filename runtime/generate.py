@@ -271,7 +271,7 @@ def warm_up(model: nn.Module, input_ids: torch.Tensor, prefill_chunk: int, kv: K
         prefill_chunk = min(prefill_chunk, CPU_WARM_UP_TOKENS)
         input_ids = input_ids[:, :prefill_chunk]
     cache = make_cache(kv, model.config) if static is None else static
-    steps = 0 if device.type == "cpu" and static is None else 1 if static is None else STATIC_WARM_UP_STEPS
+    steps = STATIC_WARM_UP_STEPS if static is not None else 0 if device.type == "cpu" else 1
     if static is not None:
         steps = max(1, min(steps, static.max_len - min(prefill_chunk, input_ids.shape[1])))
     with no_grad_context(model, static):

@@ -48,7 +48,7 @@ BUSY_PROBE_RETRY_S = 15 * 60
 SAME_MACHINE_MEMORY_TOLERANCE = 0.05
 # What every probe since it took the CPU's fp32 and int8 matmul figures (host.cpu_fp32_compute, cpu_int8_compute) says
 # of the fp32 one, measured, estimated or neither (runtime.probe.core): a cached probe without such a note is older
-CPU_FP32_NOTE_PREFIXES = ("CPU fp32 compute", "CPU fp32 matmul")
+CPU_FP32_NOTE_PREFIX = "CPU fp32 "
 
 
 def cache_path() -> Path:
@@ -142,7 +142,7 @@ def stale_reason(cached: HardwareProfile, path: Path) -> str | None:
     if age_s > limit_s:
         return (f"the cached one was {age_s / SECONDS_PER_DAY:.1f} days old (limit {limit_s / SECONDS_PER_DAY:g} "
                 f"days, ${PROBE_MAX_AGE_ENV})")
-    if not any(n.startswith(CPU_FP32_NOTE_PREFIXES) for n in cached.notes):
+    if not any(n.startswith(CPU_FP32_NOTE_PREFIX) for n in cached.notes):
         return "the cached one predates the CPU's fp32 and int8 matmul figures, which the CPU prefill is priced with"
     if busy_note(cached) is not None and age_s > BUSY_PROBE_RETRY_S:
         return (f"the cached one was taken while the machine was busy, {age_s / 60:.0f} min ago (retried after "

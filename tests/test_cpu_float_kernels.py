@@ -117,6 +117,16 @@ def test_packed_attention_is_sdpa_of_the_same_tensors_and_defers_everything_else
     assert deferred == [(1, 6, 1, 16), (1, 6, 4, 16), (1, 6, 1, 16), (1, 2, 1, 16)]
 
 
+def test_calibration_switching_between_eager_and_sdpa_keeps_sdpa_packed_on_the_cpu():
+    from vramplan.runtime.attention import use_attention
+
+    model = load_model(_tiny_gqa(), scheme=SCHEMES["bf16"], dummy_weights=True).model
+    use_attention(model, "eager", "cpu")
+    assert model.config._attn_implementation == "eager" and attention_name(model) == "eager"
+    use_attention(model, "sdpa", "cpu")
+    assert model.config._attn_implementation == PACKED_SDPA and attention_name(model) == "sdpa"
+
+
 def test_an_eager_model_keeps_its_attention():
     model = load_model(_tiny_gqa(), scheme=SCHEMES["bf16"], dummy_weights=True).model
     model.set_attn_implementation("eager")

@@ -22,7 +22,6 @@ from vramplan.runtime.probe import (
     MigDevice,
     NvmlGpu,
     NvmlUnavailable,
-    estimate_cpu_bf16_flops,
     estimate_cpu_flops,
     filter_visible,
     match_datasheet,
@@ -328,10 +327,10 @@ def _host(**changes):
 
 
 def test_cpu_estimate_uses_best_isa_and_effective_cores():
-    flops, how = estimate_cpu_bf16_flops(_host())
+    flops, how = estimate_cpu_flops(_host(), "bf16")
     assert flops == pytest.approx(2 * 2.6e9 * 40)
     assert "estimated" in how and "AVX-512 BF16" in how
-    flops, _ = estimate_cpu_bf16_flops(_host(cpu_flags=("avx2",), cgroup_cpu_limit=1.5))
+    flops, _ = estimate_cpu_flops(_host(cpu_flags=("avx2",), cgroup_cpu_limit=1.5), "bf16")
     assert flops == pytest.approx(1 * 2.6e9 * 10)  # quota of 1.5 CPUs -> 1 core
     assert _host(cgroup_memory_limit_bytes=8 * GiB).effective_ram_bytes == 8 * GiB
 
@@ -545,7 +544,6 @@ def test_cpu_fp32_and_int8_estimates_follow_the_vector_extensions():
     none, why = estimate_cpu_flops(_host(cpu_flags=("avx2", "fma")), "int8")
     assert none is None and "not estimated" in why
     assert estimate_cpu_flops(_host(cpu_flags=()), "fp32")[0] is None
-    assert estimate_cpu_flops(_host(), "bf16") == estimate_cpu_bf16_flops(_host())
     # native bf16 (AVX512-BF16 here): vramplan's CPU path keeps bf16 matmuls, no fp32 figure for the planner to prefer
     none, why = estimate_cpu_flops(_host(), "fp32")
     assert none is None and "bf16 is native here" in why

@@ -305,20 +305,13 @@ def read_host(
     )
 
 
-def estimate_cpu_bf16_flops(host: HostReading) -> tuple[float, str]:
-    """(FLOP/s, how it was estimated) for a bf16 matmul on all usable cores."""
-    flops, how = estimate_cpu_flops(host, "bf16")
-    assert flops is not None  # bf16 has a fallback rate
-    return flops, how
-
-
 _PER_CYCLE = {"bf16": (CPU_BF16_FLOP_PER_CYCLE, CPU_BF16_FLOP_PER_CYCLE_FALLBACK),
               "fp32": (CPU_FP32_FLOP_PER_CYCLE, None), "int8": (CPU_INT8_OPS_PER_CYCLE, None)}
 
 
 def estimate_cpu_flops(host: HostReading, kind: str) -> tuple[float | None, str]:
     """(FLOP/s, how it was estimated) for a `kind` matmul (bf16, fp32 or int8) on all usable cores, from the CPU's
-    flags and clock; (None, why) where no flag gives a rate (fp32 and int8 have no fallback)."""
+    flags and clock; (None, why) where no flag gives a rate (bf16 has a fallback rate, fp32 and int8 none)."""
     table, fallback = _PER_CYCLE[kind]
     flags = set(host.cpu_flags)
     if kind == "fp32" and flags & NATIVE_BF16_FLAGS:

@@ -79,27 +79,18 @@ def _matmul_size(rate_guess: float, target_s: float, lo: int = 512, hi: int = 81
     return max(lo, min(hi, n))
 
 
-def measure_cpu_matmul_bf16(torch: Any, repeats: int = 5) -> Measurement:
-    """bf16 matmul FLOP/s on all torch threads. The size steps up with the machine's speed
-    (2048 below 1 TFLOPS, 4096 below 20, else 8192) so that one product takes tens of ms."""
-    return measure_cpu_matmul(torch, "bf16", repeats)
-
-
-# what each CPU matmul the probe times multiplies: (torch dtype name, the product, what it is)
-_CPU_MATMULS = {
-    "bf16": ("bfloat16", lambda torch, a, b: a @ b, "torch bf16"),
-    "fp32": ("float32", lambda torch, a, b: a @ b, "torch fp32"),
-    # int8 x int8 into int32 sums: the kernel quanto-w8a8's matmuls call (runtime.experts.int8_dynamic_mm)
-    "int8": ("int8", lambda torch, a, b: torch._int_mm(a, b), "torch._int_mm int8"),
-}
+# the torch dtype of each CPU matmul the probe times
+_CPU_MATMUL_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "int8": "int8"}
 
 
 def measure_cpu_matmul(torch: Any, kind: str, repeats: int = 5) -> Measurement:
     """A square CPU matmul's rate on all torch threads (FLOP/s; int8: multiply-adds counted as 2 ops), `kind` one of
-    bf16, fp32, int8. The size steps up with the machine's speed (2048 below 1 TFLOPS, 4096 below 20, else 8192) so
-    that one product takes tens of ms."""
-    dtype_name, product, label = _CPU_MATMULS[kind]
-    dtype = getattr(torch, dtype_name)
+    bf16, fp32, int8 (torch._int_mm, int8 x int8 into int32 sums: the kernel of quanto-w8a8's matmuls,
+    runtime.experts.int8_dynamic_mm). The size steps up with the machine's speed (2048 below 1 TFLOPS, 4096 below
+    20, else 8192) so that one product takes tens of ms."""
+    dtype = getattr(torch, _CPU_MATMUL_DTYPES[kind])
+    product = torch._int_mm if kind == "int8" else torch.mm
+    label = "torch._int_mm int8" if kind == "int8" else f"torch {kind}"
 
     def operand(n: int):
         if kind == "int8":
@@ -107,17 +98,17 @@ def measure_cpu_matmul(torch: Any, kind: str, repeats: int = 5) -> Measurement:
         return torch.randn(n, n).to(dtype)
 
     a = operand(1024)
-    product(torch, a, a)
+    product(a, a)
     t0 = time.perf_counter()
-    product(torch, a, a)
+    product(a, a)
     guess = 2 * 1024**3 / max(time.perf_counter() - t0, 1e-6)
     n = 2048 if guess < 1e12 else 4096 if guess < 20e12 else 8192
     a, b = operand(n), operand(n)
-    product(torch, a, b)
+    product(a, b)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        product(torch, a, b)
+        product(a, b)
         times.append(time.perf_counter() - t0)
     return _median_measurement(f"cpu_{kind}_matmul", "FLOP/s", 2 * n**3, times,
                                f"{label} {n}x{n} @ {n}x{n} on {torch.get_num_threads()} threads")
