@@ -83,11 +83,19 @@ def _matmul_size(rate_guess: float, target_s: float, lo: int = 512, hi: int = 81
 _CPU_MATMUL_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "int8": "int8"}
 
 
+# The square sizes a CPU matmul is timed at, and how long one timed product should take: the largest size whose
+# product the first guess says takes at most this long. A CPU converting bf16 in software can be 1,000x slower than
+# its fp32 (an AVX2 EPYC: 0.3 GFLOPS bf16, 104 fp32), so the size follows the machine, never a fixed 2048 (385 s).
+CPU_MATMUL_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192)
+CPU_MATMUL_TARGET_S = 0.05
+
+
 def measure_cpu_matmul(torch: Any, kind: str, repeats: int = 5) -> Measurement:
     """A square CPU matmul's rate on all torch threads (FLOP/s; int8: multiply-adds counted as 2 ops), `kind` one of
     bf16, fp32, int8 (torch._int_mm, int8 x int8 into int32 sums: the kernel of quanto-w8a8's matmuls,
-    runtime.experts.int8_dynamic_mm). The size steps up with the machine's speed (2048 below 1 TFLOPS, 4096 below
-    20, else 8192) so that one product takes tens of ms."""
+    runtime.experts.int8_dynamic_mm). A first product of the smallest size guesses the rate; the timed size is the
+    largest of CPU_MATMUL_SIZES whose product that guess says takes at most CPU_MATMUL_TARGET_S, so the whole
+    measurement takes about a second on any CPU, slow kernels included."""
     dtype = getattr(torch, _CPU_MATMUL_DTYPES[kind])
     product = torch._int_mm if kind == "int8" else torch.mm
     label = "torch._int_mm int8" if kind == "int8" else f"torch {kind}"
@@ -97,19 +105,19 @@ def measure_cpu_matmul(torch: Any, kind: str, repeats: int = 5) -> Measurement:
             return torch.randint(-127, 128, (n, n), dtype=dtype)
         return torch.randn(n, n).to(dtype)
 
-    a = operand(1024)
-    product(a, a)
-    t0 = time.perf_counter()
-    product(a, a)
-    guess = 2 * 1024**3 / max(time.perf_counter() - t0, 1e-6)
-    n = 2048 if guess < 1e12 else 4096 if guess < 20e12 else 8192
-    a, b = operand(n), operand(n)
-    product(a, b)
-    times = []
-    for _ in range(repeats):
+    def once(a, b) -> float:
         t0 = time.perf_counter()
         product(a, b)
-        times.append(time.perf_counter() - t0)
+        return time.perf_counter() - t0
+
+    guess_n = CPU_MATMUL_SIZES[1]  # _int_mm wants more than 16 rows; the smallest size only if the guess says so
+    a = operand(guess_n)
+    product(a, a)
+    guess = 2 * guess_n**3 / max(once(a, a), 1e-9)
+    n = max([k for k in CPU_MATMUL_SIZES if 2 * k**3 / guess <= CPU_MATMUL_TARGET_S], default=CPU_MATMUL_SIZES[0])
+    a, b = operand(n), operand(n)
+    product(a, b)
+    times = [once(a, b) for _ in range(repeats)]
     return _median_measurement(f"cpu_{kind}_matmul", "FLOP/s", 2 * n**3, times,
                                f"{label} {n}x{n} @ {n}x{n} on {torch.get_num_threads()} threads")
 
