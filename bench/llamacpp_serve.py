@@ -27,6 +27,7 @@ that tree (CPU build); both are given by path, nothing is built here. llama-cpp-
 from __future__ import annotations
 
 import argparse
+import shlex
 import json
 import os
 import random
@@ -343,7 +344,7 @@ def markdown(results: dict) -> str:
         p, m = r["predicted"], r["measured"]
         mt = measured_terms(m)
         lines.append(
-            f"| {name} | `{' '.join(r['exported_command'][1:])}` | {_mib(p['gguf_file_bytes'])} / "
+            f"| {name} | `{shlex.join(r['exported_command'][1:])}` | {_mib(p['gguf_file_bytes'])} / "
             f"{_mib(m['gguf_file_bytes'])} | {_mib(p['kv_bytes'])} / {mt['kv']:,.1f} | {_mib(p['compute_bytes'])} / "
             f"{mt['compute']:,.1f} | {_mib(p['output_bytes'])} / {mt['output']:,.1f} | {mt['repack']:,.1f} | "
             f"{_mib(p['ram_total_bytes'])} | {mt['working_set']:,.1f} | {mt['rss_peak']:,.1f} "

@@ -82,8 +82,8 @@ class GGMLType:
 
 # ggml's type traits (ggml/src/ggml.c type_traits @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f): blck_size is the block's
 # elements (QK4_0 = 32, QK_K = 256, ...) and type_size = sizeof(block_*), whose bytes the structs in
-# ggml/src/ggml-common.h add up to (their static_asserts quoted). Every file type llama-quantize writes for the
-# supported models uses only these.
+# ggml/src/ggml-common.h add up to (their static_asserts quoted): every type of ggml.h's enum ggml_type but the removed
+# ids (4, 5, 31-33, 36-38: blck_size 0). The file types below use only the first fifteen.
 GGML_TYPES: dict[str, GGMLType] = {t.name: t for t in [
     GGMLType(name="F32", type_id=0, block_elements=1, block_bytes=4),
     GGMLType(name="F16", type_id=1, block_elements=1, block_bytes=2),
@@ -114,6 +114,46 @@ GGML_TYPES: dict[str, GGMLType] = {t.name: t for t in [
     # sizeof(ggml_half) + sizeof(uint16_t) + QK_K/64 + QK_K/2
     GGMLType(name="IQ4_XS", type_id=23, block_elements=QK_K,
              block_bytes=GGML_HALF_BYTES + 2 + QK_K // 64 + QK_K // 2),
+    # The types no file type above writes: GGUF headers name them all (planner/gguf_file.py reads any file).
+    # Plain integers and f64: one value per element (type_size sizeof(int8_t) ... sizeof(double)).
+    GGMLType(name="I8", type_id=24, block_elements=1, block_bytes=1),
+    GGMLType(name="I16", type_id=25, block_elements=1, block_bytes=2),
+    GGMLType(name="I32", type_id=26, block_elements=1, block_bytes=4),
+    GGMLType(name="I64", type_id=27, block_elements=1, block_bytes=8),
+    GGMLType(name="F64", type_id=28, block_elements=1, block_bytes=8),
+    # 2*sizeof(ggml_half) + QK8_1: the d and s halves, then the quants (ggml-common.h, block_q8_1)
+    GGMLType(name="Q8_1", type_id=9, block_elements=32, block_bytes=2 * GGML_HALF_BYTES + 32),
+    # sizeof(float) + QK_K + QK_K/16*sizeof(int16_t): an fp32 delta, the quants, the sums of 16
+    GGMLType(name="Q8_K", type_id=15, block_elements=QK_K, block_bytes=4 + QK_K + QK_K // 16 * 2),
+    # sizeof(ggml_half) + QK_K/8*sizeof(uint16_t)
+    GGMLType(name="IQ2_XXS", type_id=16, block_elements=QK_K, block_bytes=GGML_HALF_BYTES + QK_K // 8 * 2),
+    # sizeof(ggml_half) + QK_K/8*sizeof(uint16_t) + QK_K/32
+    GGMLType(name="IQ2_XS", type_id=17, block_elements=QK_K,
+             block_bytes=GGML_HALF_BYTES + QK_K // 8 * 2 + QK_K // 32),
+    # sizeof(ggml_half) + QK_K/4 + QK_K/16
+    GGMLType(name="IQ2_S", type_id=22, block_elements=QK_K, block_bytes=GGML_HALF_BYTES + QK_K // 4 + QK_K // 16),
+    # sizeof(ggml_half) + 3*(QK_K/8)
+    GGMLType(name="IQ3_XXS", type_id=18, block_elements=QK_K, block_bytes=GGML_HALF_BYTES + 3 * (QK_K // 8)),
+    # sizeof(ggml_half) + 13*(QK_K/32) + IQ3S_N_SCALE (QK_K/64)
+    GGMLType(name="IQ3_S", type_id=21, block_elements=QK_K,
+             block_bytes=GGML_HALF_BYTES + 13 * (QK_K // 32) + QK_K // 64),
+    # sizeof(ggml_half) + QK_K/8 + QK_K/16
+    GGMLType(name="IQ1_S", type_id=19, block_elements=QK_K, block_bytes=GGML_HALF_BYTES + QK_K // 8 + QK_K // 16),
+    # QK_K/8 + QK_K/16 + QK_K/32 (no ggml_half: the scale lives in the scales' spare bits)
+    GGMLType(name="IQ1_M", type_id=29, block_elements=QK_K, block_bytes=QK_K // 8 + QK_K // 16 + QK_K // 32),
+    # sizeof(ggml_half) + QK_K/64 + (QK_K - 4*QK_K/64)/5: five ternary values per byte
+    GGMLType(name="TQ1_0", type_id=34, block_elements=QK_K,
+             block_bytes=GGML_HALF_BYTES + QK_K // 64 + (QK_K - 4 * QK_K // 64) // 5),
+    # sizeof(ggml_half) + QK_K/4
+    GGMLType(name="TQ2_0", type_id=35, block_elements=QK_K, block_bytes=GGML_HALF_BYTES + QK_K // 4),
+    # sizeof(uint8_t) + QK_MXFP4/2 (QK_MXFP4 = 32): an E8M0 exponent, then 4-bit values
+    GGMLType(name="MXFP4", type_id=39, block_elements=32, block_bytes=1 + 32 // 2),
+    # sizeof(uint8_t)*(QK_NVFP4/QK_NVFP4_SUB) + QK_NVFP4/2 (QK_NVFP4 = 64, QK_NVFP4_SUB = 16): four UE4M3 scales
+    GGMLType(name="NVFP4", type_id=40, block_elements=64, block_bytes=64 // 16 + 64 // 2),
+    # sizeof(ggml_half) + QK1_0/8 (QK1_0 = 128)
+    GGMLType(name="Q1_0", type_id=41, block_elements=128, block_bytes=GGML_HALF_BYTES + 128 // 8),
+    # sizeof(ggml_half) + QK2_0/4 (QK2_0 = 64)
+    GGMLType(name="Q2_0", type_id=42, block_elements=64, block_bytes=GGML_HALF_BYTES + 64 // 4),
 ]}
 
 

@@ -22,7 +22,7 @@ from vramplan.planner.errors import VramplanError
 from vramplan.planner.hardware import HardwareProfile
 from vramplan.planner.request import Request
 
-from .llamacpp_run import gguf_file_type, plan_for_file, run_llamacpp
+from .llamacpp_run import file_type_of, plan_for_file, read_checked, run_llamacpp
 
 DEFAULT_PROMPTS = (64, 256)
 DEFAULT_NEW_TOKENS = 16
@@ -62,13 +62,14 @@ def calibrate_llamacpp(hw: HardwareProfile, pairs: list[tuple[object, str]], ser
                             "converted from)")
     if new_tokens < 2:
         raise VramplanError(f"calibration needs at least 2 new tokens per run, got {new_tokens}")
+    headers = read_checked(pairs)  # every file is its model's, before any server starts
     commit = server_version(server)
     runs, records, warnings = [], [], []
-    for spec, gguf in pairs:
-        file_type = gguf_file_type(gguf)
+    for (spec, gguf), header in zip(pairs, headers):
+        file_type = file_type_of(header)
         for prompt in prompts:
             req = Request(context=prompt + new_tokens, prompt_tokens=prompt, engine="llama.cpp")
-            p = plan_for_file(spec, hw, req, gguf, new_tokens, prompt_given=True)
+            p = plan_for_file(spec, hw, req, gguf, new_tokens, prompt_given=True, header=header)
             if not p.fits:
                 warnings.append(f"{Path(gguf).name} at a {prompt}-token prompt does not fit {hw.name}: "
                                 f"{p.reasons[0] if p.reasons else 'nothing fits'}")
