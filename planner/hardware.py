@@ -33,6 +33,8 @@ DEVICES = ("gpu", "cpu")
 # H100, B200) to 16-20 (dense PCIe servers); several machines are --nodes. 64 leaves room for any real node, while
 # refusing a typo like 1000, which would plan and print a column per device.
 MAX_GPUS_PER_PROFILE = 64
+# A host's cores, at most: the largest machines today have 1,536 (8 sockets x 192); a larger count is a typo.
+MAX_CPU_CORES = 16384
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _CC_RE = re.compile(r"^[0-9]+\.[0-9]+$")
@@ -56,9 +58,15 @@ def _check_int(obj: Any, field: str, *, minimum: int, maximum: int | None = None
     if isinstance(v, bool) or not isinstance(v, int):
         raise _FieldError(field, f"expected an integer, got {v!r}")
     if v < minimum:
-        raise _FieldError(field, f"must be at least {minimum}, got {v}")
+        raise _FieldError(field, f"must be at least {minimum}, got {_shown(v)}")
     if maximum is not None and v > maximum:
-        raise _FieldError(field, f"must be at most {maximum}{why}, got {v}")
+        raise _FieldError(field, f"must be at most {maximum}{why}, got {_shown(v)}")
+
+
+def _shown(v: int) -> str:
+    """An integer as a message shows it: in full, or by its length when it is absurdly long."""
+    digits = len(str(abs(v))) if abs(v) < 10 ** 4000 else None
+    return str(v) if digits is not None and digits <= 20 else f"an integer of {digits or 'over 4000'} digits"
 
 
 def _check_float(obj: Any, field: str, *, positive: bool = True, maximum: float | None = None) -> None:
@@ -142,7 +150,7 @@ class HostSpec:
     def __post_init__(self) -> None:
         _check_int(self, "ram_bytes", minimum=1)
         _check_float(self, "ram_bandwidth_bytes_per_s")
-        _check_int(self, "cpu_cores", minimum=1)
+        _check_int(self, "cpu_cores", minimum=1, maximum=MAX_CPU_CORES, why=" (cores of one host)")
         _check_float(self, "cpu_bf16_flops")
         for name in ("cpu_fp32_flops", "cpu_int8_ops"):
             if getattr(self, name) is not None:

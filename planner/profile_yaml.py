@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 from decimal import Decimal
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any, Callable, Mapping
 from .record import record
 from .errors import ProfileError, UnitError
 from .hardware import (SCHEMA_VERSION, Calibration, CalibrationEntry, FittedEntry, GPUSpec, HardwareProfile, HostSpec,
-                       LinkSpec, Overheads, PublicFit, _FieldError, _is_number)
+                       LinkSpec, Overheads, PublicFit, _FieldError)
 from .textfiles import read_text
 from .units import GiB, KiB, MiB, TiB, OutOfRangeError, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
 from .yaml_strict import safe_load_strict
@@ -59,6 +60,8 @@ def _show(v: Any) -> str:
         return "a list"
     if v is None:
         return "null"
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**SHOW_MAX_CHARS:
+        return f"an integer of {len(str(abs(v)))} digits"
     return repr(v)
 
 
@@ -138,10 +141,23 @@ def _parse_int(v: Any) -> int:
     return v
 
 
+def _finite_float(v: Any) -> float | None:
+    """A YAML number as a finite float; None for what is no number, not finite, or an integer too large for a
+    float (math.isfinite raises OverflowError on it)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        x = float(v)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
+
+
 def _parse_number(v: Any) -> float:
-    if not _is_number(v):
+    x = _finite_float(v)
+    if x is None:
         raise _Bad()
-    return float(v)
+    return x
 
 
 def _parse_str(v: Any) -> str:
@@ -340,7 +356,7 @@ def _parse_profile(d: Any, r: _Reader) -> HardwareProfile:
     if sv != SCHEMA_VERSION:
         newer = " (written by a newer vramplan: upgrade)" if sv > SCHEMA_VERSION else ""
         raise r.fail("schema_version",
-                     f"unsupported schema version {sv}: this vramplan reads version {SCHEMA_VERSION}{newer}")
+                     f"unsupported schema version {_show(sv)}: this vramplan reads version {SCHEMA_VERSION}{newer}")
 
     top = r.mapping(d, "", _PROFILE_KEYS)
     kwargs = r.scalars(top, "", _PROFILE_KEYS)
@@ -394,7 +410,7 @@ def _parse_calibration(raw: Any, r: _Reader) -> Calibration:
     if not isinstance(residuals, Mapping):
         raise r.fail(_join(path, "residuals"), f"expected a mapping of name: number, got {_show(residuals)}")
     for k, v in residuals.items():
-        if not _is_number(v):
+        if _finite_float(v) is None:
             raise r.fail(_join(_join(path, "residuals"), str(k)), f"expected a number, got {_show(v)}")
     entries_raw = d.get("entries", []) or []
     if not isinstance(entries_raw, list):

@@ -5,6 +5,8 @@ Search order for a name (first hit wins, case-insensitive NAME.yaml / NAME.yml):
   2. the user's profile directory: $VRAMPLAN_CONFIG_DIR/profiles if that variable is set,
      else $XDG_CONFIG_HOME/vramplan/profiles, else ~/.config/vramplan/profiles
   3. the shipped profiles/ package directory
+A bare name (no path separator, no .yaml / .yml) is looked up there first: a file of that name in the
+current directory is read only when no profile has the name, or when written as a path (`./NAME`).
 
 File reads only: no torch, nothing written. This machine's own profile (a cached quick
 probe) is the runtime's: runtime/this_machine.py.
@@ -42,11 +44,27 @@ def shipped_profiles_dir() -> Path:
     return Path(profiles.__file__).resolve().parent
 
 
-def user_profiles_dir() -> Path:
+def user_profiles_dir() -> Path | None:
+    """The user's profile directory; None when there is no home directory to find it in (and no variable names it)."""
     if os.environ.get("VRAMPLAN_CONFIG_DIR"):
-        return Path(os.environ["VRAMPLAN_CONFIG_DIR"]).expanduser() / "profiles"
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base).expanduser() / "vramplan" / "profiles"
+        return expand_user(os.environ["VRAMPLAN_CONFIG_DIR"], "$VRAMPLAN_CONFIG_DIR") / "profiles"
+    if os.environ.get("XDG_CONFIG_HOME"):
+        return expand_user(os.environ["XDG_CONFIG_HOME"], "$XDG_CONFIG_HOME") / "vramplan" / "profiles"
+    try:
+        return Path.home() / ".config" / "vramplan" / "profiles"
+    except RuntimeError:  # no $HOME and no password entry: no user directory
+        return None
+
+
+def expand_user(text: str, what: str) -> Path:
+    """`text` as a path, a leading `~` or `~user` expanded; a one-line ProfileError naming `what` when that user has
+    no home directory (Path.expanduser raises RuntimeError)."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        head = text.split("/")[0].split(os.sep)[0]
+        raise ProfileError(f"{what} {text!r}: cannot expand {head!r} (no such user, or no home directory); "
+                           "write the path without it") from None
 
 
 def search_dirs() -> list[tuple[Path, str]]:
@@ -54,11 +72,13 @@ def search_dirs() -> list[tuple[Path, str]]:
     dirs: list[tuple[Path, str]] = []
     for part in os.environ.get("VRAMPLAN_PROFILES", "").split(os.pathsep):
         if part.strip():
-            d = Path(part.strip()).expanduser()
+            d = expand_user(part.strip(), "$VRAMPLAN_PROFILES lists")
             if not d.is_dir():
                 raise ProfileError(f"$VRAMPLAN_PROFILES lists {d}, which is not a directory")
             dirs.append((d, "$VRAMPLAN_PROFILES"))
-    dirs.append((user_profiles_dir(), "user"))
+    user = user_profiles_dir()
+    if user is not None:
+        dirs.append((user, "user"))
     dirs.append((shipped_profiles_dir(), "shipped"))
     return dirs
 
@@ -76,31 +96,38 @@ def _looks_like_path(text: str) -> bool:
 
 def resolve_profile(name_or_path: str | os.PathLike[str], load: Loader = load_profile
                     ) -> tuple[HardwareProfile, Path]:
-    """A profile from an existing path, else by name from the search directories, read by `load`."""
+    """A profile read by `load`: a bare name (no path separator, no YAML suffix) is a profile of the search directories
+    when one has that name, even where a file of that name lies in the current directory (name_shadows says so;
+    `./NAME` reads that file); anything else is a path, and a bare name no profile has may name a file too."""
     text = os.fspath(name_or_path)
     if not text.strip():
         raise ProfileError("the hardware profile name is empty")
-    candidate = Path(text).expanduser()
+    bare = not _looks_like_path(text)
+    dirs = search_dirs() if bare else []
+    found = _named(text.strip().lower(), dirs)
+    if found:
+        return load(found[0][0]), found[0][0]
+    candidate = expand_user(text, "the hardware profile path")
     if candidate.is_file():
         return load(candidate), candidate
     if candidate.is_dir():
         raise ProfileError(f"{text}: is a directory, not a hardware profile file")
     if candidate.exists():  # a FIFO, a socket, a device: reading it would block or never end
         raise ProfileError(f"{text}: is {file_kind(candidate.stat().st_mode)}, not a hardware profile file")
-    if _looks_like_path(text):
+    if not bare:
         raise ProfileError(f"{text}: no such profile file")
-    wanted = text.strip().lower()
-    dirs = search_dirs()
-    found = _named(wanted, dirs)
-    if found:
-        return load(found[0][0]), found[0][0]
+    raise _unknown_name(text, dirs)
+
+
+def _unknown_name(text: str, dirs: list[tuple[Path, str]]) -> ProfileError:
+    """The error for a name no profile has: the closest names, and where they were looked for."""
     known = sorted({f.stem for d, _o in dirs for f in _profile_files(d)})
-    close = difflib.get_close_matches(wanted, [k.lower() for k in known], n=4, cutoff=0.5)
+    close = difflib.get_close_matches(text.strip().lower(), [k.lower() for k in known], n=4, cutoff=0.5)
     by_lower = {k.lower(): k for k in known}
     close_names = [by_lower[c] for c in close]
     hint = f"; did you mean: {', '.join(close_names)}?" if close_names else ""
     where = "; ".join(f"{d} ({o})" for d, o in dirs)
-    raise ProfileError(
+    return ProfileError(
         f'unknown hardware profile "{text}"{hint} Looked in: {where}. '
         "See `vramplan profiles list`, or pass a YAML path."
     )
@@ -112,12 +139,17 @@ def _named(wanted: str, dirs: list[tuple[Path, str]]) -> list[tuple[Path, str]]:
 
 
 def name_shadows(name_or_path: str | os.PathLike[str]) -> list[tuple[Path, str]]:
-    """The files a profile name finds but does not use (path, origin), because one earlier in the search order has
-    the same name; none for a path."""
+    """The files a profile name finds but does not use (path, origin): later ones of the same name in the search
+    order, and a file of that name in the current directory; none for a path, or a name no profile has."""
     text = os.fspath(name_or_path)
-    if not text.strip() or Path(text).expanduser().exists() or _looks_like_path(text):
+    if not text.strip() or _looks_like_path(text):
         return []
-    return _named(text.strip().lower(), search_dirs())[1:]
+    found = _named(text.strip().lower(), search_dirs())
+    if not found:
+        return []
+    local = Path(text)
+    here = [(local.absolute(), f"the current directory; `./{text}` reads it")] if os.path.lexists(local) else []
+    return found[1:] + here
 
 
 def list_profiles(load: Loader = load_profile) -> list[ProfileEntry]:

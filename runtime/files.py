@@ -30,12 +30,26 @@ JSON_SUFFIXES = (".json",)
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
+class CacheDirError(VramplanError):
+    """A cache directory that cannot be named: a `~user` that is no user, or no home directory to put it in."""
+
+
 def cache_dir() -> Path:
-    """vramplan's cache: $VRAMPLAN_CACHE_DIR, else $XDG_CACHE_HOME/vramplan, else ~/.cache/vramplan."""
-    if os.environ.get("VRAMPLAN_CACHE_DIR"):
-        return Path(os.environ["VRAMPLAN_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "vramplan"
+    """vramplan's cache: $VRAMPLAN_CACHE_DIR, else $XDG_CACHE_HOME/vramplan, else ~/.cache/vramplan; CacheDirError
+    (one line) when a `~` in it names no home directory. Callers treat that as a cache they cannot use."""
+    for var, below in (("VRAMPLAN_CACHE_DIR", ()), ("XDG_CACHE_HOME", ("vramplan",))):
+        if os.environ.get(var):
+            return _expand_home(os.environ[var], f"${var}={os.environ[var]!r}").joinpath(*below)
+    return _expand_home("~/.cache", "the default cache directory ~/.cache") / "vramplan"
+
+
+def _expand_home(text: str, what: str) -> Path:
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # pathlib's "Could not determine home directory"
+        head = text.split("/")[0].split(os.sep)[0]
+        raise CacheDirError(f"{what}: cannot expand {head!r} (no such user, or no home directory); set "
+                            "$VRAMPLAN_CACHE_DIR to a directory path") from None
 
 
 class WriteError(VramplanError):
