@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Iterable, Mapping, Sequence
 
 from .architectures.common import CHUNKED, FULL, SLIDING, window_per_layer
-from .architectures.config import Cfg
+from .architectures.config import Cfg, json_text
 from .architectures.fp32 import keep_in_fp32
 from .errors import CheckpointError, ConfigError, UnsupportedArchitectureError
 from .modelspec import (INVENTORY_HEADERS, AttentionLayout, Kind, ModelSpec, MoEInfo, Role, TensorSpec)
@@ -59,7 +59,9 @@ def refuse_unmodelled_state(config: dict, where: str) -> None:
     """Raise for models whose layers keep a recurrent, state-space or linear-attention state (not a KV cache)."""
     mt = config.get("model_type")
     types = config.get("layer_types")
-    other = sorted({t for t in types if t not in ATTENTION_LAYER_TYPES}) if isinstance(types, list) else []
+    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+        raise ConfigError(f"{where}: field 'layer_types' must list one string per layer, got {json_text(types)}")
+    other = sorted({t for t in types if t not in ATTENTION_LAYER_TYPES}) if types else []
     keys = [k for k in STATE_CONFIG_KEYS if config.get(k) is not None]
     if mt in STATEFUL_MODEL_TYPES or other or keys:
         why = (f"model_type {mt!r} keeps" if mt in STATEFUL_MODEL_TYPES else

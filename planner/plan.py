@@ -299,7 +299,7 @@ class Plan:
                        fastest_engine=FastestEngine.from_dict(d["fastest_engine"]) if d.get("fastest_engine") else None)
         except PlanError as e:
             raise PlanError(f"plan file: {e}") from None
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
             raise PlanError(f"plan file is incomplete or malformed ({type(e).__name__}: {e})") from None
 
 

@@ -12,6 +12,7 @@ transformers-on-the-meta-device path). File reads only; no torch, no network.
 from __future__ import annotations
 
 import difflib
+import errno
 import json
 import os
 import stat
@@ -24,7 +25,7 @@ from typing import Callable, Iterable
 
 from .record import record
 from .architectures import BUILDERS, spec_from_config
-from .architectures.config import check_rope
+from .architectures.config import check_rope, weight_block_size
 from .errors import AmbiguousModelError, CheckpointError, ConfigError, ModelNotFoundError, UnsupportedArchitectureError
 from .generic import refuse_unmodelled_state, spec_from_headers
 from .modelspec import ModelSpec, canonical_dtype, dtype_bytes
@@ -221,19 +222,42 @@ def _regular_file(path: Path) -> bool:
         return False
 
 
+# How much of an over-long --model a message quotes.
+NAME_SHOWN_CHARS = 60
+
+
+def local_path(name: str) -> tuple[Path, int | None]:
+    """The path --model names and its stat mode (None: nothing there). A name no path can have (a part longer than
+    the file system allows, an unknown ~user) or one that cannot be looked at is a one-line ModelNotFoundError."""
+    shown = name if len(name) <= NAME_SHOWN_CHARS else name[:NAME_SHOWN_CHARS] + "..."
+    try:
+        p = Path(name).expanduser()
+    except RuntimeError:  # ~user with no such user
+        raise ModelNotFoundError(f"no model {shown!r}: no such user's home directory") from None
+    try:
+        return p, p.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL byte
+        return p, None
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:
+            raise ModelNotFoundError(f"no model {shown!r}: name too long ({len(os.fsencode(name))} bytes) for a "
+                                     "local path, and too long for a catalog name or a hub id") from None
+        raise ModelNotFoundError(f"{shown}: cannot look at it ({e.strerror or e})") from None
+
+
 def resolve_model(name: str) -> ModelSource:
     """1. a local directory with config.json; 2. a hub id in the local HF cache; 3. the catalog."""
     if not name or not name.strip():
         raise ModelNotFoundError("--model is empty")
-    p = Path(name).expanduser()
-    if p.is_dir():
+    p, mode = local_path(name)
+    if mode is not None and stat.S_ISDIR(mode):
         if not os.access(p, os.R_OK | os.X_OK):
             raise ModelNotFoundError(f"{p}: directory is not readable")
         cfg = p / "config.json"
         if not cfg.exists():
             raise ModelNotFoundError(f"{p}: directory has no config.json")
         return ModelSource(kind="directory", id=p.resolve().name, config=read_config(cfg), path=p, origin=str(p))
-    if p.is_file() and p.name.endswith(".json"):
+    if mode is not None and stat.S_ISREG(mode) and p.name.endswith(".json"):
         return ModelSource(kind="directory", id=p.stem, config=read_config(p), path=p.parent, origin=str(p))
     if name.startswith((".", "/", "~")):
         raise ModelNotFoundError(f"{name}: no such directory")
@@ -265,13 +289,23 @@ def load_spec(source: ModelSource, *, generic: GenericBuilder | None = None,
                                 transformers_version=transformers_version)
     else:
         spec = _generic_spec(source, headers, generic, where, transformers_version)
+    spec = replace(spec, location=source_location(source))
     return apply_headers(spec, headers, where) if headers else spec
+
+
+def source_location(source: ModelSource) -> str:
+    """What an engine loads the model by: a local directory's absolute path (not its name, which another directory
+    may share), else the hub id."""
+    if source.kind == "directory" and source.path is not None:
+        return str(source.path.expanduser().resolve())
+    return source.id
 
 
 def _generic_spec(source: ModelSource, headers, generic: GenericBuilder | None, where: str,
                   transformers_version: str | None) -> ModelSpec:
     refuse_unmodelled_state(source.config, where)
     check_rope(source.config, where)
+    weight_block_size(source.config, where)
     if headers and "quantization_config" not in source.config:
         return spec_from_headers(source.config, normalized_headers(headers), name=source.id, source=source.origin,
                                  where=where, transformers_version=transformers_version)
@@ -329,6 +363,10 @@ def index_shards(text: str, where: str) -> list[str]:
         wm = json.loads(text)["weight_map"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise CheckpointError(f"{where}: unreadable index ({type(e).__name__}: {e})") from None
+    except RecursionError:
+        raise CheckpointError(f"{where}: unreadable index (JSON nested too deeply)") from None
+    except ValueError as e:  # an integer of thousands of digits
+        raise CheckpointError(f"{where}: unreadable index ({' '.join(str(e).split())[:120]})") from None
     if not isinstance(wm, dict):
         raise CheckpointError(f"{where}: weight_map is not an object")
     shards = sorted(set(wm.values()), key=str)
@@ -378,6 +416,12 @@ def parse_safetensors_header(raw: bytes, data_len: int, where: str) -> list[Head
         header = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise CheckpointError(f"{where}: corrupt safetensors header (not JSON)") from None
+    except RecursionError:
+        raise CheckpointError(f"{where}: corrupt safetensors header (JSON nested too deeply)") from None
+    except ValueError as e:  # an integer of thousands of digits
+        raise CheckpointError(f"{where}: corrupt safetensors header ({' '.join(str(e).split())[:120]})") from None
+    except MemoryError:
+        raise CheckpointError(f"{where}: corrupt safetensors header (too large to parse: {len(raw)} bytes)") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{where}: corrupt safetensors header (not an object)")
     out = []
@@ -388,12 +432,15 @@ def parse_safetensors_header(raw: bytes, data_len: int, where: str) -> list[Head
             dtype = canonical_dtype(info["dtype"])
             shape = tuple(int(x) for x in info["shape"])
             start, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError, ConfigError):
+            if min(shape, default=0) < 0:
+                raise ValueError("a negative dimension")
+            numel = 1
+            for d in shape:
+                numel *= d
+            nbytes = int(numel * dtype_bytes(dtype))
+        except (KeyError, TypeError, ValueError, OverflowError, ConfigError):
             raise CheckpointError(f"{where}: corrupt safetensors header entry {name!r}") from None
-        numel = 1
-        for d in shape:
-            numel *= d
-        if end < start or end > data_len or end - start != int(numel * dtype_bytes(dtype)):
+        if end < start or end > data_len or end - start != nbytes:
             raise CheckpointError(f"{where}: tensor {name!r} has data offsets that do not fit its shape or the file "
                                   "(truncated?)")
         out.append(HeaderTensor(name, dtype, shape, end - start))

@@ -6,11 +6,15 @@ every safetensors file's header by HTTP range reads.
 or for any hub id when --revision is given. What goes over the wire, all through huggingface_hub (its
 endpoint HF_ENDPOINT, token HF_TOKEN or `hf auth login`, offline mode HF_HUB_OFFLINE, cache HF_HOME):
   GET  {endpoint}/api/models/{repo}[/revision/{rev}]           model_info: commit, file list (HfApi.model_info)
-  HEAD {endpoint}/{repo}/resolve/{rev}/config.json              hf_hub_download: commit, ETag, size
-  GET  {endpoint}/{repo}/resolve/{rev}/config.json              into the HF cache; refs/{rev} -> commit
-  HEAD + GET .../resolve/{commit}/model.safetensors.index.json   sharded repos, into the same snapshot
+  HEAD + GET .../resolve/{commit}/model.safetensors.index.json   sharded repos, into the HF cache's snapshot
   GET  {endpoint}/{repo}/resolve/{commit}/{file}   Range: bytes=0-7          a header's length n
   GET  {endpoint}/{repo}/resolve/{commit}/{file}   Range: bytes=8-(8+n-1)    the header, nothing more
+  HEAD {endpoint}/{repo}/resolve/{rev}/config.json              hf_hub_download: commit, ETag, size
+  GET  {endpoint}/{repo}/resolve/{rev}/config.json              into the same snapshot; refs/{rev} -> commit
+config.json comes last: a snapshot with config.json is what later calls plan from, so a header read that fails
+(corrupt, too slow) leaves none, and the next call asks the hub again rather than planning from the config alone.
+A snapshot that holds config.json but no weights and no cached headers (another tool fetched the config, or the
+header cache could not be written) is planned from its config with a note that says so, on every call.
 The two range reads per file use huggingface_hub's session and headers and are streamed, so a server that
 ignored Range would still not send a weight file. (huggingface_hub.get_safetensors_metadata asks for the
 first 100,000 bytes of every file instead: tensor data, for any header shorter than that.)
@@ -36,6 +40,7 @@ thread is abandoned (it ends with its socket; a daemon thread never holds the pr
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from dataclasses import replace
@@ -44,8 +49,9 @@ from pathlib import Path
 from vramplan.planner.errors import (AmbiguousModelError, CheckpointError, ConfigError, HubAccessError, HubError,
                             HubUnreachableError, ModelNotFoundError, VramplanError)
 from vramplan.planner.modelspec import canonical_dtype
-from vramplan.planner.sources import (HeaderTensor, ModelSource, hf_cache_dir, index_shards, parse_safetensors_header,
-                             read_config, resolve_model, safetensors_header_length, weight_files)
+from vramplan.planner.sources import (HeaderTensor, ModelSource, hf_cache_dir, index_shards, local_path,
+                                      parse_safetensors_header, read_config, resolve_model, safetensors_header_length,
+                                      weight_files)
 
 # Seconds to wait for the hub to connect or to send the next bytes.
 HUB_TIMEOUT_S = 5.0
@@ -53,14 +59,42 @@ HUB_TIMEOUT_S = 5.0
 # ("unreachable") within 5 s. VRAMPLAN_HUB_DEADLINE_S overrides it (a slow link; the tests).
 HUB_DEADLINE_S = 5.0
 HUB_DEADLINE_ENV = "VRAMPLAN_HUB_DEADLINE_S"
+# The longest deadline it takes: a day is slower than any link, and far below what a thread's wait can count
+# (threading.TIMEOUT_MAX; 1e20 s overflows it).
+MAX_HUB_DEADLINE_S = 24 * 3600.0
 # Parallel header reads of a sharded checkpoint.
 MAX_PARALLEL_HEADER_READS = 8
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 HEADER_CACHE_FORMAT = 1
-# huggingface_hub's rule for repo ids (validate_repo_id), without importing it for every --model.
-REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
+# huggingface_hub 2.4's rules for a repo id (utils/_validators.py validate_repo_id), for the org/name ids vramplan
+# asks the hub about, checked here without importing it for every --model: each part 1 to 96 ASCII letters, digits,
+# '-', '_' or '.', starting and ending with a letter, a digit or '_' (its \b); no '--' or '..'; no '.git' at the end.
+HUB_ID_PART_CHARS = 96
+HUB_ID_PART = re.compile(rf"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{{0,{HUB_ID_PART_CHARS - 2}}}[A-Za-z0-9_])?")
+HUB_ID_CHARS = re.compile(r"[A-Za-z0-9_.-]*")
+
+
+def hub_id_problem(name: str) -> str | None:
+    """Why `name` is not a hub id (org/name) huggingface_hub would ask about, in words; None when it is one."""
+    parts = name.split("/")
+    if len(parts) != 2:
+        return "a hub id is org/name"
+    if "--" in name or ".." in name:
+        return "'--' and '..' are not allowed"
+    if name.endswith(".git"):
+        return "it cannot end in '.git'"
+    for part in parts:
+        if not part:
+            return "org and name cannot be empty"
+        if len(part) > HUB_ID_PART_CHARS:
+            return f"org and name are at most {HUB_ID_PART_CHARS} characters each"
+        if not HUB_ID_CHARS.fullmatch(part):
+            return "only ASCII letters, digits, '-', '_' and '.' are allowed"
+        if not HUB_ID_PART.fullmatch(part):
+            return "org and name cannot start or end with '-' or '.'"
+    return None
 
 
 def resolve(name: str, *, revision: str | None = None) -> ModelSource:
@@ -71,13 +105,18 @@ def resolve(name: str, *, revision: str | None = None) -> ModelSource:
         except AmbiguousModelError:
             raise
         except ModelNotFoundError as e:
-            if not REPO_ID.match(name):
-                raise
-            return from_hub(name, None, catalog_miss=str(e))
+            problem = hub_id_problem(name)
+            if problem is None:
+                return from_hub(name, None, catalog_miss=str(e))
+            if name.count("/") != 1 or name.startswith((".", "/", "~")) or local_path(name)[1] is not None:
+                raise  # a path, or more than a hub id: not found as it is
+            raise ModelNotFoundError(f"{e}; not a valid hub id either ({problem})") from None
     if not revision.strip():
         raise ModelNotFoundError("--revision is empty")
-    if Path(name).expanduser().exists() or not REPO_ID.match(name):
-        raise ModelNotFoundError(f"--revision applies to a hub id (org/name), not to {name!r}")
+    problem = hub_id_problem(name)
+    if local_path(name)[1] is not None or problem is not None:
+        why = f" ({problem})" if problem else ""
+        raise ModelNotFoundError(f"--revision applies to a hub id (org/name), not to {name!r}{why}")
     return from_hub(name, revision)
 
 
@@ -90,13 +129,27 @@ def header_cache_path(snapshot: Path) -> Path:
 
 
 def with_cached_headers(source: ModelSource) -> ModelSource:
-    """An HF-cache snapshot without weight files, with the headers vramplan cached for its commit (if any)."""
+    """An HF-cache snapshot without weight files, with the headers vramplan cached for its commit; without them, the
+    source says it is config.json only (a note the CLI prints on every call, and in its origin)."""
     if source.kind != "hf-cache" or source.path is None or source.has_weights:
         return source
-    path = header_cache_path(source.path)
+    from vramplan.runtime.files import CacheDirError
+
+    try:
+        path = header_cache_path(source.path)
+    except CacheDirError as e:  # no cache directory to be had: as without cached headers
+        return config_only(source, f"no safetensors files in {source.path}, and vramplan has no cache ({e})")
     if not path.is_file():
-        return source
+        return config_only(source, f"no safetensors files in {source.path}, none cached by vramplan in {path}; "
+                                   "`--revision main` asks the hub for them")
     return replace(source, headers=load_headers(path), origin=f"{source.origin}; safetensors headers cached in {path}")
+
+
+def config_only(source: ModelSource, why: str) -> ModelSource:
+    """`source` planned from its config.json alone: a note that says so and why, and its origin marked."""
+    line = f"planned from config.json only: the safetensors headers of {source.id} were not read ({why})"
+    return replace(source, note="; ".join(n for n in (source.note, line) if n),
+                   origin=f"{source.origin}; config.json only, no safetensors headers")
 
 
 def load_headers(path: Path) -> tuple[HeaderTensor, ...]:
@@ -106,7 +159,7 @@ def load_headers(path: Path) -> tuple[HeaderTensor, ...]:
             raise ValueError(f"format {data['format']!r}")
         return tuple(HeaderTensor(str(n), canonical_dtype(d), tuple(int(x) for x in shape), int(nbytes))
                      for tensors in data["files"].values() for n, d, shape, nbytes in tensors)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, ConfigError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, ConfigError) as e:
         raise CheckpointError(f"{path}: vramplan's cached safetensors headers are unreadable ({type(e).__name__}: "
                               f"{e}); delete the file to fetch them again") from None
 
@@ -130,9 +183,12 @@ def from_hub(repo: str, revision: str | None, catalog_miss: str = "") -> ModelSo
     from huggingface_hub import constants
 
     endpoint = constants.ENDPOINT
-    if constants.HF_HUB_OFFLINE:
-        return _from_cache_offline(repo, revision, endpoint)
+    problem = hub_id_problem(repo)
+    if problem is not None:
+        raise ModelNotFoundError(f"no model {repo!r}: not a valid hub id ({problem})")
     try:
+        if constants.HF_HUB_OFFLINE:
+            return _from_cache_offline(repo, revision, endpoint)
         return _fetch(repo, revision, endpoint)
     except VramplanError:
         raise
@@ -141,10 +197,14 @@ def from_hub(repo: str, revision: str | None, catalog_miss: str = "") -> ModelSo
 
 
 def hub_deadline_s() -> float:
-    """HUB_DEADLINE_S, or $VRAMPLAN_HUB_DEADLINE_S (seconds > 0)."""
+    """HUB_DEADLINE_S, or $VRAMPLAN_HUB_DEADLINE_S (seconds > 0, at most MAX_HUB_DEADLINE_S)."""
     from vramplan.runtime.this_machine import env_number
 
-    return env_number(HUB_DEADLINE_ENV, HUB_DEADLINE_S, unit="seconds", allow_zero=False)
+    deadline_s = env_number(HUB_DEADLINE_ENV, HUB_DEADLINE_S, unit="seconds", allow_zero=False)
+    if deadline_s > MAX_HUB_DEADLINE_S:
+        raise VramplanError(f"${HUB_DEADLINE_ENV}={os.environ[HUB_DEADLINE_ENV].strip()!r}: expected a number of "
+                            f"seconds > 0 and at most {MAX_HUB_DEADLINE_S:g} (a day)")
+    return deadline_s
 
 
 def within_deadline(call, what: str, endpoint: str):
@@ -173,7 +233,7 @@ def within_deadline(call, what: str, endpoint: str):
     return box["value"]
 
 
-def _fetch(repo: str, revision: str | None, endpoint: str) -> ModelSource:
+def _fetch(repo: str, revision: str | None, endpoint: str, *, branch_moved: bool = False) -> ModelSource:
     from huggingface_hub import HfApi, hf_hub_download
 
     info = within_deadline(lambda: HfApi().model_info(repo, revision=revision, timeout=HUB_TIMEOUT_S),
@@ -185,24 +245,47 @@ def _fetch(repo: str, revision: str | None, endpoint: str) -> ModelSource:
     if "config.json" not in files:
         raise CheckpointError(f"{repo} on {endpoint} has no config.json: vramplan counts a model from its config and "
                               "safetensors headers")
-    cache = hf_cache_dir()
-    config_path = Path(within_deadline(lambda: hf_hub_download(repo, "config.json", revision=revision, cache_dir=cache,
-                                                               etag_timeout=HUB_TIMEOUT_S),
-                                       f"{repo}/config.json", endpoint))
-    snapshot, commit = config_path.parent, config_path.parent.name
-    source = ModelSource(kind="hub", id=repo, config=read_config(config_path), path=snapshot,
-                         origin=f"Hugging Face hub {endpoint}/{repo} at {commit[:12]}")
+    if not info.sha:
+        raise HubError(f"the hub at {endpoint} did not say which commit {repo} is at")
+    commit, cache = info.sha, hf_cache_dir()
+    snapshot = hub_snapshot(cache, repo, commit)
     if weights == [INDEX_FILE]:
         index = Path(within_deadline(lambda: hf_hub_download(repo, INDEX_FILE, revision=commit, cache_dir=cache,
                                                              etag_timeout=HUB_TIMEOUT_S),
                                      f"{repo}/{INDEX_FILE}", endpoint))
         weights = index_shards(index.read_text(), f"{repo}/{INDEX_FILE}")
-    if not weights or weight_files(snapshot):  # no weights on the hub, or downloaded earlier: read them here
-        return source
-    headers = fetch_headers(repo, commit, weights, endpoint)
-    unsaved = save_headers(header_cache_path(snapshot), repo, commit, headers)
+    headers, unsaved = None, None
+    if weights and not weight_files(snapshot):  # none on the hub, or downloaded earlier: then read them here
+        headers = fetch_headers(repo, commit, weights, endpoint)
+        from vramplan.runtime.files import CacheDirError
+
+        try:
+            unsaved = save_headers(header_cache_path(snapshot), repo, commit, headers)
+        except CacheDirError as e:
+            unsaved = str(e)
+    # config.json last: the snapshot holding it is what later calls plan from, so a header read that failed above
+    # leaves none behind, and the next call asks the hub again instead of planning from the config alone
+    config_path = Path(within_deadline(lambda: hf_hub_download(repo, "config.json", revision=revision, cache_dir=cache,
+                                                               etag_timeout=HUB_TIMEOUT_S),
+                                       f"{repo}/config.json", endpoint))
+    if config_path.parent.name != commit:  # the branch moved since the model info: read the commit it names now
+        if branch_moved:
+            raise HubError(f"the hub at {endpoint} named commit {commit[:12]} of {repo}, then served config.json of "
+                           f"{config_path.parent.name[:12]}; try again")
+        return _fetch(repo, config_path.parent.name, endpoint, branch_moved=True)
+    source = ModelSource(kind="hub", id=repo, config=read_config(config_path), path=snapshot,
+                         origin=f"Hugging Face hub {endpoint}/{repo} at {commit[:12]}")
+    if headers is None:
+        return source if weights else config_only(source, f"{repo} has no safetensors files on the hub")
     origin = source.origin + (f" (headers not cached: {unsaved})" if unsaved else "")
     return replace(source, headers=tuple(t for ts in headers.values() for t in ts), origin=origin)
+
+
+def hub_snapshot(cache: Path, repo: str, commit: str) -> Path:
+    """Where huggingface_hub keeps the files of `repo` at `commit` in the HF cache (its file_download layout)."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    return cache / repo_folder_name(repo_id=repo, repo_type="model") / "snapshots" / commit
 
 
 def _safetensors_files(files: list[str]) -> list[str]:
@@ -306,11 +389,14 @@ def hub_error(e: Exception, repo: str, revision: str | None, endpoint: str, cata
     """huggingface_hub's and the HTTP client's exceptions as one-line VramplanErrors."""
     import httpx2
     from huggingface_hub import get_token
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled,
-                                        RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, HFValidationError, LocalEntryNotFoundError,
+                                        OfflineModeIsEnabled, RemoteEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
 
     token = "the token vramplan read (HF_TOKEN or `hf auth login`) has no access" if get_token() else \
         "no token was found (vramplan reads HF_TOKEN, or the token `hf auth login` saved)"
+    if isinstance(e, HFValidationError):  # what hub_id_problem missed, or a revision it refuses
+        return ModelNotFoundError(f"no model {repo!r}: not a valid hub id or revision ({_first_line(e)})")
     if isinstance(e, GatedRepoError):
         return HubAccessError(f"{repo} is gated: request access on {endpoint}/{repo} with your account, then give a "
                               f"token of that account; {token}")

@@ -8,7 +8,6 @@ No test touches the real network.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -17,45 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from fake_hub import FakeHub, safetensors_bytes
+from fake_hub import (TINY_LLAMA, FakeHub, cli, exact_bytes, hub_env, inspect, llama_files, one_line_error,
+                      safetensors_bytes)
 from vramplan.planner.architectures import spec_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_LLAMA = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
-    "max_position_embeddings": 32768, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
-}
 # A model_type without a hand-written builder: counted from its headers alone (names as transformers saves them).
 TINY_NEOX = {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "hidden_size": 64,
              "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128,
              "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
-HUB_ENV_VARS = ("HF_TOKEN", "HF_HUB_DISABLE_IMPLICIT_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE",
-                "HUGGINGFACE_HUB_CACHE", "HF_ENDPOINT", "HF_HOME", "XDG_CACHE_HOME")
-
-
-def llama_files(shards: int = 1) -> tuple[dict[str, bytes], dict[str, int]]:
-    """config.json and the safetensors files of TINY_LLAMA (norms in F32, the rest BF16), and header lengths."""
-    tensors = spec_from_config(TINY_LLAMA, name="t").tensors
-    dtype = {t.name: ("F32" if "norm" in t.name else "BF16", t.shape) for t in tensors}
-    files = {"config.json": json.dumps(TINY_LLAMA).encode(), "README.md": b"# tiny\n"}
-    header_lengths = {}
-    if shards == 1:
-        files["model.safetensors"], header_lengths["model.safetensors"] = safetensors_bytes(dtype)
-        return files, header_lengths
-    names = list(dtype)
-    parts = [names[i::shards] for i in range(shards)]
-    weight_map = {}
-    for i, part in enumerate(parts, 1):
-        f = f"model-{i:05d}-of-{shards:05d}.safetensors"
-        files[f], header_lengths[f] = safetensors_bytes({n: dtype[n] for n in part})
-        weight_map.update({n: f for n in part})
-    files["model.safetensors.index.json"] = json.dumps({"metadata": {}, "weight_map": weight_map}).encode()
-    return files, header_lengths
-
-
-def exact_bytes() -> int:
-    return sum(t.numel * (4 if "norm" in t.name else 2) for t in spec_from_config(TINY_LLAMA, name="t").tensors)
 
 
 @pytest.fixture
@@ -66,30 +35,7 @@ def hub():
 
 @pytest.fixture
 def env(tmp_path, hub):
-    e = {k: v for k, v in os.environ.items() if k not in HUB_ENV_VARS}
-    e.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"), VRAMPLAN_CACHE_DIR=str(tmp_path / "vramplan"),
-             HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
-    return e
-
-
-def cli(env, *args, **extra):
-    t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True,
-                       env={**env, **extra}, cwd=ROOT, timeout=120)
-    r.elapsed = time.perf_counter() - t0
-    return r
-
-
-def one_line_error(r, rc=2):
-    assert r.returncode == rc, (r.returncode, r.stdout[-500:], r.stderr)
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    return r.stderr
-
-
-def inspect(env, model, *args, **extra):
-    r = cli(env, "inspect", "--model", model, "--json", *args, **extra)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    return hub_env(tmp_path, hub)
 
 
 # ------------------------------------------------------------------ found
@@ -102,13 +48,14 @@ def test_a_hub_model_plans_in_one_command_with_exact_bytes(hub, env, tmp_path):
     assert model["id"] == "acme/tiny-llama"
     assert model["source"].startswith(f"Hugging Face hub {hub.url}/acme/tiny-llama")
     assert model["inventory"] == "hand-written (planner/architectures)"
-    # exactly these requests, in this order: model info, config.json into the cache, two range reads of the header
+    # exactly these requests, in this order: model info, two range reads of the header, then config.json into the
+    # cache (last: a failed header read leaves no config.json for the next call to plan from alone)
     assert [(q.method, q.path, q.range) for q in hub.log] == [
         ("GET", "/api/models/acme/tiny-llama", None),
-        ("HEAD", "/acme/tiny-llama/resolve/main/config.json", None),
-        ("GET", "/acme/tiny-llama/resolve/main/config.json", None),
         ("GET", f"/acme/tiny-llama/resolve/{repo.sha}/model.safetensors", "bytes=0-7"),
         ("GET", f"/acme/tiny-llama/resolve/{repo.sha}/model.safetensors", f"bytes=8-{7 + _header_len(files)}"),
+        ("HEAD", "/acme/tiny-llama/resolve/main/config.json", None),
+        ("GET", "/acme/tiny-llama/resolve/main/config.json", None),
     ]
     # what was fetched is in the normal HF cache and vramplan's header cache
     snap = tmp_path / "hf" / "hub" / "models--acme--tiny-llama" / "snapshots" / repo.sha
@@ -208,7 +155,8 @@ def test_run_takes_a_hub_model_with_dummy_weights(hub, env):
     pytest.importorskip("torch")
     files, _ = llama_files()
     hub.add("acme/tiny-llama", files)
-    args = ["run", "--model", "acme/tiny-llama", "-H", "cpu-ddr5-desktop", "--prompt-tokens", "8", "-n", "2"]
+    # no --hardware: a run plans for this machine (its quick probe), and refuses a profile of a bigger one
+    args = ["run", "--model", "acme/tiny-llama", "--prompt-tokens", "8", "-n", "2"]
     err = one_line_error(cli(env, *args))
     assert "has no weights here" in err and "--dummy-weights" in err
     r = cli(env, *args, "--dummy-weights", "--json")
@@ -231,10 +179,10 @@ def test_gated_says_how_to_get_access(hub, env):
     hub.add("acme/gated", files, gated=True, tokens=("hf_granted",))
     err = one_line_error(cli(env, "inspect", "--model", "acme/gated"))
     assert "is gated" in err and "request access" in err and "HF_TOKEN" in err and "no token was found" in err
-    assert hub.requests(method="HEAD")[-1].auth is None
+    assert hub.log[-1].auth is None and hub.log[-1].status == 401  # the first file asked for: a header's range read
     err = one_line_error(cli(env, "inspect", "--model", "acme/gated", HF_TOKEN="hf_other"))
     assert "is gated" in err and "has no access" in err
-    assert hub.requests(method="HEAD")[-1].auth == "Bearer hf_other"  # HF_TOKEN is what was sent
+    assert hub.log[-1].auth == "Bearer hf_other" and hub.log[-1].status == 403  # HF_TOKEN is what was sent
     assert inspect(env, "acme/gated", HF_TOKEN="hf_granted")["weight_bytes"]["checkpoint"] == exact_bytes()
 
 

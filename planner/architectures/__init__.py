@@ -32,7 +32,7 @@ from typing import Callable
 from ..errors import ConfigError, UnsupportedArchitectureError
 from ..modelspec import ModelSpec
 from . import dense, mla, moe, multimodal
-from .config import Cfg, check_rope
+from .config import Cfg, check_rope, weight_block_size
 from .fp32 import keep_in_fp32
 
 BUILDERS: dict[str, Callable[[Cfg, str], ModelSpec]] = {
@@ -89,6 +89,7 @@ def spec_from_config(config: dict, *, name: str = "model", source: str = "", whe
     if config.get("per_layer_config"):  # transformers' heterogeneous configs: per-layer overrides of any field
         raise UnsupportedArchitectureError(f"{where}: per_layer_config (layers unlike the config) is not supported")
     check_rope(config, where)
+    weight_block_size(config, where)  # checked here: the engines that size block scales read it
     try:
         spec = builder(c, name)
     except (KeyError, TypeError, ZeroDivisionError) as e:  # a malformed config, never a crash

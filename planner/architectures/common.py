@@ -174,8 +174,8 @@ def rope_layers(c: Cfg, n_layers: int) -> list[int]:
     if not given:
         interval = c.int("no_rope_layer_interval", 4)
         return [int((i + 1) % interval != 0) for i in range(n_layers)]
-    if len(given) != n_layers:
-        raise ConfigError(f"{c.where}: no_rope_layers must list one flag per layer ({n_layers})")
+    if len(given) != n_layers or not set(given) <= {0, 1}:
+        raise ConfigError(f"{c.where}: no_rope_layers must list one flag (0 or 1) per layer ({n_layers})")
     return given
 
 

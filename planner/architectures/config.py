@@ -123,6 +123,16 @@ class Cfg:
             raise ConfigError(f"{self.where}: field {key!r} must be a list of integers, got {v!r}")
         return v
 
+    def layer_indices(self, key: str, n_layers: int) -> set[int]:
+        """A list of decoder-layer indices (mlp_only_layers, moe_layers), each in 0 .. n_layers - 1; empty when
+        absent. An index no layer has would silently change nothing: a ConfigError names it."""
+        indices = self.int_list(key)
+        bad = [i for i in indices if not 0 <= i < n_layers]
+        if bad:
+            raise ConfigError(f"{self.where}: field {key!r} lists layer {json_text(bad[0])}, but the model has "
+                              f"{n_layers} layers (0 to {n_layers - 1})")
+        return set(indices)
+
     def str_list(self, key: str, length: int) -> list[str] | None:
         """A list of `length` strings (layer_types), or None when absent."""
         v = self.d.get(key)
@@ -193,6 +203,22 @@ def _check_rope_entry(e: dict, path: str, where: str) -> None:
                                  or not 1 <= original <= MAX_TOKENS):
         raise ConfigError(f"{where}: {path}.original_max_position_embeddings must be a token count between 1 and "
                           f"{MAX_TOKENS}, got {json_text(original)}")
+
+
+def weight_block_size(config: dict, where: str) -> tuple[int, int] | None:
+    """quantization_config.weight_block_size: (rows, columns) of the block one scale covers in a block-quantized
+    checkpoint (fp8 DeepSeek-V3: [128, 128]); None when absent. Anything but two positive integers is a ConfigError,
+    as transformers 5.24 refuses it too (utils/quantization_config.py FineGrainedFP8Config.post_init: "weight_block_size
+    must be a tuple of two positive integers")."""
+    q = config.get("quantization_config")
+    block = q.get("weight_block_size") if isinstance(q, dict) else None
+    if block is None:
+        return None
+    if not (isinstance(block, list) and len(block) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in block)):
+        raise ConfigError(f"{where}: quantization_config.weight_block_size must be two positive integers (the rows and "
+                          f"columns one scale covers, e.g. [128, 128]), got {json_text(block)}")
+    return block[0], block[1]
 
 
 # How much of a bad value a message quotes.

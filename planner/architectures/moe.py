@@ -70,7 +70,7 @@ def build_olmoe(c: Cfg, name: str) -> ModelSpec:
 
 def _qwen_sparse_layers(c: Cfg) -> Callable[[int], bool]:
     step = c.int("decoder_sparse_step", 1)
-    dense_only = set(c.int_list("mlp_only_layers"))
+    dense_only = c.layer_indices("mlp_only_layers", c.int("num_hidden_layers"))
     return lambda i: i not in dense_only and (i + 1) % step == 0
 
 
@@ -160,7 +160,7 @@ def build_llama4_text(c: Cfg, name: str) -> ModelSpec:
     dense_inter = c.int("intermediate_size_mlp")
     moe = moe_info(c, "num_local_experts", "num_experts_per_tok", inter, shared=1)
     if c.has("moe_layers"):
-        sparse = set(c.int_list("moe_layers"))
+        sparse = c.layer_indices("moe_layers", n)
     else:
         step = c.int("interleave_moe_layer_step", 1)
         sparse = set(range(step - 1, n, step))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from ..record import record
+from ..architectures.config import weight_block_size
 from ..hardware import GPUSpec
 from ..modelspec import Kind, ModelSpec, Role, TensorSpec
 from ..units import GiB
@@ -269,11 +270,10 @@ def checkpoint_format(spec: ModelSpec) -> WeightFormat | None:
     sizes its layout: fp8 (per tensor, or block-scaled with weight_block_size: DeepSeek-V3) and mxfp4 (gpt-oss: the
     routed experts only, modules_to_not_convert keeps attention, router and embeddings in bf16). None otherwise."""
     method = checkpoint_quantization(spec)
-    q = spec.config.get("quantization_config") or {}
     if method == "fp8":
-        block = q.get("weight_block_size")
+        block = weight_block_size(spec.config, spec.source or spec.name)
         return WeightFormat("checkpoint-fp8", (), "fp8-block" if block else "fp8-tensor",
-                            fp8_block=tuple(block) if block else None, min_capability=MIN_CAPABILITY["checkpoint-fp8"])
+                            fp8_block=block, min_capability=MIN_CAPABILITY["checkpoint-fp8"])
     if method == "mxfp4":
         return WeightFormat("checkpoint-mxfp4", (), "mxfp4", quantized_kinds=(Kind.EXPERTS,),
                             min_capability=MIN_CAPABILITY["checkpoint-mxfp4"])
