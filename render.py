@@ -5,7 +5,9 @@ pipes cleanly. The renderers take plain data (the dicts the library's types prod
 No torch, no planning: the CLI hands data here.
 
 Text from outside (file contents in error messages, profile descriptions, model names, paths) is printed
-literally: no rich markup ("[bold]") and no emoji codes (":x:") are read from it. Strings given to `line`,
+literally: no rich markup ("[bold]") and no emoji codes (":x:") are read from it, and its unprintable characters
+(ESC, newlines, carriage returns, bidi overrides) are shown escaped (planner.quoting.one_line): every message is
+one line. Strings given to `line`,
 `info`, `table` cells and titles are plain text; styles come only as rich Text built here (`styled`).
 """
 
@@ -26,6 +28,7 @@ from rich.text import Text
 from vramplan.planner.choice import experts_in_ram_text
 from vramplan.planner.errors import VramplanError
 from vramplan.planner.modelspec import INVENTORY_HAND_WRITTEN
+from vramplan.planner.quoting import one_line
 from vramplan.planner.units import format_bandwidth, format_bytes, format_count, format_flops, format_tokens
 
 
@@ -62,13 +65,55 @@ class _Console(Console):
             raise StdoutClosed
 
 
+
+def _stderr():
+    """sys.stderr as it is now (a test's capture too), unwrapped from the proxy a live progress bar puts there (rich's
+    FileProxy prints through the console, which would write to the proxy again: as rich's own Console.file does)."""
+    return getattr(sys.stderr, "rich_proxied_file", sys.stderr)
+
+
+class _BestEffortStderr:
+    """stderr as the messages' console writes to it (`_stderr`): a write that fails (stderr closed, a full disk,
+    /dev/full) loses the notes and messages, not the command, which ends with its own exit code rather than with the
+    error of reporting an error."""
+
+    def write(self, text: str) -> int:
+        try:
+            return _stderr().write(text)
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            _stderr().flush()
+        except (OSError, ValueError):
+            pass
+
+    def isatty(self) -> bool:
+        try:
+            return _stderr().isatty()
+        except (OSError, ValueError):
+            return False
+
+    def fileno(self) -> int:
+        return _stderr().fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(_stderr(), "encoding", None) or "utf-8"
+
+
 class Output:
     """Everything the CLI prints goes through one of these methods."""
 
     def __init__(self) -> None:
+        # The exit code a command's result means, decided before the result is printed: a reader that closes stdout
+        # early (`| head -1`) stops the printing, not the outcome (nothing fits stays exit 1).
+        self.outcome = 0
         # Piped output keeps full table widths instead of wrapping at 80 columns.
         self.out = _Console(width=None if sys.stdout.isatty() else 160, emoji=False)
-        self.err = _Console(stderr=True, width=None if sys.stderr.isatty() else 160, emoji=False)
+        self.err = _Console(file=_BestEffortStderr(), stderr=True, width=None if sys.stderr.isatty() else 160,
+                            emoji=False)
         self.set_mode()
 
     def set_mode(self, *, json: bool = False) -> None:
@@ -131,7 +176,7 @@ class Output:
 
     # --- everything else, on stderr
     def info(self, text: str) -> None:
-        self.err.print(Text(text, style="dim"), highlight=False, soft_wrap=True)
+        self.err.print(Text(one_line(text), style="dim"), highlight=False, soft_wrap=True)
 
     def note(self, text: str) -> None:
         self.labelled("note:", "yellow", text)
@@ -152,7 +197,7 @@ class Output:
 
     @contextmanager
     def status(self, text: str) -> Iterator[Any]:
-        with self.err.status(Text(text), spinner="dots") as s:
+        with self.err.status(Text(one_line(text)), spinner="dots") as s:
             yield s
 
     @contextmanager
@@ -243,13 +288,16 @@ def _clock(seconds: float) -> str:
 
 
 def _text(v: Any) -> Text:
-    """A value as literal rich Text (a Text is kept as styled)."""
-    return v if isinstance(v, Text) else Text(str(v))
+    """A value as literal rich Text on one line, unprintable characters escaped (planner.quoting.one_line: an ESC or
+    a newline in a model's name or a profile's description reaches no terminal); a Text is kept as styled."""
+    return v if isinstance(v, Text) else Text(one_line(str(v)))
 
 
 def styled(*parts: str | tuple[str, str]) -> Text:
-    """Literal text with styled parts: styled(("plan:", "bold green"), " bf16 weights")."""
-    return Text.assemble(*parts)
+    """Literal text with styled parts: styled(("plan:", "bold green"), " bf16 weights"), unprintable characters
+    escaped."""
+    return Text.assemble(*((one_line(p[0]), p[1]) if isinstance(p, tuple) else
+                           p if isinstance(p, Text) else one_line(p) for p in parts))
 
 
 out = Output()

@@ -267,6 +267,7 @@ class ModelSpec:
     attention: tuple[AttentionLayout, ...]  # one per decoder layer
     moe: MoEInfo | None = None
     source: str = ""  # where the spec came from: catalog, a directory, the HF cache
+    location: str = ""  # what an engine loads it by: a local directory's absolute path, else the hub id (the name)
     notes: tuple[str, ...] = ()
     checkpoint_bytes: int | None = None  # exact bytes of the tensors on disk (safetensors headers)
     inventory: str = INVENTORY_HAND_WRITTEN  # which path listed the tensors (the INVENTORY_* names above)

@@ -109,8 +109,8 @@ GOLDEN = {
          "profile-run peak 506.50 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 5.70 GiB; the rest "
          "holds the CUDA context 500.00 MiB and your headroom 512.00 MiB",
          'the KV pool is cut in 16-token blocks; 2.00 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 2',
-         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
-         'are estimates (see the assumptions)']),
+         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
+         'above are estimates (see the assumptions)']),
     ('dense-8b-24gb', 'llama.cpp'): (
         r"""llama-server \
   -m Llama-3.1-8B-BF16.gguf \
@@ -119,47 +119,47 @@ GOLDEN = {
   -fa on \
   -ctk q8_0 \
   -ctv q8_0""",
-        ["vramplan's plan: bf16 + fp8 KV, 32/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
-         "q8_0, placed by llama.cpp's own rules",
+        ["vramplan's plan: bf16 + fp8 KV, 32/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, "
+         "cache q8_0, placed by llama.cpp's own rules",
          "GGUF BF16: Llama-3.1-8B-BF16.gguf, 16,068,898,016 B (14.97 GiB; planner/gguf.py: llama-quantize's tensor "
          "types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-8B-GGUF (a naming '
-         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> '
-         'Llama-3.1-8B-BF16.gguf BF16',
-         'all 32 layers and the output layer on the GPU (-ngl 33): GPU 0: 16.25 GiB of 22.50 GiB usable (weights 13.98 '
-         'GiB + KV 2.12 GiB + compute 149.96 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); '
-         'RAM 1.23 GiB of 64.00 GiB',
-         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan '
-         'sized the cache with it',
-         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
-         "the plan leaves free",
-         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
-         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16"]),
+         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py <the meta-llama/Llama-3.1-8B '
+         'checkpoint directory>, then llama-quantize <f16.gguf> Llama-3.1-8B-BF16.gguf BF16',
+         'all 32 layers and the output layer on the GPU (-ngl 33): GPU 0: 16.25 GiB of 22.50 GiB usable (weights '
+         '13.98 GiB + KV 2.12 GiB + compute 149.96 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin '
+         '1.00 GiB); RAM 1.23 GiB of 64.00 GiB',
+         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the '
+         'plan sized the cache with it',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in "
+         "what the plan leaves free",
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16"]),
     ('dense-8b-24gb', 'ollama'): (
         r"""# ollama pull llama3.1:8b-text-fp16
 FROM llama3.1:8b-text-fp16
 PARAMETER num_ctx 32768""",
         ["Ollama v0.32.15: llama-server (llama.cpp b10488) started with Ollama's launch settings and placed by its "
          "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
-         "vramplan's plan: bf16 + fp8 KV, 32/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
-         "q8_0, placed by llama.cpp's own rules",
-         "Ollama quant fp16 (GGUF F16); tag by ollama.com/library's naming convention: check it is published (BF16 is "
-         'not published: the closest that is)',
-         'all 32 layers and the output layer on the GPU (-ngl 33): GPU 0: 16.25 GiB of 22.50 GiB usable (weights '
-         '13.98 GiB + KV 2.12 GiB + compute 148.49 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin '
-         "1.00 GiB); RAM 1.35 GiB of 64.00 GiB (by llama.cpp's rules; --fit chooses -ngl itself)",
+         "vramplan's plan: bf16 + fp8 KV, 32/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, "
+         "cache q8_0, placed by llama.cpp's own rules",
+         "Ollama quant fp16 (GGUF F16); tag by ollama.com/library's naming convention: check it is published (BF16 "
+         "is not published: the closest that is)",
+         "all 32 layers and the output layer on the GPU (-ngl 33): GPU 0: 16.25 GiB of 22.50 GiB usable (weights "
+         "13.98 GiB + KV 2.12 GiB + compute 148.49 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin "
+         "1.00 GiB); RAM 9.35 GiB of 64.00 GiB (by llama.cpp's rules; --fit chooses -ngl itself)",
          "no num_gpu: with num_gpu set Ollama passes -ngl, and llama.cpp's --fit then leaves the placement to it "
-         '(common/fit.cpp: "n_gpu_layers already set by user")',
+         "(common/fit.cpp: \"n_gpu_layers already set by user\")",
          "num_batch 512: Ollama's automatic choice for 32768 tokens of context (server/sched.go "
-         'automaticGenerationBatch: predicted VRAM 18.97 GiB of 23.50 GiB free)',
-         'Ollama will start: llama-server --model <llama3.1:8b-text-fp16 blob> -c 32768 -np 1 --cache-type-k q8_0 '
-         '--cache-type-v q8_0 --flash-attn auto -b 512 -ub 512',
-         'server environment (not a Modelfile setting): OLLAMA_KV_CACHE_TYPE=q8_0 ollama serve (--flash-attn auto '
+         "automaticGenerationBatch: predicted VRAM 18.97 GiB of 23.50 GiB free)",
+         "Ollama will start: llama-server --model '<llama3.1:8b-text-fp16 blob>' -c 32768 -np 1 --cache-type-k q8_0 "
+         "--cache-type-v q8_0 --flash-attn auto -b 512 -ub 512",
+         "server environment (not a Modelfile setting): OLLAMA_KV_CACHE_TYPE=q8_0 ollama serve (--flash-attn auto "
          "turns flash attention on for a quantized V cache: llama.cpp's llama_init_from_model)",
          "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
-         'passes no --cache-ram',
-         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
-         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16",
+         "passes no --cache-ram, so the plan counts it in RAM",
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16",
          'ollama pull llama3.1:8b-text-fp16']),
     ('dense-8b-24gb', 'transformers'): (
         r"""import torch
@@ -185,18 +185,18 @@ cache = QuantizedCache(backend="fp8", config=model.config)""",
   --pipeline-parallel-size 3 \
   --distributed-executor-backend ray""",
         ["vLLM's weight offload copies each layer's parameters to RAM as the layer is built (vllm-project/vllm "
-         "vllm/model_executor/offloader/uva.py @ v0.33.0 (4ba787ec9)), before --quantization mxfp4 has quantized them "
-         "(they are still on the meta device then): the two do not combine, so no --cpu-offload-gb here",
+         "vllm/model_executor/offloader/uva.py @ v0.33.0 (4ba787ec9)), before --quantization mxfp4 has quantized "
+         "them (they are still on the meta device then): the two do not combine, so no --cpu-offload-gb here",
          'needs 3 nodes of rtx-4090 (--nodes 1 given): run it on 3',
-         'start a Ray cluster over the 3 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
-         'others); TP inside each node, PP across nodes',
+         'start a Ray cluster over the 3 nodes first (ray start --head on one, ray start --address=<head>:6379 on '
+         'the others); TP inside each node, PP across nodes',
          "vLLM 0.33.0 per GPU (1 TP x 3 PP on 3 node(s)): 0.91 x 23.49 GiB (CUDA's total) = weights 13.39 GiB + "
          "profile-run peak 504.00 MiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 5.94 GiB; the rest "
          "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
          'the KV pool is cut in 16-token blocks; 865.69 MiB hold 1 sequence(s) of 8192 tokens; the pool holds about '
          '7',
-         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
-         'are estimates (see the assumptions)',
+         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
+         'above are estimates (see the assumptions)',
          "vLLM 0.33.0 has no bitsandbytes and no quanto: bnb-nf4 maps to --quantization mxfp4 (MXFP4 weights "
          "quantized while loading: 4-bit values with a power-of-two scale per 32, 0.53 B/param; W4A16 Marlin where "
          "FlashInfer's FP4 kernels do not run); its power-of-two scales round more coarsely than NF4's",
@@ -207,24 +207,24 @@ cache = QuantizedCache(backend="fp8", config=model.config)""",
   -c 8192 \
   -ngl 43 \
   -fa on""",
-        ["vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, "
-         "cache f16, placed by llama.cpp's own rules",
+        ["vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type "
+         "Q4_K_M, cache f16, placed by llama.cpp's own rules",
          "GGUF Q4_K_M: Llama-3.1-70B-Q4_K_M.gguf, 42,520,400,320 B (39.60 GiB; planner/gguf.py: llama-quantize's "
-         'tensor types)',
+         "tensor types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-70B-GGUF (a naming '
-         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize '
-         '<f16.gguf> Llama-3.1-70B-Q4_K_M.gguf Q4_K_M',
-         'layers 38-79 and the output layer on the GPU, 0-37 computed by the CPU (-ngl 43): GPU 0: 22.43 GiB of 22.50 '
-         'GiB usable (weights 20.88 GiB + KV 1.31 GiB + compute 241.96 MiB) (usable = memory - CUDA context 500.00 '
-         'MiB - --fit margin 1.00 GiB); RAM 20.39 GiB of 64.00 GiB',
-         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan '
-         'sized the cache with it',
-         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
-         'the plan leaves free',
+         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py <the meta-llama/Llama-3.1-70B '
+         'checkpoint directory>, then llama-quantize <f16.gguf> Llama-3.1-70B-Q4_K_M.gguf Q4_K_M',
+         'layers 38-79 and the output layer on the GPU, 0-37 computed by the CPU (-ngl 43): GPU 0: 22.43 GiB of '
+         '22.50 GiB usable (weights 20.88 GiB + KV 1.31 GiB + compute 241.96 MiB) (usable = memory - CUDA context '
+         '500.00 MiB - --fit margin 1.00 GiB); RAM 20.39 GiB of 64.00 GiB',
+         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the '
+         'plan sized the cache with it',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in "
+         "what the plan leaves free",
          "llama.cpp decodes the 38 layers left in RAM on the CPU; a prompt's ubatches of 32+ tokens copy their "
-         'weights to the GPU (op offload)',
-         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
-         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4",
+         "weights to the GPU (op offload)",
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
          'offload), copying 18.16 GiB of weights from RAM for each of its 16 ubatches: TTFT 42.72 s = GPU 16.72 s + '
          'link 26.00 s at 12 GB/s (pageable: mmapped weights), not the 476.81 s the CPU would take; the KV rows of '
@@ -235,22 +235,23 @@ FROM llama3.1:70b-text-q4_K_M
 PARAMETER num_ctx 8192""",
         ["Ollama v0.32.15: llama-server (llama.cpp b10488) started with Ollama's launch settings and placed by its "
          "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
-         "vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type Q4_K_M, "
-         "cache f16, placed by llama.cpp's own rules",
+         "vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type "
+         "Q4_K_M, cache f16, placed by llama.cpp's own rules",
          "Ollama quant q4_K_M (GGUF Q4_K_M); tag by ollama.com/library's naming convention: check it is published",
-         'layers 38-79 and the output layer on the GPU, 0-37 computed by the CPU (-ngl 43): GPU 0: 22.43 GiB of 22.50 '
-         'GiB usable (weights 20.88 GiB + KV 1.31 GiB + compute 240.49 MiB) (usable = memory - CUDA context 500.00 '
-         "MiB - --fit margin 1.00 GiB); RAM 20.51 GiB of 64.00 GiB (by llama.cpp's rules; --fit chooses -ngl itself)",
+         "layers 38-79 and the output layer on the GPU, 0-37 computed by the CPU (-ngl 43): GPU 0: 22.43 GiB of "
+         "22.50 GiB usable (weights 20.88 GiB + KV 1.31 GiB + compute 240.49 MiB) (usable = memory - CUDA context "
+         "500.00 MiB - --fit margin 1.00 GiB); RAM 28.51 GiB of 64.00 GiB (by llama.cpp's rules; --fit chooses -ngl "
+         "itself)",
          "no num_gpu: with num_gpu set Ollama passes -ngl, and llama.cpp's --fit then leaves the placement to it "
-         '(common/fit.cpp: "n_gpu_layers already set by user")',
+         "(common/fit.cpp: \"n_gpu_layers already set by user\")",
          "num_batch 512: Ollama's automatic choice for 8192 tokens of context (server/sched.go "
-         'automaticGenerationBatch: predicted VRAM 42.10 GiB of 23.50 GiB free)',
-         'Ollama will start: llama-server --model <llama3.1:70b-text-q4_K_M blob> -c 8192 -np 1 --flash-attn auto -b '
-         '512 -ub 512',
+         "automaticGenerationBatch: predicted VRAM 42.10 GiB of 23.50 GiB free)",
+         "Ollama will start: llama-server --model '<llama3.1:70b-text-q4_K_M blob>' -c 8192 -np 1 --flash-attn auto "
+         "-b 512 -ub 512",
          "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
-         'passes no --cache-ram',
-         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
-         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4",
+         "passes no --cache-ram, so the plan counts it in RAM",
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
          'offload), copying 18.16 GiB of weights from RAM for each of its 16 ubatches: TTFT 42.72 s = GPU 16.72 s + '
          'link 26.00 s at 12 GB/s (pageable: mmapped weights), not the 476.81 s the CPU would take; the KV rows of '
@@ -276,8 +277,8 @@ model = AutoModelForCausalLM.from_pretrained(
     device_map=device_map,
     dtype=torch.bfloat16,
 )""",
-        ["transformers' bitsandbytes offload keeps the CPU-mapped layers unquantized (bf16) in RAM, unlike vramplan's "
-         "runtime, which keeps all 80 layers quantized",
+        ["transformers' bitsandbytes offload keeps the CPU-mapped modules unquantized in RAM (45.82 GiB in all), "
+         "unlike vramplan's runtime, which keeps them quantized",
          "the 40 CPU-mapped layers are copied to the GPU on every forward by accelerate (no prefetch); vramplan's "
          "runtime has them streamed to the GPU with prefetch"]),
     ('moe-experts-in-ram', 'vllm'): (
@@ -287,14 +288,14 @@ model = AutoModelForCausalLM.from_pretrained(
   --kv-cache-dtype auto \
   --cpu-offload-gb 38 \
   --cpu-offload-params experts""",
-        ['vLLM fits 1 node(s) only with 38 GiB of routed experts per GPU in RAM (--cpu-offload-gb: pinned RAM the GPU '
-         'reads over the host link on every forward pass); without offload it needs 4 nodes of rtx-4090',
+        ['vLLM fits 1 node(s) only with 38 GiB of routed experts per GPU in RAM (--cpu-offload-gb: pinned RAM the '
+         'GPU reads over the host link on every forward pass); without offload it needs 4 nodes of rtx-4090',
          "vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.95 x 23.49 GiB (CUDA's total) = weights 18.87 GiB + "
          "profile-run peak 420.75 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 1.87 GiB; the rest "
          "holds the CUDA context 500.00 MiB and your headroom 512.00 MiB",
          'the KV pool is cut in 16-token blocks; 1.50 GiB hold 1 sequence(s) of 16384 tokens; the pool holds about 1',
-         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
-         'are estimates (see the assumptions)']),
+         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
+         'above are estimates (see the assumptions)']),
     ('moe-experts-in-ram', 'llama.cpp'): (
         r"""llama-server \
   -m Qwen3-30B-A3B-BF16.gguf \
@@ -305,20 +306,20 @@ model = AutoModelForCausalLM.from_pretrained(
         ["vramplan's plan: bf16 + bf16 KV, 48/48 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, "
          "cache f16, placed by llama.cpp's own rules",
          "GGUF BF16: Qwen3-30B-A3B-BF16.gguf, 61,095,806,112 B (56.90 GiB; planner/gguf.py: llama-quantize's tensor "
-         'types)',
+         "types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Qwen3-30B-A3B-GGUF (a naming '
-         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize '
-         '<f16.gguf> Qwen3-30B-A3B-BF16.gguf BF16',
+         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py <the Qwen/Qwen3-30B-A3B '
+         'checkpoint directory>, then llama-quantize <f16.gguf> Qwen3-30B-A3B-BF16.gguf BF16',
          'all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 32 of 48 MoE layers (layers '
          '0-31) in RAM (--n-cpu-moe 32): GPU 0: 21.88 GiB of 22.50 GiB usable (weights 20.31 GiB + KV 1.50 GiB + '
          'compute 70.32 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 36.90 GiB of '
          '64.00 GiB',
-         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan '
-         'sized the cache with it',
-         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
-         'the plan leaves free',
-         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
-         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16",
+         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the '
+         'plan sized the cache with it',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in "
+         "what the plan leaves free",
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
          'offload), copying 36.00 GiB of weights from RAM for each of its 32 ubatches: TTFT 107.05 s = GPU 3.97 s + '
          'link 103.08 s at 12 GB/s (pageable: mmapped weights), not the 35.94 s the CPU would take; the KV rows of '
@@ -331,23 +332,23 @@ PARAMETER num_ctx 16384""",
          "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
          "vramplan's plan: bf16 + bf16 KV, 48/48 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, "
          "cache f16, placed by llama.cpp's own rules",
-         "Ollama quant fp16 (GGUF F16); tag by ollama.com/library's naming convention: check it is published (BF16 is "
-         'not published: the closest that is)',
-         'all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 32 of 48 MoE layers (layers '
-         '0-31) in RAM (--n-cpu-moe 32): GPU 0: 21.88 GiB of 22.50 GiB usable (weights 20.31 GiB + KV 1.50 GiB + '
-         'compute 68.58 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 37.02 GiB of '
+         "Ollama quant fp16 (GGUF F16); tag by ollama.com/library's naming convention: check it is published (BF16 "
+         "is not published: the closest that is)",
+         "all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 32 of 48 MoE layers (layers "
+         "0-31) in RAM (--n-cpu-moe 32): GPU 0: 21.88 GiB of 22.50 GiB usable (weights 20.31 GiB + KV 1.50 GiB + "
+         "compute 68.58 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 45.02 GiB of "
          "64.00 GiB (by llama.cpp's rules; --fit chooses -ngl and the experts kept in RAM itself: it may also move "
          "part of one more layer, and picks which layers' experts stay)",
          "no num_gpu: with num_gpu set Ollama passes -ngl, and llama.cpp's --fit then leaves the placement to it "
-         '(common/fit.cpp: "n_gpu_layers already set by user")',
+         "(common/fit.cpp: \"n_gpu_layers already set by user\")",
          "num_batch 512: Ollama's automatic choice for 16384 tokens of context (server/sched.go "
-         'automaticGenerationBatch: predicted VRAM 57.65 GiB of 23.50 GiB free)',
-         'Ollama will start: llama-server --model <qwen3:30b-a3b-fp16 blob> -c 16384 -np 1 --flash-attn auto -b 512 '
-         '-ub 512',
+         "automaticGenerationBatch: predicted VRAM 57.65 GiB of 23.50 GiB free)",
+         "Ollama will start: llama-server --model '<qwen3:30b-a3b-fp16 blob>' -c 16384 -np 1 --flash-attn auto -b "
+         "512 -ub 512",
          "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
-         'passes no --cache-ram',
-         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
-         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16",
+         "passes no --cache-ram, so the plan counts it in RAM",
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
          'offload), copying 36.00 GiB of weights from RAM for each of its 32 ubatches: TTFT 107.05 s = GPU 3.97 s + '
          'link 103.08 s at 12 GB/s (pageable: mmapped weights), not the 35.94 s the CPU would take; the KV rows of '
@@ -376,15 +377,15 @@ model = AutoModelForCausalLM.from_pretrained(
   --pipeline-parallel-size 2 \
   --distributed-executor-backend ray""",
         ['needs 2 nodes of rtx-4090-x2 (--nodes 1 given): run it on 2',
-         'start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
-         'others); TP inside each node, PP across nodes',
+         'start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on '
+         'the others); TP inside each node, PP across nodes',
          "vLLM 0.33.0 per GPU (2 TP x 2 PP on 2 node(s)): 0.91 x 23.49 GiB (CUDA's total) = weights 9.45 GiB + "
          "profile-run peak 566.50 MiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 9.82 GiB; the rest "
          "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
          'the KV pool is cut in 16-token blocks; 641.25 MiB hold 1 sequence(s) of 8192 tokens; the pool holds about '
          '15',
-         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
-         'are estimates (see the assumptions)',
+         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
+         'above are estimates (see the assumptions)',
          "vLLM 0.33.0 has no bitsandbytes and no quanto: bnb-nf4-dq maps to --quantization mxfp4 (MXFP4 weights "
          "quantized while loading: 4-bit values with a power-of-two scale per 32, 0.53 B/param; W4A16 Marlin where "
          "FlashInfer's FP4 kernels do not run); its power-of-two scales round more coarsely than NF4's"]),
@@ -400,18 +401,18 @@ model = AutoModelForCausalLM.from_pretrained(
          "GGUF Q4_K_M: Llama-3.1-70B-Q4_K_M.gguf, 42,520,400,320 B (39.60 GiB; planner/gguf.py: llama-quantize's "
          "tensor types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-70B-GGUF (a naming '
-         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> '
-         'Llama-3.1-70B-Q4_K_M.gguf Q4_K_M',
-         'all 80 layers and the output layer on the GPU (-ngl 81): GPU 0: 22.10 GiB of 22.50 GiB usable (weights 20.53 '
-         'GiB + KV 1.34 GiB + compute 240.00 MiB); GPU 1: 19.91 GiB of 22.50 GiB usable (weights 18.52 GiB + KV 1.16 '
-         'GiB + compute 241.96 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 821.58 '
-         'MiB of 64.00 GiB',
-         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan '
-         'sized the cache with it',
-         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
-         "the plan leaves free",
-         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
-         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4"]),
+         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py <the meta-llama/Llama-3.1-70B '
+         'checkpoint directory>, then llama-quantize <f16.gguf> Llama-3.1-70B-Q4_K_M.gguf Q4_K_M',
+         'all 80 layers and the output layer on the GPU (-ngl 81): GPU 0: 22.10 GiB of 22.50 GiB usable (weights '
+         '20.53 GiB + KV 1.34 GiB + compute 240.00 MiB); GPU 1: 19.91 GiB of 22.50 GiB usable (weights 18.52 GiB + '
+         'KV 1.16 GiB + compute 241.96 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM '
+         '821.58 MiB of 64.00 GiB',
+         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the '
+         'plan sized the cache with it',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in "
+         "what the plan leaves free",
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4"]),
     ('two-gpus', 'ollama'): (
         r"""# ollama pull llama3.1:70b-text-q4_K_M
 FROM llama3.1:70b-text-q4_K_M
@@ -421,20 +422,20 @@ PARAMETER num_ctx 8192""",
          "vramplan's plan: bnb-nf4-dq + bf16 KV, 80/80 layers on the GPU; llama.cpp runs GGUF: closest file type "
          "Q4_K_M, cache f16, placed by llama.cpp's own rules",
          "Ollama quant q4_K_M (GGUF Q4_K_M); tag by ollama.com/library's naming convention: check it is published",
-         'all 80 layers and the output layer on the GPU (-ngl 81): GPU 0: 22.10 GiB of 22.50 GiB usable (weights '
-         '20.53 GiB + KV 1.34 GiB + compute 240.00 MiB); GPU 1: 19.91 GiB of 22.50 GiB usable (weights 18.52 GiB + KV '
-         '1.16 GiB + compute 240.49 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM '
-         "948.11 MiB of 64.00 GiB (by llama.cpp's rules; --fit chooses -ngl itself)",
+         "all 80 layers and the output layer on the GPU (-ngl 81): GPU 0: 22.10 GiB of 22.50 GiB usable (weights "
+         "20.53 GiB + KV 1.34 GiB + compute 240.00 MiB); GPU 1: 19.91 GiB of 22.50 GiB usable (weights 18.52 GiB + "
+         "KV 1.16 GiB + compute 240.49 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM "
+         "8.93 GiB of 64.00 GiB (by llama.cpp's rules; --fit chooses -ngl itself)",
          "no num_gpu: with num_gpu set Ollama passes -ngl, and llama.cpp's --fit then leaves the placement to it "
-         '(common/fit.cpp: "n_gpu_layers already set by user")',
+         "(common/fit.cpp: \"n_gpu_layers already set by user\")",
          "num_batch 512: Ollama's automatic choice for 8192 tokens of context (server/sched.go "
-         'automaticGenerationBatch: predicted VRAM 42.10 GiB of 47.00 GiB free)',
-         'Ollama will start: llama-server --model <llama3.1:70b-text-q4_K_M blob> -c 8192 -np 1 --flash-attn auto -b '
-         '512 -ub 512',
+         "automaticGenerationBatch: predicted VRAM 42.10 GiB of 47.00 GiB free)",
+         "Ollama will start: llama-server --model '<llama3.1:70b-text-q4_K_M blob>' -c 8192 -np 1 --flash-attn auto "
+         "-b 512 -ub 512",
          "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
-         'passes no --cache-ram',
-         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 "
-         "records) of llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4",
+         "passes no --cache-ram, so the plan counts it in RAM",
+         "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4",
          'ollama pull llama3.1:70b-text-q4_K_M']),
     ('two-gpus', 'transformers'): (
         r"""import torch
@@ -456,7 +457,7 @@ model = AutoModelForCausalLM.from_pretrained(
 )""",
         []),
     ('cpu-only', 'vllm'): (
-        "",
+        r"""""",
         ["vLLM: hardware 'cpu-epyc-server' has no GPU; vramplan plans vLLM on CUDA GPUs only (vLLM's CPU and Apple "
          "backends are not planned)",
          'no vllm serve command']),
@@ -466,18 +467,18 @@ model = AutoModelForCausalLM.from_pretrained(
   -c 8192 \
   -ngl 0 \
   -fa on""",
-        ["vramplan's plan: bf16 + bf16 KV, 0/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
-         "f16, placed by llama.cpp's own rules",
+        ["vramplan's plan: bf16 + bf16 KV, 0/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, "
+         "cache f16, placed by llama.cpp's own rules",
          "GGUF BF16: Llama-3.1-8B-BF16.gguf, 16,068,898,016 B (14.97 GiB; planner/gguf.py: llama-quantize's tensor "
          "types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-8B-GGUF (a naming '
-         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> '
-         'Llama-3.1-8B-BF16.gguf BF16',
+         'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py <the meta-llama/Llama-3.1-8B '
+         'checkpoint directory>, then llama-quantize <f16.gguf> Llama-3.1-8B-BF16.gguf BF16',
          'all 32 layers computed by the CPU (no GPU): RAM 16.15 GiB of 768.00 GiB',
-         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the plan '
-         'sized the cache with it',
-         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in what "
-         "the plan leaves free",
+         '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the '
+         'plan sized the cache with it',
+         "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in "
+         "what the plan leaves free",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('cpu-only', 'ollama'): (
         r"""# ollama pull llama3.1:8b-text-fp16
@@ -485,17 +486,17 @@ FROM llama3.1:8b-text-fp16
 PARAMETER num_ctx 8192""",
         ["Ollama v0.32.15: llama-server (llama.cpp b10488) started with Ollama's launch settings and placed by its "
          "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
-         "vramplan's plan: bf16 + bf16 KV, 0/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, cache "
-         "f16, placed by llama.cpp's own rules",
-         "Ollama quant fp16 (GGUF F16); tag by ollama.com/library's naming convention: check it is published (BF16 is "
-         'not published: the closest that is)',
-         'all 32 layers computed by the CPU (no GPU): RAM 16.39 GiB of 768.00 GiB',
+         "vramplan's plan: bf16 + bf16 KV, 0/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, "
+         "cache f16, placed by llama.cpp's own rules",
+         "Ollama quant fp16 (GGUF F16); tag by ollama.com/library's naming convention: check it is published (BF16 "
+         "is not published: the closest that is)",
+         'all 32 layers computed by the CPU (no GPU): RAM 24.39 GiB of 768.00 GiB',
          "num_batch 1024: Ollama's automatic choice for 8192 tokens of context (server/sched.go "
-         'automaticGenerationBatch: no GPU: the context alone decides)',
-         'Ollama will start: llama-server --model <llama3.1:8b-text-fp16 blob> -c 8192 -np 1 --flash-attn auto -b '
-         '1024 -ub 1024',
+         "automaticGenerationBatch: no GPU: the context alone decides)",
+         "Ollama will start: llama-server --model '<llama3.1:8b-text-fp16 blob>' -c 8192 -np 1 --flash-attn auto -b "
+         "1024 -ub 1024",
          "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
-         'passes no --cache-ram',
+         "passes no --cache-ram, so the plan counts it in RAM",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
          'ollama pull llama3.1:8b-text-fp16']),
     ('cpu-only', 'transformers'): (
@@ -517,15 +518,15 @@ model = AutoModelForCausalLM.from_pretrained(
   --tensor-parallel-size 8 \
   --pipeline-parallel-size 2 \
   --distributed-executor-backend ray""",
-        ['start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
-         'others); TP inside each node, PP across nodes',
+        ['start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on '
+         'the others); TP inside each node, PP across nodes',
          "vLLM 0.33.0 per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.15 GiB (CUDA's total) = weights 47.25 GiB + "
-         "profile-run peak 2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 25.65 GiB; the rest holds "
-         "the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
-         'the KV pool is cut in 16-token blocks; 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds about '
-         '26',
-         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
-         'are estimates (see the assumptions)']),
+         "profile-run peak 2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 25.65 GiB; the rest "
+         "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
+         'the KV pool is cut in 16-token blocks; 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds '
+         'about 26',
+         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
+         'above are estimates (see the assumptions)']),
     ('405b-one-node', 'vllm'): (
         r"""vllm serve meta-llama/Llama-3.1-405B \
   --max-model-len 32768 \
@@ -535,15 +536,15 @@ model = AutoModelForCausalLM.from_pretrained(
   --pipeline-parallel-size 2 \
   --distributed-executor-backend ray""",
         ['needs 2 nodes of h100-sxm-x8 (--nodes 1 given): run it on 2',
-         'start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on the '
-         'others); TP inside each node, PP across nodes',
+         'start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on '
+         'the others); TP inside each node, PP across nodes',
          "vLLM 0.33.0 per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.15 GiB (CUDA's total) = weights 47.25 GiB + "
-         "profile-run peak 2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 25.65 GiB; the rest holds "
-         "the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
-         'the KV pool is cut in 16-token blocks; 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds about '
-         '26',
-         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures above '
-         'are estimates (see the assumptions)']),
+         "profile-run peak 2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 25.65 GiB; the rest "
+         "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
+         'the KV pool is cut in 16-token blocks; 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds '
+         'about 26',
+         'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
+         'above are estimates (see the assumptions)']),
 }
 
 
@@ -965,7 +966,9 @@ def test_ollama_plan_is_llamacpp_under_ollamas_launch():
     server = launch.server(True)
     assert server.slots == rules.Slots(count=4, unified=False, logit_rows=4, output_rows=4, n_ubatch=1024)
     assert server.margin_bytes == rules.FIT_TARGET_MARGIN_BYTES
-    assert server.base_ram_bytes == rules.PROCESS_BASE_RAM_GPU_ASSUMED + OLLAMA_SERVE_RAM_ASSUMED
+    # llama-server, ollama serve, and the prompt cache Ollama lets llama-server grow to its --cache-ram default
+    assert server.base_ram_bytes == (rules.PROCESS_BASE_RAM_GPU_ASSUMED + OLLAMA_SERVE_RAM_ASSUMED
+                                     + rules.PROMPT_CACHE_DEFAULT_MIB * MiB)
     # the KV cache: 4 streams of 8192 cells, as llama-server -c 32768 -np 4
     assert rules.kv_bytes_per_layer(LLAMA_8B, "f16", req, server.slots) == [2 * 4 * 8192 * 2048] * 32
     # the compute buffer: a 1024-token ubatch, a mask over one stream, 4 logits rows

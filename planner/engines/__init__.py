@@ -28,8 +28,8 @@ ENGINES: tuple[Engine, ...] = (
     Engine(llamacpp.ENGINE, llamacpp.answer, llamacpp.export_llamacpp),
     Engine(ollama.ENGINE, ollama.answer, ollama.export_ollama),
     Engine(vllm.ENGINE, vllm.answer, vllm.export_vllm, needs_vramplan_plan=True),
-    Engine(hf_transformers.ENGINE, hf_transformers.answer, lambda spec, hw, p: hf_transformers.export_transformers(
-        spec, p), needs_vramplan_plan=True),
+    Engine(hf_transformers.ENGINE, hf_transformers.answer, hf_transformers.export_transformers,
+           needs_vramplan_plan=True),
 )
 BY_NAME = {e.name: e for e in ENGINES}
 

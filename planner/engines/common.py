@@ -10,7 +10,7 @@ vramplan's, plus the engine constants it used and engine-specific plain data). P
 from __future__ import annotations
 
 import math
-import shlex
+import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 
@@ -18,6 +18,7 @@ from ..record import record
 from ..choice import Choice
 from ..modelspec import ModelSpec
 from ..constant import Constant
+from ..quoting import one_line, shell_quote
 from ..units import GiB, format_bytes
 
 # The engines `--emit` writes for.
@@ -64,14 +65,31 @@ def _show(v) -> str:
     return format_bytes(v) if isinstance(v, int) and v >= 1 << 20 else f"{v:g}" if isinstance(v, float) else str(v)
 
 
+# ---------------------------------------------------------------- generated text: quoted values only
+# What an export writes is code (a shell script, a Python snippet, a Modelfile), and a model's name or path is the
+# user's text: a directory may be called `x\ntouch PWNED #`. It reaches that code only through planner.quoting
+# (one_line, shell_quote, modelfile_value, file_stem) and repr().
+
 def commented(notes, body: str, prefix: str = "# ") -> str:
-    """The notes as comment lines above the body: the whole text stays pasteable."""
-    lines = [f"{prefix}{n}" for n in notes]
+    """The notes as comment lines above the body: each note is one line (`one_line`), so no text in it can end the
+    comment and run; the whole text stays pasteable."""
+    lines = [f"{prefix}{one_line(n)}" for n in notes]
     return "\n".join([*lines, body]) + "\n"
 
 
+def is_local(spec: ModelSpec) -> bool:
+    """Whether the model is a local directory (its location an absolute path), not a hub id."""
+    return os.path.isabs(spec.location)
+
+
+def model_location(spec: ModelSpec) -> str:
+    """What an engine's command loads: the local directory's absolute path, or the hub id."""
+    return spec.location or spec.name
+
+
 def shell_command(argv: list[str]) -> str:
-    """A command line, one option per continuation line after the program and its positional arguments."""
+    """A command line, one option per continuation line after the program and its positional arguments; every word
+    quoted (`shell_quote`)."""
     head, opts = [], []
     for a in argv:
         (opts if (opts or a.startswith("-")) else head).append(a)
@@ -83,7 +101,7 @@ def shell_command(argv: list[str]) -> str:
         cur.append(a)
     if cur:
         groups.append(cur)
-    parts = [" ".join(shlex.quote(x) for x in head)] + ["  " + " ".join(shlex.quote(x) for x in g) for g in groups]
+    parts = [" ".join(shell_quote(x) for x in head)] + ["  " + " ".join(shell_quote(x) for x in g) for g in groups]
     return " \\\n".join(parts)
 
 

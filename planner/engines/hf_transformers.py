@@ -15,10 +15,13 @@ from __future__ import annotations
 from ..choice import OffloadMode
 from ..modelspec import ModelSpec, Role
 from ..hardware import HardwareProfile
+from ..memory import ram_capacity, weight_costs
 from ..plan import Plan
 from ..request import Request
 from ..quant import KV_SCHEMES, SCHEMES
-from .common import EngineAnswer, Export, commented, first_moe_layers, index_range
+from ..units import format_bytes
+from ..quoting import python_fstring, python_str
+from .common import EngineAnswer, Export, commented, first_moe_layers, index_range, model_location
 
 ENGINE = "transformers"
 
@@ -26,6 +29,36 @@ ENGINE = "transformers"
 def _offloads(c) -> bool:
     """Whether the plan's device_map has CPU entries accelerate offloads."""
     return c.on_gpu and c.offload is not OffloadMode.NONE
+
+
+def bnb_cpu_ram_bytes(spec: ModelSpec, p: Plan) -> int:
+    """Host RAM transformers + accelerate takes for the plan's split: the plan's RAM, with every module mapped to the
+    CPU at the load dtype where bitsandbytes quantizes (`llm_int8_enable_fp32_cpu_offload=True` leaves them
+    unquantized: the CPU-mapped layers, and the routed experts kept in RAM)."""
+    c = p.choice
+    s = SCHEMES[c.weight_quant]
+    ram = p.memory.cpu.total_bytes
+    if s.backend != "bnb" or not c.on_gpu:
+        return ram
+    quantized, plain = weight_costs(spec, s), weight_costs(spec, SCHEMES[LOAD_SCHEME[s.compute_dtype]])
+    offloaded = range(c.gpu_layers, c.total_layers)
+    experts = [i for i in first_moe_layers(spec, c.expert_layers_on_cpu) if i < c.gpu_layers]
+    return (ram + sum(plain.layers[i] - quantized.layers[i] for i in offloaded)
+            + sum(plain.experts[i] - quantized.experts[i] for i in experts))
+
+
+# The unquantized scheme of each compute dtype: what bitsandbytes leaves a CPU-mapped module in.
+LOAD_SCHEME = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def _bnb_ram_refusal(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> str | None:
+    """Why the plan's split does not fit transformers' RAM (bitsandbytes' unquantized CPU modules), or None."""
+    need, capacity = bnb_cpu_ram_bytes(spec, p), ram_capacity(hw, p.request)
+    if need <= capacity:
+        return None
+    return (f"transformers' bitsandbytes offload keeps the CPU-mapped modules unquantized "
+            f"({LOAD_SCHEME[SCHEMES[p.choice.weight_quant].compute_dtype]}): RAM needs {format_bytes(need)} of "
+            f"{format_bytes(capacity)}")
 
 
 def _module_names(spec: ModelSpec) -> tuple[str, str | None]:
@@ -64,16 +97,18 @@ def _device_map(spec: ModelSpec, p: Plan) -> list[str]:
     start = 0
     for device, n in enumerate(per):
         if device and n:
-            lines.append(f'device_map |= {{f"{layers}.{{i}}": {device} for i in range({start}, {start + n})}}')
+            lines.append(f"device_map |= {{{python_fstring(layers + '.', 'i')}: {device} for i in range({start}, "
+                         f"{start + n})}}")
         start += n
     if c.offload is not OffloadMode.NONE:
-        lines.append(f'device_map |= {{f"{layers}.{{i}}": "cpu" for i in range({start}, {c.total_layers})}}')
+        lines.append(f'device_map |= {{{python_fstring(layers + ".", "i")}: "cpu" for i in range({start}, '
+                     f'{c.total_layers})}}')
         if embed and not c.embeddings_on_gpu:
-            lines.append(f'device_map["{embed}"] = "cpu"')
+            lines.append(f'device_map[{python_str(embed)}] = "cpu"')
     if experts:
         resident = [i for i in first_moe_layers(spec, c.expert_layers_on_cpu) if i < c.gpu_layers]
-        lines.append(f'device_map |= {{f"{layers}.{{i}}.{experts}": "cpu" for i in {index_range(resident)}}}  '
-                     "# routed experts in RAM")
+        key = python_fstring(layers + ".", "i", "." + experts)
+        lines.append(f'device_map |= {{{key}: "cpu" for i in {index_range(resident)}}}  # routed experts in RAM')
     return lines
 
 
@@ -98,7 +133,7 @@ def _cache_lines(kv: str) -> list[str]:
             "from transformers.cache_utils import QuantizedCache", f"cache = {call}"]
 
 
-def export_transformers(spec: ModelSpec, p: Plan) -> Export:
+def export_transformers(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
     if not p.fits:
         notes = ["transformers: vramplan's plan found nothing that fits; no snippet"]
         return Export(engine=ENGINE, fits=False, text=commented(notes, "# no snippet"), notes=tuple(notes))
@@ -112,10 +147,14 @@ def export_transformers(spec: ModelSpec, p: Plan) -> Export:
     if s.quantized:
         name, config = _quantization(c.weight_quant)
         imports.append(name)
-        if offloads and s.backend == "bnb":
+        if (offloads or c.expert_layers_on_cpu) and s.backend == "bnb":
             config.append("    llm_int8_enable_fp32_cpu_offload=True,")
-            notes.append("transformers' bitsandbytes offload keeps the CPU-mapped layers unquantized (bf16) in RAM, "
-                         f"unlike vramplan's runtime, which keeps all {c.total_layers} layers quantized")
+            notes.append("transformers' bitsandbytes offload keeps the CPU-mapped modules unquantized in RAM "
+                         f"({format_bytes(bnb_cpu_ram_bytes(spec, p))} in all), unlike vramplan's runtime, which "
+                         "keeps them quantized")
+            if (refusal := _bnb_ram_refusal(spec, hw, p)) is not None:
+                fits = False
+                notes.append(f"does not fit: {refusal}")
         if offloads and s.backend == "quanto":
             fits = False
             notes.append("transformers' quanto loader refuses a device_map with CPU entries: this snippet raises; "
@@ -130,7 +169,7 @@ def export_transformers(spec: ModelSpec, p: Plan) -> Export:
         notes.append(f"the {c.offloaded_layers} CPU-mapped layers are copied to the GPU on every forward by accelerate "
                      f"(no prefetch); vramplan's runtime has them {mode}")
     body += _device_map(spec, p)
-    args = [f'    "{spec.name}",']
+    args = [f"    {python_str(model_location(spec))},"]
     if s.quantized:
         args.append("    quantization_config=quantization_config,")
     args += ["    device_map=device_map,", f"    dtype={dtype},"]
@@ -161,6 +200,9 @@ def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> Engin
     split = c.on_gpu and c.gpu_layers < c.total_layers
     if SCHEMES[c.weight_quant].backend == "quanto" and _offloads(c):  # as the export says
         a.fits, a.reason = False, "transformers' quanto loader refuses a device_map with CPU entries"
+        return a
+    if (refusal := _bnb_ram_refusal(spec, hw, p)) is not None:
+        a.fits, a.reason = False, refusal
         return a
     a.with_layers(c, ", accelerate device_map" if split else "")
     if split or c.expert_layers_on_cpu:

@@ -28,7 +28,8 @@ from ..speed import EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, SpeedEstimate, e
 from ..units import MiB, format_bytes
 from ..work import ReadBytes, experts_touched
 from . import llamacpp_rules as rules
-from .common import (EngineAnswer, EngineConstant, Export, assumption_notes, commented, first_moe_layers,
+from ..quoting import file_stem, shell_quote
+from .common import (EngineAnswer, EngineConstant, Export, assumption_notes, commented, first_moe_layers, is_local,
                      shell_command)
 
 ENGINE = "llama.cpp"
@@ -462,7 +463,8 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request, server: Se
 
 # ---------------------------------------------------------------- the command
 def gguf_file_name(spec: ModelSpec, file_type: str) -> str:
-    return f"{spec.name.rstrip('/').split('/')[-1]}-{file_type}.gguf"
+    """The GGUF file an export suggests writing: a safe file name made from the model's (common.file_stem)."""
+    return f"{file_stem(spec.name)}-{file_type}.gguf"
 
 
 def llama_server_command(spec: ModelSpec, p: Plan) -> list[str]:
@@ -501,13 +503,14 @@ def export_from_llamacpp_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, ext
         return Export(engine=ENGINE, fits=False, text=text, notes=tuple([*extra_notes, *p.reasons]), constants=consts)
     c = p.choice
     name = gguf_file_name(spec, c.weight_quant)
-    repo = GGUF_REPO_CONVENTION.format(name=spec.name.rstrip("/").split("/")[-1])
+    repo = GGUF_REPO_CONVENTION.format(name=file_stem(spec.name))
+    checkpoint = shell_quote(spec.location) if is_local(spec) else f"<the {spec.name} checkpoint directory>"
     notes = [*extra_notes,
              f"GGUF {c.weight_quant}: {name}, {gguf_file_bytes(spec, c.weight_quant):,} B "
              f"({format_bytes(gguf_file_bytes(spec, c.weight_quant))}; planner/gguf.py: llama-quantize's tensor types)",
              f"where to get it: GGUF repositories are conventionally named like {repo} (a naming convention, not a "
-             f"promise that it exists), or convert: convert_hf_to_gguf.py, then llama-quantize <f16.gguf> {name} "
-             f"{c.weight_quant}",
+             f"promise that it exists), or convert: convert_hf_to_gguf.py {checkpoint}, then llama-quantize <f16.gguf> "
+             f"{name} {c.weight_quant}",
              p.chosen.reason,
              "-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); "
              "the plan sized the cache with it"]
@@ -538,8 +541,9 @@ def export_from_llamacpp_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, ext
                                              "expert_layers_on_cpu": c.expert_layers_on_cpu})
 
 
-def mapped_request(p: Plan) -> tuple[Request, list[str]]:
-    """The llama.cpp request closest to a vramplan plan: its scheme and cache mapped, nothing else forced."""
+def mapped_request(p: Plan, *, keep_placement: bool = True) -> tuple[Request, list[str]]:
+    """The llama.cpp request closest to a vramplan plan: its scheme and cache mapped, and (`keep_placement`) a
+    --gpu-layers or --expert-placement the user forced; nothing else forced."""
     r = p.request
     quant = (GGUF_FOR_SCHEME[p.choice.weight_quant],) if p.fits else ()
     kv = (CACHE_FOR_KV[p.choice.kv_dtype],) if p.fits else ()
@@ -552,8 +556,13 @@ def mapped_request(p: Plan) -> tuple[Request, list[str]]:
             notes.append("llama.cpp has no 2-bit KV cache: q4_0 is its smallest of the three planned")
     else:
         notes.append("vramplan's plan found nothing that fits: llama.cpp's rules choose the file type themselves")
-    return replace(r, engine=ENGINE, compiled=False, quant=quant, kv_dtype=kv, offload=None, gpu_layers=None,
-                   expert_placement=None), notes
+    forced = [f"{flag} {v}" for flag, v in (("--gpu-layers", r.gpu_layers), ("--expert-placement", r.expert_placement))
+              if v is not None and keep_placement]
+    if forced:
+        notes.append(f"kept as asked: {', '.join(forced)}")
+    elif not keep_placement:
+        r = replace(r, gpu_layers=None, expert_placement=None)
+    return replace(r, engine=ENGINE, compiled=False, quant=quant, kv_dtype=kv, offload=None), notes
 
 
 def export_llamacpp(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:

@@ -32,7 +32,8 @@ from ..plan import Plan
 from ..request import Request
 from ..units import GiB, MiB, format_bytes
 from . import llamacpp, llamacpp_rules as rules
-from .common import EngineAnswer, EngineConstant, Export, assumption_notes, commented
+from ..quoting import modelfile_value, one_line, shell_join, shell_quote
+from .common import EngineAnswer, EngineConstant, Export, assumption_notes, commented, is_local
 
 ENGINE = "ollama"
 OLLAMA = "ollama/ollama"
@@ -69,6 +70,10 @@ SURCHARGE_BYTES = {BATCH_LARGE: 2 * GiB, BATCH_MEDIUM: 768 * MiB}
 SINGLE_GPU_PCT = 80
 # The `ollama serve` process beside llama-server (Go; its HTTP server, model metadata): unmeasured.
 OLLAMA_SERVE_RAM_ASSUMED = 128 * MiB
+# llama-server's prompt cache: the KV state of finished prompts, kept in RAM up to --cache-ram (default 8192 MiB,
+# llama.cpp common.h cache_ram_mib). Ollama passes no --cache-ram (startLlamaServer's flags, LLAMA_SERVER_GO), so it
+# may grow to the default as prompts come: counted in the RAM a launch needs, or a busy server runs out of RAM.
+PROMPT_CACHE_BYTES = rules.PROMPT_CACHE_DEFAULT_MIB * MiB
 
 
 def constants() -> dict[str, EngineConstant]:
@@ -81,6 +86,9 @@ def constants() -> dict[str, EngineConstant]:
         "single_gpu_pct": EngineConstant(SINGLE_GPU_PCT, f"{SCHED_GO}: bestSingleGPUFit"),
         "ollama_serve_ram_bytes": EngineConstant(OLLAMA_SERVE_RAM_ASSUMED, "the ollama serve process beside "
                                                  "llama-server: unmeasured", assumption=True),
+        "prompt_cache_bytes": EngineConstant(PROMPT_CACHE_BYTES, f"llama-server's --cache-ram default (llama.cpp "
+                                             f"common.h cache_ram_mib), which Ollama does not set ({LLAMA_SERVER_GO}: "
+                                             "startLlamaServer)"),
     }
 
 
@@ -145,11 +153,11 @@ class OllamaLaunch:
         """llama-server as this launch starts it: -np slots with a stream each and a logits row each (the graph is
         reserved for n_parallel outputs: tools/server/server-context.cpp server_output_limits), -ub num_batch, --fit's
         own margin (Ollama sets LLAMA_ARG_FIT_TARGET only for a multimodal projector), and the ollama serve process
-        beside it."""
+        beside it, and the prompt cache llama-server may grow to (PROMPT_CACHE_BYTES)."""
         n = self.num_parallel
         slots = rules.Slots(count=n, unified=False, logit_rows=n, output_rows=n, n_ubatch=self.n_ubatch)
-        return llamacpp.Server(slots=slots, base_ram_bytes=rules.process_base_ram(has_gpu) + OLLAMA_SERVE_RAM_ASSUMED,
-                               constants=constants())
+        return llamacpp.Server(slots=slots, base_ram_bytes=rules.process_base_ram(has_gpu) + OLLAMA_SERVE_RAM_ASSUMED
+                               + PROMPT_CACHE_BYTES, constants=constants())
 
     def argv(self, gguf: str, kv_type: str) -> list[str]:
         """The memory-relevant flags Ollama passes to llama-server (startLlamaServer; --port, --host, logging and
@@ -305,7 +313,8 @@ def ollama_tag(spec: ModelSpec, file_type: str) -> tuple[str | None, str]:
         other = INSTRUCT_ONLY.get(spec.name)
         why = (f"Ollama's library has no base tag for {spec.name} ({other} is the instruct model, a different one)"
                if other else f"no known Ollama library tag for {spec.name}")
-        convert = f"python convert_hf_to_gguf.py <{spec.name} checkpoint dir> --outtype"
+        checkpoint = shell_quote(spec.location) if is_local(spec) else f"<{spec.name} checkpoint dir>"
+        convert = f"python convert_hf_to_gguf.py {checkpoint} --outtype"
         build = (f"{convert} {file_type.lower()} --outfile {name}" if file_type in UNQUANTIZED_FILE_TYPES else
                  f"{convert} f16 --outfile {f16}, then llama-quantize {f16} {name} {file_type}")
         return None, (f"{why}: FROM the GGUF converted from the planned checkpoint (./{name}); build it with "
@@ -322,7 +331,7 @@ def _request(p: Plan) -> tuple[Request, list[str]]:
     if p.request.engine == llamacpp.ENGINE:
         return replace(p.request, quant=(p.choice.weight_quant,) if p.fits else (),
                        kv_dtype=(p.choice.kv_dtype,) if p.fits else (), gpu_layers=None, expert_placement=None), []
-    return llamacpp.mapped_request(p)
+    return llamacpp.mapped_request(p, keep_placement=False)  # Ollama places by llama.cpp's --fit itself
 
 
 def ollama_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, file_type: str | None = None, tries: int | None = None
@@ -377,7 +386,7 @@ def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
     if launch.single_gpu_of:
         notes.append(f"one GPU of {launch.single_gpu_of}: Ollama runs a model on the GPU with the most free memory "
                      f"when its predicted VRAM is at most {SINGLE_GPU_PCT} % of it (OLLAMA_SCHED_SPREAD=1: all GPUs)")
-    notes.append("Ollama will start: " + " ".join(argv))
+    notes.append("Ollama will start: " + shell_join(argv))
     env = [f"OLLAMA_KV_CACHE_TYPE={kv}"] if kv != "f16" else []
     if req.batch > 1:
         env.append(f"OLLAMA_NUM_PARALLEL={req.batch}")
@@ -386,11 +395,11 @@ def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
                      + (" (--flash-attn auto turns flash attention on for a quantized V cache: llama.cpp's "
                         "llama_init_from_model)" if kv != "f16" else ""))
     notes.append(f"llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of "
-                 f"{rules.PROMPT_CACHE_DEFAULT_MIB} MiB: Ollama passes no --cache-ram")
+                 f"{rules.PROMPT_CACHE_DEFAULT_MIB} MiB: Ollama passes no --cache-ram, so the plan counts it in RAM")
     notes += [w for w in q.warnings if not w.startswith("assumption: ")]
     notes += assumption_notes(consts)
     pull = f"ollama pull {tag}" if tag else f"(no library tag: build {llamacpp.gguf_file_name(spec, ft)}, see above)"
-    body = "\n".join([f"# {pull}", f"FROM {gguf}", f"PARAMETER num_ctx {req.context}"])
+    body = "\n".join([f"# {one_line(pull)}", f"FROM {modelfile_value(gguf)}", f"PARAMETER num_ctx {req.context}"])
     return Export(engine=ENGINE, fits=True, text=commented(notes, body), notes=tuple(notes), constants=consts,
                   details={"ollama_version": OLLAMA_VERSION, "tag": tag, "gguf_file_type": ft, "kv_cache_type": kv,
                            "num_ctx": req.context, "num_parallel": launch.num_parallel, "num_batch": launch.num_batch,

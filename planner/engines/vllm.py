@@ -27,7 +27,7 @@ from ..speed import compiled_scheme, estimate_compiled, fitted_entry
 from ..units import GiB, MiB, format_bytes
 from . import vllm_rules as rules
 from .common import (EngineAnswer, EngineConstant, Export, assumption_notes, commented, floor_to, gib,
-                     shell_command)
+                     model_location, shell_command)
 from .vllm_rules import (BLOCK_SIZE, BLOCK_SIZE_MLA, KV_CACHE_BYTES, VLLM_VERSION, LayerKV, WeightFormat, kv_groups,
                          kv_request_bytes, pp_partitions, tp_fraction, tp_sizes)
 
@@ -417,7 +417,7 @@ def _with_offload(m: VLLMModel, p: Plan, hw: HardwareProfile, best: Layout | Non
 def _argv(spec: ModelSpec, req: Request, lay: Layout, fmt: WeightFormat, kv_cache: str) -> list[str]:
     limit, _ = rules.derived_max_model_len(spec)
     env = [f"{rules.ALLOW_LONG_MAX_MODEL_LEN}=1"] if limit and req.context > limit else []
-    argv = [*env, "vllm", "serve", spec.name, "--max-model-len", str(req.context),
+    argv = [*env, "vllm", "serve", model_location(spec), "--max-model-len", str(req.context),
             "--gpu-memory-utilization", f"{lay.gpu_memory_utilization:.2f}", "--kv-cache-dtype", kv_cache, *fmt.args]
     if lay.tp > 1:
         argv += ["--tensor-parallel-size", str(lay.tp)]
