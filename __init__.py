@@ -28,6 +28,9 @@ def model(name: str, *, revision: str | None = None) -> ModelSpec:
     from .runtime.hub import resolve
     from .runtime.inventory import load_spec
 
+    _check_text(name, "vramplan.model: the model", "a name or a path")
+    if revision is not None:
+        _check_text(revision, "vramplan.model: revision", "a branch, tag or commit")
     return load_spec(resolve(name, revision=revision))
 
 
@@ -40,6 +43,7 @@ def hardware(name: str | None = None) -> HardwareProfile:
     from .planner.profiles import resolve_profile
     from .runtime.yaml_cache import load_profile
 
+    _check_text(name, "vramplan.hardware: the profile", "a name, a YAML path or None")
     return resolve_profile(name, load_profile)[0]
 
 
@@ -57,6 +61,16 @@ def plan(model: str | ModelSpec, hardware: str | HardwareProfile | None = None, 
     from .planner.request import Request
     from .planner.units import parse_bytes, parse_context
 
+    from .planner.hardware import HardwareProfile
+    from .planner.modelspec import ModelSpec
+
+    if not isinstance(model, (str, ModelSpec)):
+        raise ConfigError(f"vramplan.plan: model must be a name or a ModelSpec, got {type(model).__name__}")
+    if hardware is not None and not isinstance(hardware, (str, HardwareProfile)):
+        raise ConfigError(f"vramplan.plan: hardware must be a profile name, a HardwareProfile or None, got "
+                          f"{type(hardware).__name__}")
+    if isinstance(context, bool) or not isinstance(context, (str, int)):
+        raise ConfigError(f"vramplan.plan: context must be tokens (32768 or \"32k\"), got {type(context).__name__}")
     spec = _model(model) if isinstance(model, str) else model
     hw = hardware if hardware is not None and not isinstance(hardware, str) else _hardware(hardware)
     for text in ("vram_budget", "ram_budget", "headroom"):
@@ -65,11 +79,24 @@ def plan(model: str | ModelSpec, hardware: str | HardwareProfile | None = None, 
     for field in ("quant", "kv_dtype"):
         if isinstance(options.get(field), str):
             options[field] = (options[field],)
+        if field in options and not (isinstance(options[field], (tuple, list))
+                                     and all(isinstance(x, str) for x in options[field])):
+            raise ConfigError(f"vramplan.plan: {field} must be a name or a list of names, got {options[field]!r}")
+        if field in options:
+            options[field] = tuple(options[field])
     try:
         req = Request(context=parse_context(str(context)), **options)
     except TypeError as e:  # an option Request does not have
         raise ConfigError(f"vramplan.plan: {e}") from None
     return plan_for_engine(spec, hw, req)
+
+
+def _check_text(value: Any, what: str, expected: str) -> None:
+    """A str argument, or a one-line ConfigError (a VramplanError) naming what was given instead."""
+    if not isinstance(value, str):
+        from .planner.errors import ConfigError
+
+        raise ConfigError(f"{what} must be {expected}, got {type(value).__name__}")
 
 
 _model, _hardware = model, hardware  # plan()'s arguments shadow the functions' names

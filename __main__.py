@@ -11,17 +11,34 @@
   left over at exit stay unvisited, as they would after os._exit, and the OS takes their memory back with the rest.
 
 Tests call `cli.main` in-process and so never freeze their interpreter.
+
+SIGTERM and Ctrl-C end a command with exit 130 and "interrupted" from the first instant, during the imports too.
 """
 
 import gc
+import signal
+import sys
+
+# cli.py's code for a command ended by Ctrl-C or SIGTERM.
+EXIT_INTERRUPTED = 130
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def console() -> None:
+    # SIGTERM ends a command like Ctrl-C from the first instant, not only once cli.main runs (importing the CLI takes
+    # a few hundred milliseconds, and SIGTERM's default would end the process with 143 and no word).
+    signal.signal(signal.SIGTERM, _interrupt)
     gc.disable()
     try:
         from vramplan.cli import main
 
         main()
+    except KeyboardInterrupt:  # before cli.main could take it: while the CLI was still being imported
+        sys.stderr.write("interrupted\n")
+        sys.exit(EXIT_INTERRUPTED)
     finally:
         gc.freeze()
 

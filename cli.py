@@ -7,16 +7,17 @@ interrupted (a run still reports and saves what it measured).
 
 import gc
 import math
-import os
 import sys
 from typing import Annotated, Any, Optional
 
 import typer
 
 from vramplan import render
-from vramplan.planner.errors import VramplanError
 from vramplan.planner.quant import KV_SCHEMES, SCHEMES
 from vramplan.render import out
+from vramplan.cli_inputs import (UsageError, build_request, fit_default_context, given_files, hardware_files,
+                                 model_files, named_profile, not_empty, output_format, prompt_text, resolve_hardware,
+                                 resolve_model, run_hardware, save_path, split_list)
 
 from vramplan.cli_errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOTHING_FITS,  # noqa: F401 - the
                         RUNTIME_PACKAGES, error_table, exit_code, on_sigterm)  # codes and table, as cli.py's docstring
@@ -27,10 +28,6 @@ app = typer.Typer(name="vramplan", help="Will this LLM run on my machine, how, a
 profiles_app = typer.Typer(help="Hardware profiles: the shipped ones, yours ($VRAMPLAN_PROFILES, "
                                 "~/.config/vramplan/profiles), and checks.", no_args_is_help=True)
 app.add_typer(profiles_app, name="profiles")
-
-
-class UsageError(VramplanError):
-    """Options that contradict each other or are empty."""
 
 
 # ---------------------------------------------------------------- shared options
@@ -82,135 +79,6 @@ NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help="Machines of th
                      "may use (vLLM over Ray; default 1).")]
 
 
-def _split(v: str | None, flag: str, *, keep_case: bool = False) -> tuple[str, ...]:
-    """A comma list: names lower-cased, paths (keep_case) as given."""
-    if v is None:
-        return ()
-    items = tuple(x.strip() if keep_case else x.strip().lower() for x in v.split(",") if x.strip())
-    if not items:
-        raise UsageError(f"{flag} is empty: give one or more names, comma-separated")
-    return items
-
-
-def _format(as_json: bool, as_yaml: bool) -> str | None:
-    if as_json and as_yaml:
-        raise UsageError("give --json or --yaml, not both")
-    return "json" if as_json else "yaml" if as_yaml else None
-
-
-def _save_path(save: str | None, flag: str = "--save", inputs: dict[str, list[str]] | None = None) -> str | None:
-    """The --save path, checked writable now (before any work), or None. `inputs` (flag -> the files it names) are
-    what the command reads: saving over one of them is refused, before any work too."""
-    if save is None:
-        return None
-    from vramplan.runtime.files import check_writable
-
-    path = str(check_writable(save))
-    for name, files in (inputs or {}).items():
-        if any(_same_file(path, f) for f in files):
-            kind = "output" if name.startswith("--save") else "input"
-            raise UsageError(f"{flag} {save} is also the {name} {kind}; choose another path")
-    return path
-
-
-def _same_file(a: str, b: str) -> bool:
-    """Whether two paths name one file (through symlinks, `..` or hard links); a path not there yet by its name."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
-
-
-def _given_files(*paths: str | None) -> list[str]:
-    """Of the inputs a command was given, those that name files (a profile or model named, not a path: none)."""
-    return [p for p in paths if p is not None and os.path.isfile(os.path.expanduser(p))]
-
-
-def _model_files(model: str) -> list[str]:
-    """The file --model reads when it names one: a config.json, or the one in a model directory."""
-    path = os.path.expanduser(model)
-    return _given_files(os.path.join(path, "config.json") if os.path.isdir(path) else path)
-
-
-def build_request(context: str | None, batch: int | None, prompt_tokens: int | None, prefer: str | None,
-                  quant: str | None, kv_dtype: str | None, gpu_layers: int | None, offload: str | None,
-                  vram_budget: str | None, ram_budget: str | None, headroom: str | None, prefill_chunk: int | None,
-                  *, nodes: int | None = None, engine: str | None = None, allow_context_overflow: bool = False,
-                  expert_placement: str | None = None, compiled: bool = False):
-    from vramplan.planner.request import DEFAULT_HEADROOM_BYTES, DEFAULT_PREFILL_CHUNK, Request
-    from vramplan.planner.units import parse_bytes, parse_context
-
-    return Request(
-        context=parse_context(context if context is not None else "4k"), batch=1 if batch is None else batch,
-        prompt_tokens=prompt_tokens, prefer=(prefer or "balanced").lower(), quant=_split(quant, "--quant"),
-        kv_dtype=_split(kv_dtype, "--kv-dtype"), gpu_layers=gpu_layers, offload=offload.lower() if offload else None,
-        vram_budget_bytes=parse_bytes(vram_budget, what="--vram-budget") if vram_budget is not None else None,
-        ram_budget_bytes=parse_bytes(ram_budget, what="--ram-budget") if ram_budget is not None else None,
-        headroom_bytes=parse_bytes(headroom, what="--headroom") if headroom is not None else DEFAULT_HEADROOM_BYTES,
-        prefill_chunk=prefill_chunk if prefill_chunk is not None else DEFAULT_PREFILL_CHUNK,
-        nodes=1 if nodes is None else nodes, engine=(engine or "vramplan").lower(),
-        allow_context_overflow=allow_context_overflow, expert_placement=expert_placement, compiled=compiled,
-    )
-
-
-def _fit_default_context(req, context_flag: str | None, spec):
-    """Without --context the default (4k) is cut to what the model is made for, when that is shorter."""
-    from dataclasses import replace
-
-    from vramplan.planner.modelspec import context_limit
-
-    limit = context_limit(spec)[0]
-    if context_flag is not None or not 0 < limit < req.context:
-        return req
-    out.info(f"context: {limit} tokens, {spec.name}'s maximum (the default 4k is longer)")
-    return replace(req, context=limit)  # a --prompt-tokens beyond it is then refused as longer than the context
-
-
-def resolve_model(model: str, revision: str | None):
-    """--model and --revision: where the model comes from (a directory, the HF cache, the catalog, the hub) and its
-    exact inventory."""
-    from vramplan.runtime.hub import resolve
-    from vramplan.runtime.inventory import load_spec
-
-    source = resolve(model, revision=revision)
-    if source.note:
-        out.info(source.note)
-    return source, load_spec(source)
-
-
-def resolve_hardware(hardware: str | None):
-    """The profile named or at a path; without --hardware, this machine's cached quick probe."""
-    if hardware is not None:
-        return named_profile(hardware)[0]
-    from vramplan.runtime.this_machine import busy_note, this_machine
-
-    here = this_machine()
-    if here.probed_now:
-        why = f" ({here.why_probed})" if here.why_probed else ""
-        where = f"cached in {here.cache_file}" if here.cache_file else f"not cached: {here.why_not_cached}"
-        how = f"quick probe taken now{why}, {where}"
-    else:
-        how = f"quick probe cached in {here.cache_file}; `vramplan probe --quick` refreshes it"
-    out.info(f"hardware: this machine ({how})")
-    busy = busy_note(here.profile)
-    if busy:
-        out.warn(f"this machine's {'' if here.probed_now else 'cached '}probe was {busy}")
-    return here.profile
-
-
-def named_profile(name: str):
-    """A profile by name or path, and its file; a name that other files of the search path share says which won."""
-    from vramplan.planner.profiles import name_shadows, resolve_profile
-    from vramplan.runtime.yaml_cache import load_profile
-
-    profile, path = resolve_profile(name, load_profile)
-    shadows = name_shadows(name)
-    if shadows:
-        out.info(f"hardware profile {name!r}: using {path}; it shadows "
-                 + ", ".join(f"{p} ({origin})" for p, origin in shadows))
-    return profile, path
-
-
 # ---------------------------------------------------------------- model commands
 @app.command("models")
 def models_cmd(as_json: JsonOpt = False) -> None:
@@ -249,11 +117,12 @@ def probe_cmd(
     from pathlib import Path
 
     from vramplan.planner.profile_yaml import profile_to_dict
+    from vramplan.planner.quoting import shell_quote
     from vramplan.runtime.files import save_profile
     from vramplan.runtime.probe import probe
     from vramplan.runtime.this_machine import store_or_why
 
-    path = _save_path(save)
+    path = save_path(save)
     with out.status("probing this machine") as status:
         result = probe(quick=quick, progress=lambda msg: status.update(f"probing: {msg}"))
     profile = result.profile
@@ -265,7 +134,7 @@ def probe_cmd(
     if path:
         stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(path).stem).strip("-.") or profile.name
         profile = profile.replace(name=stem)
-        out.info(f"saved {save_profile(profile, path)} (use it with --hardware {path})")
+        out.info(f"saved {save_profile(profile, path)} (use it with --hardware {shell_quote(path)})")
     if as_json:
         out.data({"profile": profile_to_dict(profile), "readings": result.readings,
                   "elapsed_s": round(result.elapsed_s, 3)})
@@ -310,7 +179,7 @@ def profiles_show_cmd(
     """One profile in full: GPUs, host, link, overheads, calibration, notes."""
     from vramplan.planner.profile_yaml import dumps_profile, profile_to_dict
 
-    fmt = _format(as_json, as_yaml)
+    fmt = output_format(as_json, as_yaml)
     profile, path = named_profile(name)
     if fmt == "json":
         out.data({"path": str(path), "profile": profile_to_dict(profile)})
@@ -381,8 +250,8 @@ def plan_cmd(
     from vramplan.planner.engines import emit as write_for
     from vramplan.planner.engines import plan_for_engine
 
-    fmt = _format(as_json, as_yaml)
-    path = _save_path(save, inputs={"--hardware": _given_files(hardware), "--model": _model_files(model)})
+    fmt = output_format(as_json, as_yaml)
+    path = save_path(save, inputs={"--hardware": hardware_files(hardware), "--model": model_files(model)})
     req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
                         ram_budget, headroom, prefill_chunk, nodes=nodes, engine=engine,
                         allow_context_overflow=allow_context_overflow, expert_placement=expert_placement,
@@ -400,7 +269,7 @@ def plan_cmd(
                              "(see `vramplan plan --help`)")
         check_emit(target, req.engine)
     _, spec = resolve_model(model, revision)
-    req = _fit_default_context(req, context, spec)
+    req = fit_default_context(req, context, spec)
     hw = resolve_hardware(hardware)
     p = plan_for_engine(spec, hw, req)
     export = write_for(target, spec, hw, p) if target is not None else None
@@ -411,6 +280,8 @@ def plan_cmd(
         save_data(path, d, default="yaml")
     if export is not None:
         d["emit"] = export.to_dict()
+    fits = export.fits if export is not None else p.fits
+    out.outcome = 0 if fits else EXIT_NOTHING_FITS  # kept if the reader closes stdout mid-report
     if fmt:
         out.data(d, fmt)
     elif export is not None:
@@ -423,7 +294,7 @@ def plan_cmd(
             render.speed_sources(d)
     if path and not fmt:
         out.info(f"plan saved to {path}")
-    if not (export.fits if export is not None else p.fits):
+    if not fits:
         raise typer.Exit(EXIT_NOTHING_FITS)
 
 
@@ -464,9 +335,9 @@ def calibrate_cmd(
 
     out.set_mode(json=as_json)
     run_files = tuple(p.strip() for p in add_runs.split(",") if p.strip()) if add_runs else ()
-    inputs = {"--hardware": _given_files(hardware), "--add-runs": _given_files(*run_files)}
-    path = _save_path(save, inputs=inputs)
-    runs_path = _save_path(save_runs, "--save-runs", {**inputs, "--save": [path] if path else []})
+    inputs = {"--hardware": hardware_files(hardware), "--add-runs": given_files(*run_files)}
+    path = save_path(save, inputs=inputs)
+    runs_path = save_path(save_runs, "--save-runs", {**inputs, "--save": [path] if path else []})
     earlier = load_runs(run_files) if run_files else []
     here = this_machine_profile()  # the cached quick probe: what this machine holds, before any load
     hw = resolve_hardware(hardware) if hardware is not None else None
@@ -474,20 +345,21 @@ def calibrate_cmd(
         raise UsageError(f"--hardware {hardware}: its hardware is not this machine's, so runs here cannot calibrate "
                          f"it: {'; '.join(differs)} (calibrate on that machine, or save this one's with "
                          "`vramplan probe --save`)")
-    named = _split(models, "--models", keep_case=True)  # a directory's path keeps its case
+    named = split_list(models, "--models", keep_case=True)  # a directory's path keeps its case
+    not_empty(engine, "--engine")
     if (engine or "vramplan").lower() == "llama.cpp":
         ignored = [f for f, v in (("--quants", quants), ("--repeats", repeats), ("--kv-dtypes", kv_dtypes),
                                   ("--add-runs", add_runs)) if v is not None]
         if ignored:
             raise UsageError(f"{', '.join(ignored)}: not for --engine llama.cpp (its file types are the --gguf files')")
-        return _calibrate_llamacpp(hw, here, named, _split(gguf, "--gguf", keep_case=True), llama_server, prompts,
+        return _calibrate_llamacpp(hw, here, named, split_list(gguf, "--gguf", keep_case=True), llama_server, prompts,
                                    new_tokens, path, runs_path, as_json)
     if (engine or "vramplan").lower() != "vramplan" or gguf or llama_server:
         raise UsageError("--engine is vramplan or llama.cpp; --gguf and --llama-server go with --engine llama.cpp")
-    m = matrix_for(hw or here, models=named, quants=_split(quants, "--quants"),
-                   prompts=tuple(parse_context(x) for x in _split(prompts, "--prompts")), new_tokens=new_tokens,
+    m = matrix_for(hw or here, models=named, quants=split_list(quants, "--quants"),
+                   prompts=tuple(parse_context(x) for x in split_list(prompts, "--prompts")), new_tokens=new_tokens,
                    repeats=repeats, kv_dtypes=None if kv_dtypes is None else
-                   tuple(k for k in _split(kv_dtypes, "--kv-dtypes") if k != "none"))
+                   tuple(k for k in split_list(kv_dtypes, "--kv-dtypes") if k != "none"))
     m, dropped = check_fits(hw or here, m, named=named)  # refuses a named model that cannot fit: nothing loaded
     for w in dropped:
         out.warn(w)
@@ -517,22 +389,21 @@ def _calibrate_llamacpp(hw, here, models, ggufs, llama_server, prompts, new_toke
     from vramplan.planner.units import parse_context
     from vramplan.runtime.files import save_data, save_profile
     from vramplan.runtime.llamacpp_calibrate import DEFAULT_NEW_TOKENS, DEFAULT_PROMPTS, calibrate_llamacpp
-    from vramplan.runtime.llamacpp_run import find_llama_server
+    from vramplan.runtime.llamacpp_run import check_gguf_paths, find_llama_server, read_checked
 
     if not ggufs or len(ggufs) != len(models):
         raise UsageError(f"--engine llama.cpp: give one --models entry per --gguf file ({len(models)} models, "
                          f"{len(ggufs)} files): the model each file was converted from")
-    for f in ggufs:
-        if not os.path.isfile(f):
-            raise UsageError(f"--gguf {f}: no such file")
+    check_gguf_paths(ggufs)  # regular files: a FIFO would block the header's read
     pairs = [(resolve_model(m, None)[1], f) for m, f in zip(models, ggufs)]
+    read_checked(pairs)  # each file is its model's: refused before the server and the probe
     server = find_llama_server(llama_server)
     if hw is None:  # the fit divides by this machine's measured bandwidth and compute
         from vramplan.runtime.probe import probe
 
         with out.status("probing this machine (full measurements)..."):
             hw = probe(quick=False).profile
-    result = calibrate_llamacpp(hw, pairs, server, prompts=tuple(parse_context(x) for x in _split(
+    result = calibrate_llamacpp(hw, pairs, server, prompts=tuple(parse_context(x) for x in split_list(
         prompts, "--prompts")) or DEFAULT_PROMPTS, new_tokens=new_tokens or DEFAULT_NEW_TOKENS, say=out.info)
     for w in result.warnings:
         out.warn(w)
@@ -610,9 +481,10 @@ def run_cmd(
         given = [flag for flag, v in planning.items() if v is not None]
         if given:
             raise UsageError(f"--plan fixes the configuration; drop {', '.join(given)} (or plan again without --plan)")
-    path = _save_path(save, inputs={"--plan": _given_files(plan_file), "--hardware": _given_files(hardware),
-                                    "--prompt-file": _given_files(prompt_file), "--model": _model_files(model)})
-    text = _prompt_text(prompt, prompt_file, prompt_tokens)
+    path = save_path(save, inputs={"--plan": given_files(plan_file), "--hardware": hardware_files(hardware),
+                                    "--prompt-file": given_files(prompt_file), "--model": model_files(model)})
+    text = prompt_text(prompt, prompt_file, prompt_tokens)
+    not_empty(engine, "--engine")
     if (engine := (engine or "vramplan").lower()) not in ("vramplan", "llama.cpp"):
         raise UsageError(f"--engine {engine!r}: run executes vramplan or llama.cpp")
     if engine == "llama.cpp" and compiled:
@@ -626,14 +498,14 @@ def run_cmd(
     if not source.has_weights and not dummy_weights:
         raise UsageError(f"{source.id} has no weights here ({source.origin}); add --dummy-weights to measure its "
                          "speed and memory with random weights")
-    hw = resolve_hardware(hardware)
+    hw = run_hardware(hardware)
     if plan_file is not None:
         p = load_plan(plan_file)
     else:
         req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
                             ram_budget, headroom, prefill_chunk, allow_context_overflow=allow_context_overflow,
                             expert_placement=expert_placement, compiled=compiled)
-        req = _fit_default_context(req, context, spec)
+        req = fit_default_context(req, context, spec)
         if not req.kv_dtype:  # only the caches this transformers can build
             from dataclasses import replace
 
@@ -642,6 +514,7 @@ def run_cmd(
             req = replace(req, kv_dtype=available_kv_dtypes())
         p = plan(spec, hw, req)
         if not p.fits:
+            out.outcome = EXIT_NOTHING_FITS
             render.plan(p.to_dict())
             raise typer.Exit(EXIT_NOTHING_FITS)
     from vramplan.runtime.execute import execute
@@ -657,6 +530,8 @@ def run_cmd(
 def _report_run(report, as_json: bool, path) -> None:
     """A run's report printed (or its JSON), saved with --save, and its exit code."""
     d = report.to_dict()
+    code = EXIT_INTERRUPTED if report.interrupted else EXIT_NOTHING_FITS if report.errors else 0
+    out.outcome = code  # kept if the reader closes stdout mid-report
     if as_json:
         out.data(d)
     else:
@@ -667,29 +542,32 @@ def _report_run(report, as_json: bool, path) -> None:
 
         save_data(path, d, default="json")
         out.info(f"run report saved to {path}")
-    if report.interrupted or report.errors:
-        raise typer.Exit(EXIT_INTERRUPTED if report.interrupted else EXIT_NOTHING_FITS)
+    if code:
+        raise typer.Exit(code)
 
 
 def _run_llamacpp(model, revision, plan_file, planning: dict, hardware, gguf, llama_server, text, prompt_tokens,
                   max_new_tokens, temperature, seed, as_json):
     """`run --engine llama.cpp`: llama.cpp's plan for the GGUF file's type, run by llama-server; the report."""
-    from vramplan.runtime.llamacpp_run import find_llama_server, plan_for_file, run_llamacpp
+    from vramplan.runtime.llamacpp_run import check_gguf_paths, find_llama_server, plan_for_file, run_llamacpp
 
     if gguf is None:
         raise UsageError("--engine llama.cpp runs a GGUF file: pass --gguf PATH (convert_hf_to_gguf.py's output)")
+    check_gguf_paths([gguf])  # a regular file: a FIFO would block the header's read
     for flag in ("--plan", "--offload", "--prefill-chunk"):
         if (plan_file if flag == "--plan" else planning.get(flag)) is not None:
             raise UsageError(f"{flag} is vramplan's runtime's; llama.cpp plans and places by its own rules")
     _, spec = resolve_model(model, revision)
+    hw = run_hardware(hardware)
     req = build_request(*(planning[f] for f in ("--context", "--batch")), prompt_tokens,
                         *(planning[f] for f in ("--prefer", "--quant", "--kv-dtype", "--gpu-layers")), None,
                         *(planning[f] for f in ("--vram-budget", "--ram-budget", "--headroom")), None,
                         engine="llama.cpp", allow_context_overflow=bool(planning["--allow-context-overflow"]),
                         expert_placement=planning["--expert-placement"])
-    p = plan_for_file(spec, hw := resolve_hardware(hardware), _fit_default_context(req, planning["--context"], spec),
-                      gguf, max_new_tokens, prompt_given=text is not None)
+    p = plan_for_file(spec, hw, fit_default_context(req, planning["--context"], spec), gguf, max_new_tokens,
+                      prompt_given=text is not None)
     if not p.fits:
+        out.outcome = EXIT_NOTHING_FITS
         render.plan(p.to_dict())
         raise typer.Exit(EXIT_NOTHING_FITS)
     return run_llamacpp(p, spec, hw, gguf, find_llama_server(llama_server), prompt_text=text,
@@ -705,26 +583,6 @@ def _long_command() -> None:
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
-
-
-def _prompt_text(prompt: str | None, prompt_file: str | None, prompt_tokens: int | None) -> str | None:
-    if prompt is not None and prompt_file is not None:
-        raise UsageError("give --prompt or --prompt-file, not both")
-    if prompt_file is not None:
-        from vramplan.planner.textfiles import read_text
-
-        try:
-            prompt = read_text(prompt_file)
-        except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"--prompt-file {prompt_file}: {getattr(e, 'strerror', None) or e}") from None
-    elif prompt is None and prompt_tokens is None and not sys.stdin.isatty():
-        piped = sys.stdin.read()
-        prompt = piped if piped.strip() else None
-    if prompt is not None and prompt_tokens is not None:
-        raise UsageError("give a prompt or --prompt-tokens, not both")
-    if prompt is not None and not prompt.strip():
-        raise UsageError("the prompt is empty")
-    return prompt
 
 
 # ---------------------------------------------------------------- entry point

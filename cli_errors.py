@@ -62,8 +62,8 @@ def _as_flags(message: str) -> str:
 # Each formatter prints what the user sees (one line at most) and returns the exit code; None means "unexpected":
 # an internal error (exit 3), or the traceback under VRAMPLAN_DEBUG=1. The first row whose types match wins.
 def _closed_stdout(e: BaseException) -> int:
-    out.silence_stdout()  # the reader has gone (`| head -1`): stop quietly
-    return 0
+    out.silence_stdout()  # the reader has gone (`| head -1`): stop quietly, with the outcome the command had decided
+    return out.outcome
 
 
 def _vramplan_error(e: BaseException) -> int | None:
@@ -106,8 +106,17 @@ def error_table() -> list[tuple[tuple[type, ...], Any, bool]]:
     ]
 
 
+# What VRAMPLAN_DEBUG may say to keep tracebacks off (its unset or empty value too); anything else turns them on.
+DEBUG_OFF = ("", "0", "false", "no", "off")
+
+
+def debug_enabled() -> bool:
+    """Whether VRAMPLAN_DEBUG asks for tracebacks: set, and not one of DEBUG_OFF (VRAMPLAN_DEBUG=0 is off)."""
+    return os.environ.get("VRAMPLAN_DEBUG", "").strip().lower() not in DEBUG_OFF
+
+
 def exit_code(e: BaseException) -> int:
-    debug = bool(os.environ.get("VRAMPLAN_DEBUG"))
+    debug = debug_enabled()
     for types, formatter, reraise_in_debug in error_table():
         if types and isinstance(e, types):
             if debug and reraise_in_debug:

@@ -177,7 +177,7 @@ def _expert_placement(v) -> str | int:
     """"gpu", "cpu" or a whole number of MoE layers (0 is "gpu"), from a name, a digit string or an int."""
     if isinstance(v, str) and v.strip().lower() in EXPERT_PLACEMENTS:
         return v.strip().lower()
-    if isinstance(v, str) and v.strip().isdigit():
+    if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit():  # "3", not another script's digits
         v = int(v.strip())
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise PlanError(f"request.expert_placement must be {' or '.join(EXPERT_PLACEMENTS)} or a number of MoE layers "

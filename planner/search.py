@@ -498,6 +498,9 @@ def check_request(hw: HardwareProfile, req: Request) -> None:
                             (req.vram_budget_bytes, "a GPU memory budget")):
             if given is not None and not (what.startswith("a number") and given == 0):
                 raise PlanError(f"{what} was given, but hardware {hw.name!r} has no GPU")
+    device_refusals = [why for q in req.quant if q in SCHEMES and (why := _device_ok(SCHEMES[q], hw))]
+    if req.quant and len(device_refusals) == len(req.quant):  # no scheme asked for runs here: bad input, not a fit
+        raise PlanError(f"request.quant {','.join(req.quant)}: {'; '.join(device_refusals)} (hardware {hw.name!r})")
     if req.offload == OffloadMode.STREAM and hw.link is None and hw.has_gpu:
         raise PlanError(f"stream offload needs a host-GPU link; hardware {hw.name!r} has unified memory "
                         "(offloaded layers can only run on the CPU)")

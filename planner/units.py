@@ -44,9 +44,9 @@ _CONTEXT_MULT = {"": 1, "k": 1024, "m": 1024**2}
 
 # Prefix letters are case-insensitive except that a "B" must be upper case:
 # lowercase b means bits (accelerate's trap) and is refused.
-_BYTE_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kKmMgGtT]?)(?P<i>i?)B\s*$")
-_DEC = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_BIN = {"k": KiB, "m": MiB, "g": GiB, "t": TiB}
+_BYTE_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kKmMgGtTpP]?)(?P<i>i?)B\s*$")
+_DEC = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
+_BIN = {"k": KiB, "m": MiB, "g": GiB, "t": TiB, "p": 1 << 50}
 
 _BW_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kKmMgGtT]?)(?P<i>i?)B\s*/\s*s\s*$")
 _FLOPS_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kKmMgGtTpP]?)FLOP(?:S|/s)\s*$")
@@ -154,7 +154,7 @@ def parse_bytes(text: str | int, *, what: str = "size") -> int:
     prefix = m["prefix"].lower()
     if m["i"]:
         if not prefix:
-            raise UnitError(f"{what} {text!r}: 'iB' needs a prefix (KiB, MiB, GiB, TiB)")
+            raise UnitError(f"{what} {text!r}: 'iB' needs a prefix (KiB, MiB, GiB, TiB, PiB)")
         mult = _BIN[prefix]
     else:
         mult = _DEC[prefix]

@@ -193,6 +193,7 @@ def load_runs(paths: tuple[str, ...]) -> list[RunRecord]:
     import yaml
 
     from vramplan.planner.textfiles import read_text
+    from vramplan.planner.yaml_strict import safe_load_strict
 
     from .files import suffix_format
 
@@ -203,11 +204,16 @@ def load_runs(paths: tuple[str, ...]) -> list[RunRecord]:
         except (OSError, UnicodeDecodeError) as e:
             raise VramplanError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
         try:  # saved as YAML for a .yaml / .yml path, else as JSON (runtime.files)
-            doc = yaml.safe_load(text) if suffix_format(path, "json") == "yaml" else json.loads(text)
+            doc = safe_load_strict(text) if suffix_format(path, "json") == "yaml" else json.loads(text)
             records += [RunRecord.from_dict(r) for r in doc["runs"]]
         except (yaml.YAMLError, ValueError, KeyError, TypeError) as e:
             raise VramplanError(f"{path}: not a file of calibration runs ({type(e).__name__}: "
                                 f"{' '.join(str(e).split())[:200]})") from None
+        except RecursionError:
+            raise VramplanError(f"{path}: not a file of calibration runs (nested too deeply)") from None
+        except MemoryError:
+            raise VramplanError(f"{path}: not a file of calibration runs (too large to parse: {len(text)} "
+                                "characters)") from None
     return records
 
 

@@ -131,8 +131,8 @@ def check_plan_matches(p: Plan, spec: ModelSpec, hw: HardwareProfile) -> None:
         raise PlanError(f"the plan was made for model {p.model.id!r}, not {spec.name!r} (architecture differs)")
     if p.hardware.fingerprint != hardware_fingerprint(hw):
         raise PlanError(f"the plan was made for hardware {p.hardware.name!r} "
-                        f"({p.hardware.gpu or 'no GPU'}), not this machine ({hw.name}: "
-                        f"{hw.gpu.name if hw.gpu else 'no GPU'})")
+                        f"({p.hardware.gpu or 'no GPU'}), not for {hw.name!r} "
+                        f"({hw.gpu.name if hw.gpu else 'no GPU'}), which this run plans for")
     if not p.fits:
         raise PlanError("the plan says nothing fits: there is nothing to run")
     if p.choice.compute_device is ComputeDevice.MPS:
@@ -203,6 +203,9 @@ def execute(p: Plan, spec: ModelSpec, hw: HardwareProfile, source: ModelSource, 
 
     say = progress or (lambda s: None)
     check_plan_matches(p, spec, hw)
+    if prompt_text is None and prompt_tokens is not None:  # known before anything is imported or loaded
+        _check_context(prompt_tokens, max_new_tokens, p.request.context,
+                       0 if p.request.allow_context_overflow else context_limit(spec)[0])
     if p.choice.kv_dtype not in available_kv_dtypes():
         raise PlanError(f"the plan's KV-cache dtype {p.choice.kv_dtype} has no backend in this transformers "
                         f"(available: {', '.join(available_kv_dtypes())}): plan again with one of those")

@@ -10,8 +10,9 @@ busy says so in its notes (the RAM bandwidth it measured is then low), and `plan
 
 A cached probe is measured again (quietly, about a second) when it is older than
 PROBE_CACHE_MAX_AGE_S ($VRAMPLAN_PROBE_MAX_AGE_DAYS overrides), or when it was taken while the
-machine was busy (once it is BUSY_PROBE_RETRY_S old); `this_machine()` says which, and when the
-cache could not be written.
+machine was busy (once it is BUSY_PROBE_RETRY_S old), or when it is dated in the future (beyond
+CLOCK_SKEW_ALLOWANCE_S: it would never grow old); `this_machine()` says which, and when the cache
+could not be written (also when no cache directory can be named: runtime.files.CacheDirError).
 `differences(profile, here)` says how a profile's hardware differs from this machine's.
 """
 
@@ -30,7 +31,7 @@ from vramplan.planner.errors import ProfileError, VramplanError
 from vramplan.planner.hardware import HardwareProfile
 from vramplan.planner.units import format_bytes
 
-from .files import WriteError, cache_dir, save_profile
+from .files import CacheDirError, WriteError, cache_dir, save_profile
 from .probe.host import BUSY_NOTE_PREFIX, machine_fingerprint
 from .yaml_cache import load_profile
 
@@ -42,6 +43,10 @@ PROBE_MAX_AGE_ENV = "VRAMPLAN_PROBE_MAX_AGE_DAYS"
 # A probe taken while the machine was busy is taken again once it is this old: on a machine that stays busy (a shared
 # CI runner, the 2-core dev VM) probing on every plan would cost each one a second and add to the load it measures.
 BUSY_PROBE_RETRY_S = 15 * 60
+# How far a cached probe's time may lie in the future and still count as now (a network file system's server and this
+# machine disagree by seconds); one dated further ahead was written under a wrong clock, and is measured again: its
+# age would otherwise stay negative until the clock caught up, and it would never expire.
+CLOCK_SKEW_ALLOWANCE_S = 5 * 60
 # How far a profile's GPU memory and host RAM may differ from this machine's and still be this machine: the RAM the
 # kernel and firmware reserve changes by a percent or two between kernels and boots; another machine type differs by
 # far more (and a cgroup limit that moved is a different machine for planning).
@@ -52,19 +57,24 @@ CPU_FP32_NOTE_PREFIX = "CPU fp32 "
 
 
 def cache_path() -> Path:
-    """Where this machine's quick-probe profile is cached: hostname + hash of the hardware identity."""
+    """Where this machine's quick-probe profile is cached: hostname + hash of the hardware identity (CacheDirError when
+    there is no cache directory)."""
     digest = hashlib.sha256(json.dumps(machine_fingerprint(), sort_keys=True).encode()).hexdigest()[:16]
     host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname()) or "host"
     return cache_dir() / f"this-machine-{host}-{digest}.yaml"
 
 
-def cached_profile() -> HardwareProfile | None:
-    """The cached profile of this machine, or None when there is none (or it no longer loads)."""
-    path = cache_path()
+def cached_profile() -> tuple[HardwareProfile, Path] | None:
+    """The cached profile of this machine and its file; None when there is no cache directory, no file, or it no
+    longer loads."""
+    try:
+        path = cache_path()
+    except CacheDirError:
+        return None
     if not path.is_file():
         return None
     try:
-        return load_profile(path)
+        return load_profile(path), path
     except ProfileError:
         return None  # from another vramplan version: probe again
 
@@ -78,7 +88,7 @@ def store_or_why(profile: HardwareProfile) -> tuple[Path | None, str | None]:
     """(the cache file, None), or (None, why it could not be written): a read-only home is no reason to fail a plan."""
     try:
         return save_profile(profile.replace(name="this-machine"), cache_path()), None
-    except WriteError as e:
+    except (WriteError, CacheDirError) as e:
         return None, str(e)
 
 
@@ -118,13 +128,12 @@ class ThisMachine:
 def this_machine(refresh: bool = False) -> ThisMachine:
     """The cached quick probe when it is young and was taken on an idle machine; else a new one, cached if possible."""
     why = None
-    if not refresh:
-        path = cache_path()
-        cached = cached_profile()
-        if cached is not None:
-            why = stale_reason(cached, path)
-            if why is None:
-                return ThisMachine(profile=cached, cache_file=path, probed_now=False)
+    found = None if refresh else cached_profile()
+    if found is not None:
+        cached, path = found
+        why = stale_reason(cached, path)
+        if why is None:
+            return ThisMachine(profile=cached, cache_file=path, probed_now=False)
     from .probe import probe
 
     profile = probe(quick=True).profile
@@ -138,6 +147,8 @@ def stale_reason(cached: HardwareProfile, path: Path) -> str | None:
         age_s = time.time() - path.stat().st_mtime
     except OSError:
         return "the cached one vanished"
+    if age_s < -CLOCK_SKEW_ALLOWANCE_S:
+        return f"the cached one is dated {_duration(-age_s)} in the future (a clock was wrong)"
     limit_s = probe_max_age_s()
     if age_s > limit_s:
         return (f"the cached one was {age_s / SECONDS_PER_DAY:.1f} days old (limit {limit_s / SECONDS_PER_DAY:g} "
@@ -148,6 +159,13 @@ def stale_reason(cached: HardwareProfile, path: Path) -> str | None:
         return (f"the cached one was taken while the machine was busy, {age_s / 60:.0f} min ago (retried after "
                 f"{BUSY_PROBE_RETRY_S / 60:g} min)")
     return None
+
+
+def _duration(seconds: float) -> str:
+    """Seconds in words: minutes below a day, else days."""
+    if seconds < SECONDS_PER_DAY:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / SECONDS_PER_DAY:.1f} days"
 
 
 def this_machine_profile(refresh: bool = False) -> HardwareProfile:
@@ -183,4 +201,26 @@ def differences(profile: HardwareProfile, here: HardwareProfile) -> list[str]:
         found.append(f"RAM {format_bytes(profile.host.ram_bytes)} (this machine: {format_bytes(here.host.ram_bytes)})")
     if profile.host.cpu_cores != here.host.cpu_cores:
         found.append(f"{profile.host.cpu_cores} CPU cores (this machine: {here.host.cpu_cores})")
+    return found
+
+
+def beyond_this_machine(profile: HardwareProfile, here: HardwareProfile) -> list[str]:
+    """What `profile` has that this machine (`here`, its probe) does not: a GPU it lacks (by name), more of one, more
+    memory on one, or more RAM (each beyond SAME_MACHINE_MEMORY_TOLERANCE); empty when the profile is within this
+    machine. Less is allowed (a CPU-only profile on a GPU machine, a smaller RAM): a run then plans with less than is
+    here, never with more."""
+    from .probe.datasheets import norm_gpu_name
+
+    def gpus(p: HardwareProfile) -> str:
+        return ", ".join(f"{g.count}x {g.name} {format_bytes(g.memory_bytes)}" for g in p.gpus) or "no GPU"
+
+    def over(a: int, b: int) -> bool:
+        return a > b * (1 + SAME_MACHINE_MEMORY_TOLERANCE)
+
+    ours = {norm_gpu_name(g.name): g for g in here.gpus}
+    found = [f"{g.count}x {g.name} {format_bytes(g.memory_bytes)} (this machine: {gpus(here)})" for g in profile.gpus
+             if (mine := ours.get(norm_gpu_name(g.name))) is None or g.count > mine.count
+             or over(g.memory_bytes, mine.memory_bytes)]
+    if over(profile.host.ram_bytes, here.host.ram_bytes):
+        found.append(f"RAM {format_bytes(profile.host.ram_bytes)} (this machine: {format_bytes(here.host.ram_bytes)})")
     return found

@@ -7,6 +7,8 @@ planner's tests must be able to check that importing the planner pulls in no tor
 
 from __future__ import annotations
 
+import functools
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,28 @@ TINY_ARCHS: dict[str, dict] = {
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
 }
 FULL_ATTENTION_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "mixtral")
+
+
+# The CPU-only shipped profile the runtime tests plan with: plans made with it run on this machine's CPU whatever it is.
+RUN_PROFILE = "cpu-ddr5-desktop"
+
+
+@functools.cache
+def run_profile() -> str:
+    """RUN_PROFILE within this machine, as `vramplan run --hardware` accepts it (cli_inputs.run_hardware): its speed
+    constants, so a test's plan does not depend on this machine's probe, with at most this machine's RAM. A YAML path
+    in a directory of its own, written once per test session."""
+    import yaml
+
+    from vramplan.runtime.probe.host import read_host
+
+    root = Path(__file__).resolve().parents[1]
+    d = yaml.safe_load((root / "profiles" / f"{RUN_PROFILE}.yaml").read_text())
+    d["name"] = f"{RUN_PROFILE}-here"
+    d["host"]["ram"] = f"{min(read_host().effective_ram_bytes, 64 << 30) // (1 << 20)} MiB"
+    path = Path(tempfile.mkdtemp(prefix="vramplan-tests-")) / f"{d['name']}.yaml"
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
+    return str(path)
 
 
 def tiny_config_dict(arch: str, **overrides) -> dict:

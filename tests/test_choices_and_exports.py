@@ -8,6 +8,7 @@ import json
 import pytest
 
 from cli_helpers import assert_one_line_error, isolate, run_cli as main
+from conftest import run_profile
 
 
 @pytest.fixture(autouse=True)
@@ -98,11 +99,12 @@ def test_expert_placement_refusals(capsys, argv, says):
 
 
 def test_run_takes_expert_placement(capsys, tmp_path):
-    """`run` plans with it (a dense model is refused before anything loads) and refuses it beside --plan."""
-    code, _, err = main(capsys, "run", "--model", "llama-3.2-1b", "--dummy-weights", "--hardware", "rtx-4090",
+    """`run` plans with it (refused before anything loads where it cannot apply: this machine's CPU-only profile) and
+    refuses it beside --plan."""
+    code, _, err = main(capsys, "run", "--model", "llama-3.2-1b", "--dummy-weights", "--hardware", run_profile(),
                         "--expert-placement", "2", "--kv-dtype", "bf16", "--prompt", "hi")
     assert_one_line_error(code, err)
-    assert "--expert-placement 2: meta-llama/Llama-3.2-1B is a dense model" in err
+    assert "an expert placement was given, but hardware 'cpu-ddr5-desktop-here' has no GPU" in err
     code, _, err = main(capsys, "run", "--model", "llama-3.2-1b", "--plan", str(tmp_path / "p.yaml"),
                         "--expert-placement", "cpu", "--prompt", "hi")
     assert_one_line_error(code, err)

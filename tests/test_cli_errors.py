@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from vramplan import cli
 from cli_helpers import assert_one_line_error, isolate, run_cli as main
+from conftest import run_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,6 +54,8 @@ def test_no_subcommand_shows_help_exit_2(capsys):
     (["plan", "--model", "llama-3.1-8b", "-H", "rtx-4090", "--vram-budget", "24gib"], "lowercase 'b' means bits"),
     (["plan", "--model", "llama-3.1-8b", "-H", "rtx-4090", "--context", "-5k"], "must not be negative"),
     (["plan", "--model", "llama-3.1-8b", "-H", "/etc/passwd"], "expected a mapping at the top level"),
+    (["plan", "--model", "llama-3.1-8b", "-H", "~vramplan-no-such-user/p.yaml"],
+     "cannot expand '~vramplan-no-such-user'"),  # Path.expanduser's RuntimeError (issue 36)
     (["plan", "--model", "llama-3.1-8b", "-H", "apple-m2-max-96gb", "--offload", "stream"], "unified memory"),
     (["profiles", "show", "rtx-4090", "--json", "--yaml"], "not both"),
 ])
@@ -164,7 +167,7 @@ def test_the_planner_only_install(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0 and "torch imported: False" in r.stderr, r.stderr
     r = subprocess.run([sys.executable, "-c", code, "run", "--model", "qwen2.5-0.5b", "--dummy-weights",
-                        "-H", "cpu-ddr5-desktop", "--prompt-tokens", "4"], cwd=ROOT, capture_output=True, text=True,
+                        "-H", run_profile(), "--prompt-tokens", "4"], cwd=ROOT, capture_output=True, text=True,
                        env=env, timeout=60)
     assert r.returncode == 2 and "needs the runtime extra" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = subprocess.run([sys.executable, "-c", code, "plan"], cwd=ROOT, capture_output=True, text=True, env=env,

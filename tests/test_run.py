@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from vramplan.planner.errors import PlanError, VramplanError  # noqa: E402
+from conftest import run_profile  # noqa: E402
 from vramplan.planner.profiles import resolve_profile  # noqa: E402
 from vramplan.planner.request import Request  # noqa: E402
 from vramplan.planner.search import plan  # noqa: E402
@@ -24,7 +25,7 @@ from vramplan.planner.sources import load_spec, resolve_model  # noqa: E402
 from vramplan.runtime.execute import RunReport, execute  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-HW = "cpu-ddr5-desktop"  # a CPU-only profile: plans run on this machine's CPU whatever it is
+HW = run_profile()  # a CPU-only profile within this machine: plans run on this machine's CPU whatever it is
 
 TINY = {
     "llama": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -171,8 +172,13 @@ def test_cli_saved_plan_runs_and_foreign_plans_are_refused(tiny_dirs, tmp_path):
     r = run_cli("run", "--model", str(tiny_dirs["qwen2"]), "--plan", str(plan_path), "-H", HW, "--prompt-tokens", "8")
     assert r.returncode == 2 and "made for model" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("run", "--model", str(tiny_dirs["llama"]), "--plan", str(plan_path), "-H", "rtx-4090",
-                "--prompt-tokens", "8")
-    assert r.returncode == 2 and "made for hardware" in r.stderr
+                "--prompt-tokens", "8")  # a profile of another machine: refused before anything loads
+    assert r.returncode == 2 and "--hardware rtx-4090 describes more than this machine has" in r.stderr
+    other = tmp_path / "other.yaml"  # a plan for another machine (the shipped profile's hardware fingerprint)
+    r = run_cli("plan", "--model", str(tiny_dirs["llama"]), "-c", "256", "-H", "cpu-ddr5-desktop", "--save", str(other))
+    assert r.returncode == 0, r.stderr
+    r = run_cli("run", "--model", str(tiny_dirs["llama"]), "--plan", str(other), "-H", HW, "--prompt-tokens", "8")
+    assert r.returncode == 2 and "made for hardware 'cpu-ddr5-desktop'" in r.stderr, r.stderr
     r = run_cli("run", "--model", str(tiny_dirs["llama"]), "--plan", str(plan_path), "-H", HW, "--quant", "bf16",
                 "--context", "1k")
     assert r.returncode == 2 and "--plan fixes the configuration; drop --context, --quant" in r.stderr

@@ -11,6 +11,7 @@ import math
 import os
 import pty
 import re
+import select
 import struct
 import subprocess
 import sys
@@ -26,6 +27,7 @@ transformers = pytest.importorskip("transformers")
 
 from vramplan import render  # noqa: E402
 from cli_helpers import isolate  # noqa: E402
+from conftest import run_profile  # noqa: E402
 from vramplan.planner.profiles import resolve_profile  # noqa: E402
 from vramplan.planner.request import Request  # noqa: E402
 from vramplan.planner.search import plan  # noqa: E402
@@ -34,7 +36,7 @@ from vramplan.runtime.execute import RunReport, execute  # noqa: E402
 from vramplan.runtime.generate import EDGE_FRACTION  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-HW = "cpu-ddr5-desktop"  # a CPU-only profile: plans run on this machine's CPU whatever it is
+HW = run_profile()  # a CPU-only profile within this machine: plans run on this machine's CPU whatever it is
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=320, max_position_embeddings=512)
 # The same CPU at 1 MFLOPS: the plan predicts a 14 s prefill of 48 tokens for the tiny model, which runs it in
@@ -60,7 +62,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def slow_profile(tmp_path_factory) -> Path:
-    d = yaml.safe_load((ROOT / "profiles" / f"{HW}.yaml").read_text())
+    d = yaml.safe_load(Path(HW).read_text())
     d["name"], d["host"]["cpu_bf16_compute"] = "slow-cpu", SLOW_FLOPS
     path = tmp_path_factory.mktemp("profiles") / "slow-cpu.yaml"
     path.write_text(yaml.safe_dump(d))
@@ -237,6 +239,8 @@ def run_in_terminal(args: tuple[str, ...], timeout_s: float = 300) -> tuple[int,
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
+            if not select.select([master], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                break  # silent past the deadline: a hung child fails the test, it does not hang the suite
             try:
                 chunk = os.read(master, 65536)
             except OSError:  # EIO: the child closed the terminal

@@ -17,12 +17,13 @@ import pytest
 import yaml
 
 from cli_helpers import assert_one_line_error, isolate, run_cli as main
-from conftest import tiny_config_dict
+from conftest import run_profile, tiny_config_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "llama-3.1-8b"  # a catalog model: plans without any download
 HW = "cpu-ddr5-desktop"  # a CPU-only shipped profile: a plan made with it runs on this machine's CPU
 SHIPPED_HW = ROOT / "profiles" / f"{HW}.yaml"
+RUN_HW = run_profile()  # what `run` takes: HW within this machine
 HANG_GUARD_S = 20  # a read that blocks (a FIFO) fails the test instead of hanging the suite
 
 
@@ -93,7 +94,7 @@ SPECIAL_WORDS = {"fifo": "is a FIFO", "socket": "is a socket", "devnull": "is a 
 # ---------------------------------------------------------------- 1. --save: regular files only
 SAVE_COMMANDS = {
     "plan": ["plan", "--model", MODEL, "-H", HW, "--save", "{out}"],
-    "run": ["run", "--model", "{tiny}", "--dummy-weights", "-H", HW, "--prompt-tokens", "8", "-n", "2",
+    "run": ["run", "--model", "{tiny}", "--dummy-weights", "-H", RUN_HW, "--prompt-tokens", "8", "-n", "2",
             "--save", "{out}"],
     "calibrate --save": ["calibrate", "-H", HW, "--models", "qwen2.5-0.5b", "--save", "{out}"],
     "calibrate --save-runs": ["calibrate", "-H", HW, "--models", "qwen2.5-0.5b", "--save-runs", "{out}"],
@@ -182,7 +183,7 @@ def test_a_new_file_gets_the_umask_mode_not_0600(capsys, tmp_path, umask):
     (["run", "--model", "{tiny}", "--dummy-weights", "--plan", "{plan}", "--save", "{plan}"], "--plan", "{plan}"),
     (["run", "--model", "{tiny}", "--dummy-weights", "-H", "{hw}", "--prompt-tokens", "8", "--save", "{hw}"],
      "--hardware", "{hw}"),
-    (["run", "--model", "{tiny}", "--dummy-weights", "-H", HW, "--prompt-file", "{prompt}", "--save", "{prompt}"],
+    (["run", "--model", "{tiny}", "--dummy-weights", "-H", RUN_HW, "--prompt-file", "{prompt}", "--save", "{prompt}"],
      "--prompt-file", "{prompt}"),
     (["calibrate", "-H", "{hw}", "--save", "{hw}"], "--hardware", "{hw}"),
     (["calibrate", "-H", HW, "--add-runs", "{runs},{tmp}/other.json", "--save-runs", "{runs}"], "--add-runs",
@@ -236,16 +237,16 @@ def test_plan_save_format_follows_the_suffix(capsys, tmp_path, name, parse):
 
 
 def test_a_plan_saved_as_json_runs_and_a_run_report_saves_as_yaml(capsys, tmp_path, tiny):
-    code, _, err = main(capsys, "plan", "--model", tiny, "-H", HW, "-c", "256", "--save", tmp_path / "p.json")
+    code, _, err = main(capsys, "plan", "--model", tiny, "-H", RUN_HW, "-c", "256", "--save", tmp_path / "p.json")
     assert code == 0, err
     json.loads((tmp_path / "p.json").read_text())
-    code, _, err = main(capsys, "run", "--model", tiny, "--dummy-weights", "-H", HW, "--plan", tmp_path / "p.json",
+    code, _, err = main(capsys, "run", "--model", tiny, "--dummy-weights", "-H", RUN_HW, "--plan", tmp_path / "p.json",
                         "--prompt-tokens", "8", "-n", "2", "--save", tmp_path / "r.yaml")
     assert code == 0, err[-2000:]
     report = (tmp_path / "r.yaml").read_text()
     assert not report.startswith("{")
     assert yaml.safe_load(report)["measured"]["generated_tokens"] == 2
-    code, _, err = main(capsys, "run", "--model", tiny, "--dummy-weights", "-H", HW, "--plan", tmp_path / "p.json",
+    code, _, err = main(capsys, "run", "--model", tiny, "--dummy-weights", "-H", RUN_HW, "--plan", tmp_path / "p.json",
                         "--prompt-tokens", "8", "-n", "2", "--save", tmp_path / "r.out")
     assert code == 0, err[-2000:]
     assert json.loads((tmp_path / "r.out").read_text())["measured"]["generated_tokens"] == 2  # run's default: JSON
@@ -388,15 +389,15 @@ def test_main_turns_sigterm_into_keyboard_interrupt_while_it_runs_and_restores_i
     (["plan", "--model", MODEL, "-H", "{fifo}"], "{fifo}: is a FIFO, not a hardware profile file"),
     (["plan", "--model", MODEL, "-H", "{socket}"], "{socket}: is a socket, not a hardware profile file"),
     (["plan", "--model", MODEL, "-H", "/dev/null"], "/dev/null: is a character device, not a hardware profile file"),
-    (["run", "--model", "{tiny}", "--dummy-weights", "-H", HW, "--plan", "{fifo}", "--prompt-tokens", "8"],
+    (["run", "--model", "{tiny}", "--dummy-weights", "-H", RUN_HW, "--plan", "{fifo}", "--prompt-tokens", "8"],
      "{fifo}: cannot read the plan (is a FIFO, not a regular file)"),
-    (["run", "--model", "{tiny}", "--dummy-weights", "-H", HW, "--plan", "/dev/null", "--prompt-tokens", "8"],
+    (["run", "--model", "{tiny}", "--dummy-weights", "-H", RUN_HW, "--plan", "/dev/null", "--prompt-tokens", "8"],
      "/dev/null: cannot read the plan (is a character device, not a regular file)"),
-    (["run", "--model", "{tiny}", "--dummy-weights", "-H", HW, "--prompt-file", "{fifo}"],
+    (["run", "--model", "{tiny}", "--dummy-weights", "-H", RUN_HW, "--prompt-file", "{fifo}"],
      "--prompt-file {fifo}: is a FIFO, not a regular file"),
-    (["run", "--model", "{tiny}", "--dummy-weights", "-H", HW, "--prompt-file", "/dev/null"],
+    (["run", "--model", "{tiny}", "--dummy-weights", "-H", RUN_HW, "--prompt-file", "/dev/null"],
      "--prompt-file /dev/null: is a character device, not a regular file"),
-    (["run", "--model", "{tiny}", "--dummy-weights", "-H", HW, "--prompt-file", "{tmp}"],
+    (["run", "--model", "{tiny}", "--dummy-weights", "-H", RUN_HW, "--prompt-file", "{tmp}"],
      "--prompt-file {tmp}: is a directory, not a regular file"),
     (["calibrate", "-H", HW, "--add-runs", "{fifo}"], "{fifo}: cannot read (is a FIFO, not a regular file)"),
 ])
@@ -419,7 +420,7 @@ def test_profiles_validate_reports_a_fifo_as_invalid_without_hanging(capsys, spe
 @pytest.fixture
 def saved_plan(capsys, tmp_path, tiny) -> Path:
     path = tmp_path / "plan.yaml"
-    code, _, err = main(capsys, "plan", "--model", tiny, "-H", HW, "-c", "256", "--save", path)
+    code, _, err = main(capsys, "plan", "--model", tiny, "-H", RUN_HW, "-c", "256", "--save", path)
     assert code == 0, err
     assert len(path.read_text().splitlines()) > 200
     return path
@@ -428,7 +429,7 @@ def saved_plan(capsys, tmp_path, tiny) -> Path:
 def test_a_plan_cut_to_100_lines_is_refused_before_any_model_loads(capsys, tmp_path, tiny, saved_plan):
     cut = tmp_path / "cut.yaml"
     cut.write_text("".join(saved_plan.read_text().splitlines(True)[:100]))
-    code, _, err = main(capsys, "run", "--model", tiny, "--dummy-weights", "-H", HW, "--plan", cut,
+    code, _, err = main(capsys, "run", "--model", tiny, "--dummy-weights", "-H", RUN_HW, "--plan", cut,
                         "--prompt-tokens", "8", "-n", "2")
     line = assert_one_line_error(code, err)
     assert line.startswith(f"error: {cut}: plan file is incomplete: it has no ") and "(cut short?)" in line, line
@@ -455,8 +456,8 @@ def test_a_json_plan_cut_short_is_refused(capsys, tmp_path, tiny):
     assert code == 0, err
     text = path.read_text()
     (tmp_path / "cut.json").write_text(text[: len(text) // 2])
-    code, _, err = main(capsys, "run", "--model", tiny, "--dummy-weights", "-H", HW, "--plan", tmp_path / "cut.json",
-                        "--prompt-tokens", "8")
+    code, _, err = main(capsys, "run", "--model", tiny, "--dummy-weights", "-H", RUN_HW, "--plan",
+                        tmp_path / "cut.json", "--prompt-tokens", "8")
     assert "not valid YAML or JSON" in assert_one_line_error(code, err)
 
 
@@ -474,7 +475,7 @@ def test_a_plan_missing_a_key_is_refused_naming_it(capsys, tmp_path, tiny, saved
     edit(d)
     edited = tmp_path / "edited.yaml"
     edited.write_text(yaml.safe_dump(d, sort_keys=False))
-    code, _, err = main(capsys, "run", "--model", tiny, "--dummy-weights", "-H", HW, "--plan", edited,
+    code, _, err = main(capsys, "run", "--model", tiny, "--dummy-weights", "-H", RUN_HW, "--plan", edited,
                         "--prompt-tokens", "8")
     line = assert_one_line_error(code, err)
     assert says.format(last=len(d.get("candidates", [])) - 1) in line, line
@@ -484,7 +485,7 @@ def test_a_plan_for_another_model_is_refused(capsys, tmp_path, saved_plan):
     other = tmp_path / "tiny-qwen2"
     other.mkdir()
     (other / "config.json").write_text(json.dumps(tiny_config_dict("qwen2")))
-    code, _, err = main(capsys, "run", "--model", other, "--dummy-weights", "-H", HW, "--plan", saved_plan,
+    code, _, err = main(capsys, "run", "--model", other, "--dummy-weights", "-H", RUN_HW, "--plan", saved_plan,
                         "--prompt-tokens", "8")
     line = assert_one_line_error(code, err)
     assert "the plan was made for model 'tiny-llama', not 'tiny-qwen2'" in line, line

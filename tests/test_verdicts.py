@@ -3,9 +3,11 @@ plus the cases that once did (no-GPU machines over their RAM, unified-memory pro
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vramplan.planner.errors import PlanError
 from vramplan.planner.profile_yaml import profile_from_dict
 from vramplan.planner.profiles import list_profiles, resolve_profile
 from vramplan.planner.quant import KV_SCHEMES, SCHEMES
@@ -34,7 +36,12 @@ def _within_capacity(candidate) -> None:
 def test_no_candidate_fits_over_any_capacity(model, profile, context, batch, quant, kv):
     req = Request(context=context, batch=batch, quant=(quant,) if quant else (), kv_dtype=(kv,) if kv else (),
                   allow_context_overflow=True)  # capacity, not the model's trained length, is under test
-    p = plan(model_spec(model), resolve_profile(profile)[0], req)
+    hw = resolve_profile(profile)[0]
+    if quant and (hw.accelerator or "cpu") not in SCHEMES[quant].devices:  # a scheme that cannot run there: bad input
+        with pytest.raises(PlanError, match="does not run on"):
+            plan(model_spec(model), hw, req)
+        return
+    p = plan(model_spec(model), hw, req)
     for c in p.candidates:
         if c.fits:
             _within_capacity(c)

@@ -5,6 +5,8 @@ the quanto schemes (runtime.compiled with the direct kernels)."""
 from __future__ import annotations
 
 import pytest
+
+from vramplan.planner.errors import PlanError
 import torch
 
 from conftest import tiny_config_dict
@@ -124,8 +126,10 @@ def test_the_planner_counts_w8a8_as_int8_and_offers_it_only_without_a_gpu():
     assert w8a8.quality.ppl_increase_pct > int8.quality.ppl_increase_pct and "7.581" in w8a8.quality.source
     cpu = plan(spec, resolve_profile("cpu-ddr5-desktop")[0], Request(context=4096, quant=("quanto-w8a8",)))
     assert cpu.fits and cpu.choice.weight_quant == "quanto-w8a8" and not cpu.choice.on_gpu
-    gpu = plan(spec, resolve_profile("rtx-4090")[0], Request(context=4096, quant=("quanto-w8a8",)))
-    assert not gpu.fits and "quanto-w8a8 does not run on cuda" in gpu.candidates[0].reason
+    with pytest.raises(PlanError, match="quanto-w8a8 does not run on cuda"):  # forced alone on a GPU: bad input
+        plan(spec, resolve_profile("rtx-4090")[0], Request(context=4096, quant=("quanto-w8a8",)))
+    gpu = plan(spec, resolve_profile("rtx-4090")[0], Request(context=4096, quant=("quanto-w8a8", "bf16")))
+    assert gpu.fits and "quanto-w8a8 does not run on cuda" in gpu.candidates[0].reason
 
 
 def test_a_calibration_of_weight_only_int8_does_not_stand_in_for_w8a8():
