@@ -194,6 +194,20 @@ class Overheads:
         return cls(cuda_context_bytes=0, allocator_reserve_bytes=0, kernel_launch_s=0.0)
 
 
+# The backends a calibration entry may name: what the speed model looks up (the weight schemes' backends, vramplan's
+# compiled decode, routed experts, the KV-cache update, llama.cpp's kernels), and attention per implementation (the
+# kernel transformers runs, ModelSpec.attention_impl, or llama.cpp's); tests/test_structure.py checks them against
+# what the speed model and the fits use. Another name is a typo that would never be looked up.
+CALIBRATION_BACKENDS = ("torch", "bnb", "quanto", "compiled", "experts", "kv-update", "llama.cpp")
+ATTENTION_PREFIXES = ("attn-", "prefill-attn-")
+ATTENTION_IMPLS = ("sdpa", "eager", "llama.cpp")
+
+
+def _known_backend(backend: str) -> bool:
+    return backend in CALIBRATION_BACKENDS or any(
+        backend.startswith(p) and backend[len(p):] in ATTENTION_IMPLS for p in ATTENTION_PREFIXES)
+
+
 @record(kw_only=True)
 class CalibrationEntry:
     """Measured efficiencies for one device x backend x quantization scheme."""
@@ -210,6 +224,11 @@ class CalibrationEntry:
         if self.device not in DEVICES:
             raise _FieldError("device", f'expected "gpu" or "cpu", got {self.device!r}')
         _check_str(self, "backend")
+        if not _known_backend(self.backend):
+            attention = " / ".join(p + "IMPL" for p in ATTENTION_PREFIXES)
+            raise _FieldError("backend", f"unknown calibration backend {self.backend!r}: one of "
+                              f"{', '.join(CALIBRATION_BACKENDS)}, or {attention} with IMPL one of "
+                              f"{', '.join(ATTENTION_IMPLS)}")
         _check_str(self, "quant")
         if self.bandwidth_efficiency is None and self.compute_efficiency is None:
             raise _FieldError("bandwidth_efficiency", "an entry needs a bandwidth or a compute efficiency (or both)")

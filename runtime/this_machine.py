@@ -23,6 +23,7 @@ import json
 import math
 import os
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from vramplan.planner.units import format_bytes
 
 from .files import CacheDirError, WriteError, cache_dir, save_profile
 from .probe.host import BUSY_NOTE_PREFIX, machine_fingerprint
-from .yaml_cache import load_profile
+from .yaml_cache import OTHERS_WRITE, load_profile, private
 
 SECONDS_PER_DAY = 86400
 # How long a cached quick probe stands before it is measured again: the hardware identity in the file name catches a
@@ -65,13 +66,17 @@ def cache_path() -> Path:
 
 
 def cached_profile() -> tuple[HardwareProfile, Path] | None:
-    """The cached profile of this machine and its file; None when there is no cache directory, no file, or it no
-    longer loads."""
+    """The cached profile of this machine and its file; None when there is no cache directory, no file, one that is not
+    this user's private regular file (a shared cache directory: anyone could plant one), or it no longer loads."""
     try:
         path = cache_path()
     except CacheDirError:
         return None
-    if not path.is_file():
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or not private(st):  # another user's, or one anyone may write: probe again
         return None
     try:
         return load_profile(path), path
@@ -85,11 +90,17 @@ def store(profile: HardwareProfile) -> Path | None:
 
 
 def store_or_why(profile: HardwareProfile) -> tuple[Path | None, str | None]:
-    """(the cache file, None), or (None, why it could not be written): a read-only home is no reason to fail a plan."""
+    """(the cache file, None), or (None, why it could not be written): a read-only home is no reason to fail a plan.
+    The file is left writable by this user alone (`cached_profile` reads no other), whatever the umask."""
     try:
-        return save_profile(profile.replace(name="this-machine"), cache_path()), None
+        path = save_profile(profile.replace(name="this-machine"), cache_path())
     except (WriteError, CacheDirError) as e:
         return None, str(e)
+    try:
+        path.chmod(path.stat().st_mode & ~OTHERS_WRITE & 0o7777)
+    except OSError as e:
+        return None, f"{path}: cannot make it private ({e.strerror or e})"
+    return path, None
 
 
 def env_number(name: str, default: float, *, unit: str, allow_zero: bool, allow_infinite: bool = False) -> float:

@@ -97,10 +97,10 @@ def _usable_entry(digest: str) -> Path | None:
         return entry
     except (CacheDirError, OSError):
         return None
-    return entry if stat.S_ISDIR(st.st_mode) and _private(st) else None
+    return entry if stat.S_ISDIR(st.st_mode) and private(st) else None
 
 
-def _private(st: os.stat_result) -> bool:
+def private(st: os.stat_result) -> bool:
     """Owned by this user, and no one else may write it."""
     return st.st_uid == os.geteuid() and not st.st_mode & OTHERS_WRITE
 
@@ -140,7 +140,7 @@ def _read_private(entry: Path) -> str | None:
         fd = os.open(entry, READ_FLAGS)
         with open(fd, encoding="utf-8") as f:
             st = os.fstat(fd)
-            return f.read() if stat.S_ISREG(st.st_mode) and _private(st) else None
+            return f.read() if stat.S_ISREG(st.st_mode) and private(st) else None
     except (OSError, UnicodeDecodeError):
         return None
 

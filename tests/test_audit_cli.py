@@ -255,3 +255,13 @@ def test_probe_save_says_how_to_use_the_file_quoted(capsys, tmp_path):
     code, _, err = run_cli(capsys, "probe", "--quick", "--save", target)
     assert code == 0, err
     assert f"--hardware '{target}'" in err
+
+
+def test_an_unknown_calibration_backend_is_refused(capsys, tmp_path):
+    text = (ROOT / "bench" / "results" / "profile-cpu-dev-calibrated.yaml").read_text()
+    first = text.index("backend: ", text.index("entries:"))
+    name = text[first:].split("\n", 1)[0].split(": ", 1)[1]
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(text[:first] + "backend: quantoo" + text[first + len("backend: ") + len(name):])
+    code, _, err = run_cli(capsys, "profiles", "validate", bad)
+    assert code == 1 and "unknown calibration backend 'quantoo'" in err

@@ -356,3 +356,17 @@ def test_an_explicit_int_tag_takes_plain_decimal_digits_only(tmp_path):
     good = tmp_path / "plain.yaml"
     good.write_text(RTX_TEXT.replace("  count: 1\n", "  count: !!int 2\n", 1))
     assert parse_profile(good).gpus[0].count == 2
+
+
+def test_a_cached_probe_anyone_may_write_is_probed_again(tmp_path, monkeypatch):
+    """This machine's cached quick probe is trusted like a profile-cache entry: this user's, and no one else's to
+    write; a group-writable one (a shared cache directory) is measured again, not read."""
+    from vramplan.runtime import this_machine
+
+    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    first = this_machine.this_machine()
+    assert first.cache_file is not None and this_machine.cached_profile() is not None
+    first.cache_file.chmod(0o664)
+    assert this_machine.cached_profile() is None
+    again = this_machine.this_machine()
+    assert again.probed_now and this_machine.cached_profile() is not None

@@ -278,3 +278,20 @@ def test_records_share_methods_that_behave_as_dataclass_generates():
     assert len(frozen) > 60
     not_records = [c.__qualname__ for c in frozen if any(getattr(c, k) is not f for k, f in SHARED.items())]
     assert not not_records, f"frozen dataclasses that are not records: {not_records}"
+
+
+def test_every_backend_the_speed_model_uses_is_a_calibration_backend():
+    """A calibration entry names its backend from a closed list (planner.hardware.CALIBRATION_BACKENDS and the
+    attention prefixes): every name the speed model looks up or a fit writes is on it, and a typo is refused."""
+    from vramplan.planner import speed
+    from vramplan.planner.engines import llamacpp
+    from vramplan.planner.hardware import ATTENTION_IMPLS, ATTENTION_PREFIXES, _known_backend
+    from vramplan.planner.quant import SCHEMES
+    from vramplan.planner.sources import catalog, model_spec
+
+    used = {s.backend for s in SCHEMES.values()} | {speed.COMPILED_BACKEND, speed.EXPERTS_BACKEND,
+                                                     speed.KV_UPDATE_BACKEND, *llamacpp.LLAMA_CPP_BACKENDS}
+    used |= {p + model_spec(e.id).attention_impl for e in catalog() for p in ATTENTION_PREFIXES}
+    assert all(_known_backend(b) for b in used), sorted(b for b in used if not _known_backend(b))
+    assert speed.PREFILL_ATTENTION_BACKEND + "-" in ATTENTION_PREFIXES and "llama.cpp" in ATTENTION_IMPLS
+    assert not _known_backend("bnbb") and not _known_backend("attn-flash")
