@@ -19,6 +19,7 @@ from bisect import bisect_right
 from itertools import accumulate
 
 from .record import record
+from .capacity import capacity
 from .hardware import HardwareProfile
 from .modelspec import AttentionLayout, ModelSpec, Role, dtype_bytes
 from .choice import Choice, OffloadMode
@@ -265,24 +266,19 @@ class MemoryBreakdown:
 
 
 def gpu_capacity(hw: HardwareProfile, req: Request, device: int = 0) -> int:
-    """What GPU `device` may hold: its memory, or less where the request's budget (per device) says so. Every engine
-    takes its capacity from here (a budget above a device's memory is refused earlier, by the request checks)."""
-    if not hw.gpus:
-        return 0
-    memory = hw.devices[device].memory_bytes
-    return memory if req.vram_budget_bytes is None else min(memory, req.vram_budget_bytes)
+    """What GPU `device` may hold (planner.capacity, where every engine's capacity comes from); 0 without a GPU."""
+    gpus = capacity(hw, req).gpus
+    return gpus[device] if gpus else 0
 
 
 def gpu_capacities(hw: HardwareProfile, req: Request) -> list[int]:
     """gpu_capacity of every GPU device, in device order."""
-    return [gpu_capacity(hw, req, d) for d in range(len(hw.devices))]
+    return list(capacity(hw, req).gpus)
 
 
 def ram_capacity(hw: HardwareProfile, req: Request, gpu_total: int = 0) -> int:
-    if req.ram_budget_bytes is not None:
-        return req.ram_budget_bytes
-    # Unified memory: what the GPU side holds comes out of the same RAM.
-    return hw.host.ram_bytes - (gpu_total if hw.unified_memory else 0)
+    """What the host may hold beside `gpu_total` bytes on the GPUs (planner.capacity: on unified memory, less them)."""
+    return capacity(hw, req).ram_left(gpu_total)
 
 
 def embeddings_on_gpu(gpu_layers: int, num_layers: int, tied: bool) -> bool:
@@ -341,7 +337,8 @@ class Footprint:
         self.expert_end = [0] + [i + 1 for i in moe]  # with e layers' experts in RAM: layers before expert_end[e]
         o = hw.overheads
         self.gpu_fixed = (o.cuda_context_bytes, o.allocator_reserve_bytes, req.headroom_bytes)
-        self.capacities = tuple(gpu_capacity(hw, req, d) for d in range(self.gpu_count))
+        self.cap = capacity(hw, req)
+        self.capacities = self.cap.gpus
 
     @property
     def moe_layers(self) -> int:
@@ -433,7 +430,7 @@ class Footprint:
     def breakdown_of(self, p: Placement) -> MemoryBreakdown:
         gpus = self._gpus(p)
         gpu_total = sum(g.total_bytes for g in gpus)
-        cpu = CPUMemory(*self._cpu_terms(p), capacity_bytes=ram_capacity(self.hw, self.req, gpu_total))
+        cpu = CPUMemory(*self._cpu_terms(p), capacity_bytes=self.cap.ram_left(gpu_total))
         return MemoryBreakdown(gpus=gpus, cpu=cpu, workspace_terms=self.workspace)
 
     def breakdown(self, c: Choice) -> MemoryBreakdown:

@@ -16,7 +16,8 @@ from ..choice import Choice, ComputeDevice, OffloadMode, experts_in_ram_text
 from ..errors import PlanError
 from ..gguf import GGUF_FILE_TYPES, gguf_file_bytes
 from ..hardware import CalibrationEntry, HardwareProfile
-from ..memory import CPUMemory, GPUMemory, LayerCosts, MemoryBreakdown, gpu_capacities
+from ..capacity import capacity
+from ..memory import CPUMemory, GPUMemory, LayerCosts, MemoryBreakdown
 from ..modelspec import ModelSpec
 from ..plan import Candidate, Plan, hardware_ref, model_ref
 from ..quant import SCHEMES, KVScheme, QualityCost
@@ -140,10 +141,6 @@ def kv_scheme(kv_type: str) -> KVScheme:
                                         source="assumption (no published table)"))
 
 
-def _capacities(hw: HardwareProfile, req: Request) -> list[int]:
-    return gpu_capacities(hw, req)
-
-
 @record(kw_only=True)
 class Server:
     """The llama-server a plan is for, as far as its memory depends on how it is started: its slots and physical batch
@@ -163,10 +160,9 @@ def llama_server(req: Request) -> Server:
 def footprint(spec, hw, req, model, kv_type, server: Server | None = None) -> rules.LlamaCppFootprint:
     """Every byte of llama-server (as `server` starts it; as vramplan's export does by default)."""
     server = server or llama_server(req)
-    ram = req.ram_budget_bytes if req.ram_budget_bytes is not None else hw.host.ram_bytes
     cuda = hw.overheads.cuda_context_bytes if hw.has_gpu else 0
     base = server.base_ram_bytes if server.base_ram_bytes is not None else rules.process_base_ram(hw.has_gpu)
-    return rules.LlamaCppFootprint(spec, model, kv_type, req, _capacities(hw, req), cuda, ram, server.margin_bytes,
+    return rules.LlamaCppFootprint(spec, model, kv_type, req, capacity(hw, req), cuda, server.margin_bytes,
                                    slots=server.slots, base_ram_bytes=base)
 
 
@@ -192,7 +188,7 @@ def _breakdown(hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.LlamaC
     """Each GPU's terms (its layers, their KV, its compute buffer, its context and --fit margin), the host's, and the
     compute buffers apart."""
     host = fp.host_bytes(p)
-    capacities = _capacities(hw, fp.req) if hw.has_gpu else []
+    capacities = list(fp.cap.gpus)
     devices = fp.device_bytes(p) if p.per_device else []
     devices += [rules.DeviceBytes(weights=0, kv=0, compute=0)] * (len(capacities) - len(devices))
     gpus = tuple(GPUMemory(weights_bytes=d.weights, kv_cache_bytes=d.kv, stream_buffers_bytes=0,
@@ -200,7 +196,7 @@ def _breakdown(hw: HardwareProfile, fp: rules.LlamaCppFootprint, p: rules.LlamaC
                            allocator_reserve_bytes=0, headroom_bytes=fp.margin_bytes, capacity_bytes=cap)
                  for d, cap in zip(devices, capacities))
     cpu = CPUMemory(weights_bytes=host.weights, kv_cache_bytes=host.kv, workspace_bytes=host.compute,
-                    runtime_base_bytes=fp.base_ram_bytes, capacity_bytes=fp.ram_capacity)
+                    runtime_base_bytes=fp.base_ram_bytes, capacity_bytes=fp.ram_for(p))
     return MemoryBreakdown(gpus=gpus, cpu=cpu, workspace_terms={
         "compute_buffers_gpu": sum(d.compute for d in devices), "compute_buffer_host": host.compute - fp.output_buffer,
         "output_buffer_host": fp.output_buffer})
@@ -394,8 +390,9 @@ def op_offload_notes(hw: HardwareProfile, speed: SpeedEstimate) -> list[str]:
 
 def _overflow_reason(fp: rules.LlamaCppFootprint, p: rules.LlamaCppPlacement, forced: int | None) -> str:
     host = fp.host_total(p)
-    if host > fp.ram_capacity:
-        return (f"RAM needs {format_bytes(host)} > {format_bytes(fp.ram_capacity)} with -ngl {p.ngl} "
+    if host > fp.ram_for(p):
+        shared = " (unified memory: what the GPU holds comes out of it)" if fp.cap.unified else ""
+        return (f"RAM needs {format_bytes(host)} > {format_bytes(fp.ram_for(p))}{shared} with -ngl {p.ngl} "
                 f"({p.gpu_layers} of {fp.L} layers on the GPU)")
     usable = format_bytes(max(fp.usable, default=0))
     if forced is not None:
@@ -407,7 +404,7 @@ def _placement_reason(fp: rules.LlamaCppFootprint, p: rules.LlamaCppPlacement) -
     L = fp.L
     if not fp.usable:
         return (f"all {L} layers computed by the CPU (no GPU): RAM {format_bytes(fp.host_total(p))} of "
-                f"{format_bytes(fp.ram_capacity)}")
+                f"{format_bytes(fp.ram_for(p))}")
     devices = fp.device_bytes(p) if p.per_device else []
     per_dev = "; ".join(f"GPU {i}: {format_bytes(d.weights + d.kv + d.compute)} of {format_bytes(u)} usable "
                         f"(weights {format_bytes(d.weights)} + KV {format_bytes(d.kv)} + compute "
@@ -421,8 +418,9 @@ def _placement_reason(fp: rules.LlamaCppFootprint, p: rules.LlamaCppPlacement) -
            f"(--n-cpu-moe {p.cpu_moe})" if in_ram else "")
     usable = (f"usable = memory - CUDA context {format_bytes(fp.cuda_context_bytes)} - --fit margin "
               f"{format_bytes(fp.margin_bytes)}")
+    left = " left beside the GPU's share (unified memory)" if fp.cap.unified else ""
     return (f"{where}{moe}: {per_dev or 'nothing on the GPU'} ({usable}); RAM {format_bytes(fp.host_total(p))} of "
-            f"{format_bytes(fp.ram_capacity)}")
+            f"{format_bytes(fp.ram_for(p))}{left}")
 
 
 def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request, server: Server | None = None) -> Plan:

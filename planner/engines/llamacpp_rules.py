@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from ..capacity import Capacity
 from ..record import record
 from ..gguf import GGML_TYPES, GGUFTensor, gguf_tensors
 from ..modelspec import ModelSpec
@@ -358,12 +359,13 @@ class DeviceBytes:
 class LlamaCppFootprint:
     """Every byte of one GGUF file type x KV cache type x request, per device, by llama.cpp's rules."""
 
-    def __init__(self, spec: ModelSpec, model: GGUFModel, kv_type: str, req: Request, device_capacities: list[int],
-                 cuda_context_bytes: int, ram_capacity: int, margin_bytes: int = FIT_TARGET_MARGIN_BYTES,
+    def __init__(self, spec: ModelSpec, model: GGUFModel, kv_type: str, req: Request, cap: Capacity,
+                 cuda_context_bytes: int, margin_bytes: int = FIT_TARGET_MARGIN_BYTES,
                  slots: Slots | None = None, base_ram_bytes: int = PROCESS_BASE_RAM_GPU_ASSUMED):
-        """`margin_bytes`: what the engine keeps free per device (llama.cpp's --fit margin; Ollama has its own);
-        `slots`: the server's sequences (llama-server's by default); `base_ram_bytes`: the process beside its
-        buffers."""
+        """`cap`: the machine's capacity (planner.capacity: budgets applied; on unified memory the GPU's share comes
+        out of the RAM); `margin_bytes`: what the engine keeps free per device (llama.cpp's --fit margin; Ollama has
+        its own); `slots`: the server's sequences (llama-server's by default); `base_ram_bytes`: the process beside
+        its buffers."""
         self.spec, self.model, self.req, self.kv_type = spec, model, req, kv_type
         slots = slots or llama_server_slots(req)
         self.slots = slots
@@ -372,9 +374,10 @@ class LlamaCppFootprint:
         self.kv = kv_bytes_per_layer(spec, kv_type, req, slots)
         self.L = spec.num_layers
         self.margin_bytes = margin_bytes
-        self.usable = [c - cuda_context_bytes - margin_bytes for c in device_capacities]
+        self.usable = [c - cuda_context_bytes - margin_bytes for c in cap.gpus]
         self.cuda_context_bytes = cuda_context_bytes
-        self.ram_capacity = ram_capacity
+        self.cap = cap
+        self.ram_capacity = cap.ram_bytes  # what RAM holds with nothing on a GPU (ram_for: beside a placement's GPUs)
         self.scratch = compute_buffer_bytes(spec, req, with_logits=False, slots=slots)
         self.with_logits = compute_buffer_bytes(spec, req, with_logits=True, slots=slots)
 
@@ -433,8 +436,17 @@ class LlamaCppFootprint:
         h = self.host_bytes(p)
         return h.weights + h.kv + h.compute + self.base_ram_bytes
 
+    def gpu_total(self, p: LlamaCppPlacement) -> int:
+        """Every byte a placement puts on the GPUs: their layers, KV and compute buffers, and a context each used."""
+        devices = self.device_bytes(p) if p.per_device else []
+        return sum(d.weights + d.kv + d.compute + self.cuda_context_bytes for d in devices)
+
+    def ram_for(self, p: LlamaCppPlacement) -> int:
+        """The RAM the host side of `p` may take: all of it, or on unified memory what the GPU side leaves."""
+        return self.cap.ram_left(self.gpu_total(p)) if self.cap.unified else self.cap.ram_bytes
+
     def fits_host(self, p: LlamaCppPlacement) -> bool:
-        return self.host_total(p) <= self.ram_capacity
+        return self.host_total(p) <= self.ram_for(p)
 
     def resident_slack(self) -> int:
         """Bytes to spare with every layer resident: on the GPUs taken together (their usable bytes less every
@@ -443,7 +455,11 @@ class LlamaCppFootprint:
         if not self.usable:
             return self.ram_capacity - self.host_total(LlamaCppPlacement(gpu_layers=0, cpu_moe=0, per_device=()))
         need = sum(self._gpu_layer_cost(i, 0) for i in range(self.L)) + self.model.output_bytes + self.with_logits
-        return sum(self.usable) - need
+        slack = sum(self.usable) - need
+        if self.cap.unified:  # the host side shares the pool: the RAM left beside every layer on the GPU
+            everything = LlamaCppPlacement(gpu_layers=self.L, cpu_moe=0, per_device=(self.L + 1,))
+            slack = min(slack, self.ram_for(everything) - self.host_total(everything))
+        return slack
 
     def place(self, forced_gpu_layers: int | None = None, *, expert_offload: bool = True,
               forced_cpu_moe: int | None = None) -> tuple[LlamaCppPlacement | None, LlamaCppPlacement]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ..record import record
 from ..choice import OffloadMode
 from ..hardware import HardwareProfile
+from ..capacity import capacity
 from ..memory import gpu_capacity
 from ..modelspec import Kind, ModelSpec, Role, dtype_bytes
 from ..plan import Plan
@@ -404,7 +405,7 @@ def _with_offload(m: VLLMModel, p: Plan, hw: HardwareProfile, best: Layout | Non
         return best, [f"vLLM's weight offload copies each layer's parameters to RAM as the layer is built "
                       f"({rules.UVA_PY}), before --quantization {m.fmt.name} has quantized them (they are still on "
                       "the meta device then): the two do not combine, so no --cpu-offload-gb here"]
-    alt = offloaded_layout(m, hw.gpu_count, req.nodes, hw.host.ram_bytes,
+    alt = offloaded_layout(m, hw.gpu_count, req.nodes, capacity(hw, req).ram_bytes,
                            params=("experts",) if experts_in_ram else ())
     if alt is None:
         return best, []
