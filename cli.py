@@ -67,9 +67,10 @@ ChunkOpt = Annotated[Optional[int], typer.Option("--prefill-chunk", help="Prefil
 # A list so that a repeated --emit can be refused (a plain option keeps only the last one given).
 EmitOpt = Annotated[Optional[list[str]], typer.Option("--emit", help="Also write the plan for another engine: vllm, "
                     "llama.cpp, ollama or transformers (printed to stdout; with --json, as an \"emit\" object).")]
-EngineOpt = Annotated[Optional[str], typer.Option("--engine", help="Whose memory rules to plan by: vramplan (its own "
-                      "runtime, default) or llama.cpp (GGUF file types x llama.cpp KV caches; --quant takes GGUF "
-                      "types such as Q4_K_M, --kv-dtype f16, q8_0 or q4_0).")]
+EngineOpt = Annotated[Optional[str], typer.Option("--engine", help="Whose own search to plan by: vramplan (its own "
+                      "runtime, default), llama.cpp or ollama (GGUF file types x llama.cpp KV caches; --quant takes "
+                      "GGUF types such as Q4_K_M, --kv-dtype f16, q8_0 or q4_0), or transformers (plain transformers "
+                      "+ accelerate). Every plan also shows each engine's own best answer to the request.")]
 OverflowOpt = Annotated[bool, typer.Option("--allow-context-overflow", help="Plan a context beyond the model's "
                        "max_position_embeddings (or its rope scaling's reach) instead of refusing it.")]
 CompileOpt = Annotated[bool, typer.Option("--compile", help="Decode compiled (a static KV cache and torch.compile, "

@@ -494,11 +494,10 @@ def plan(d: dict, *, full: bool = False) -> None:
                  + _experts_where(c))
         pr = d["predicted"]
         out.line(styled(("plan:", "bold green"), f" {c['weight_quant']} weights + {c['kv_dtype']} KV cache, {where}"))
-        out.line(f"  predicted: decode {pr['decode_tokens_per_s']:.2f} tok/s (at full context "
-                 f"{pr['decode_tokens_per_s_full_context']:.2f}), TTFT {pr['ttft_s']:.2f} s for "
-                 f"{r['prompt_tokens'] or r['context']} prompt tokens; ceiling (bandwidth roofline) "
-                 f"{d['ceiling']['decode_tokens_per_s']:.2f} tok/s; efficiencies: "
-                 f"{d['speed_terms']['efficiency_source']}")
+        if pr["decode_tokens_per_s"] is None:
+            out.line(f"  predicted: {d['reason'].split('; ', 1)[-1]}")
+        else:
+            _predicted_line(d, pr, r)
         where_ctx = "in RAM (CPU only)" if c["compute_device"] == "cpu" else "entirely on the GPU"
         out.line(f"  largest context {where_ctx} with this scheme: {format_tokens(d['max_context_tokens'])}")
     else:
@@ -529,6 +528,14 @@ def plan(d: dict, *, full: bool = False) -> None:
                  "add --all (or --json for everything)")
 
 
+def _predicted_line(d: dict, pr: dict, r: dict) -> None:
+    out.line(f"  predicted: decode {pr['decode_tokens_per_s']:.2f} tok/s (at full context "
+             f"{pr['decode_tokens_per_s_full_context']:.2f}), TTFT {pr['ttft_s']:.2f} s for "
+             f"{r['prompt_tokens'] or r['context']} prompt tokens; ceiling (bandwidth roofline) "
+             f"{d['ceiling']['decode_tokens_per_s']:.2f} tok/s; efficiencies: "
+             f"{d['speed_terms']['efficiency_source']}")
+
+
 REASON_CHARS = 40  # an engine's reason in the compact table (the JSON has all of it)
 
 
@@ -539,15 +546,16 @@ def _engines(d: dict, full: bool) -> None:
     if not rows:
         return
     table = []
+    mine = (d.get("request") or {}).get("engine", "vramplan")
     for e in rows:
-        how = "this plan" if e["engine"] == "vramplan" else e.get("how", "-").removeprefix("vramplan ")
+        how = "this plan" if e["engine"] == mine else e.get("how", "-").removeprefix("vramplan ")
         if not e["fits"]:
             reason = e.get("reason", "")
             table.append([e["engine"], f"{e.get('weight_quant', '-')} + {e.get('kv_dtype', '-')}", "no", "-", "-", "-",
                           reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…", how])
             continue
         speed = "-" if e.get("decode_tokens_per_s") is None else f"{e['decode_tokens_per_s']:.2f}" + (
-            f" ({e['decode_vs_plan']:.2f}x)" if e.get("decode_vs_plan") and e["engine"] != "vramplan" else "")
+            f" ({e['decode_vs_plan']:.2f}x)" if e.get("decode_vs_plan") and e["engine"] != mine else "")
         table.append([e["engine"], f"{e['weight_quant']} + {e['kv_dtype']}", "yes", speed,
                       "-" if e.get("ttft_s") is None else f"{e['ttft_s']:.2f}",
                       format_tokens(e["max_context_tokens"]) if e.get("max_context_tokens") else "-", e["placement"],

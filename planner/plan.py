@@ -221,8 +221,8 @@ class Plan:
 
     def __post_init__(self) -> None:
         c = self.chosen
-        if c is not None and not (c.fits and c.choice is not None and c.memory is not None and c.speed is not None):
-            raise PlanError("a plan's chosen candidate must fit, with a placement, a memory breakdown and a prediction")
+        if c is not None and not (c.fits and c.choice is not None and c.memory is not None):
+            raise PlanError("a plan's chosen candidate must fit, with a placement and a memory breakdown")
 
     @property
     def fits(self) -> bool:
@@ -253,7 +253,7 @@ class Plan:
             "memory": self.memory.to_dict() if c else None,
             "ceiling": _ceiling_dict(self.predicted),
             "predicted": _predicted_dict(self.predicted) if c else None,
-            "speed_terms": dict(self.predicted.terms) if c else None,
+            "speed_terms": dict(self.predicted.terms) if self.predicted is not None else None,
             "max_context_tokens": c.max_context_tokens if c else 0,
             "quality_cost_pct": c.quality_cost_pct if c else None,
             "reason": c.reason if c else None,
@@ -286,7 +286,9 @@ class Plan:
                                    quality_cost_pct=float(d.get("quality_cost_pct") or 0.0), fits=True,
                                    reason=str(d.get("reason") or ""), choice=choice,
                                    memory=MemoryBreakdown.from_dict(d["memory"]),
-                                   speed=SpeedEstimate.from_dict(d["predicted"], d["ceiling"], d["speed_terms"]),
+                                   speed=(SpeedEstimate.from_dict(d["predicted"], d["ceiling"], d["speed_terms"])
+                                          if (d.get("predicted") or {}).get("decode_tokens_per_s") is not None
+                                          else None),
                                    max_context_tokens=int(d.get("max_context_tokens") or 0))
             return cls(model=ModelRef.from_dict(d["model"]), hardware=HardwareRef.from_dict(d["hardware"]),
                        request=Request.from_dict(d["request"]),

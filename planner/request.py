@@ -41,8 +41,10 @@ BALANCED_MAX_QUALITY_COST_PCT = 8.0
 # its libraries. The calibration may replace it.
 RUNTIME_BASE_RAM_BYTES = 1 * GiB
 MAX_BATCH = 4096
-# The engines a plan can be made for: vramplan's own runtime, or llama.cpp's rules (planner/engines/llamacpp.py).
-PLANNING_ENGINES = ("vramplan", "llama.cpp")
+# The engines a plan can be made for (planner.engine's loop over each one's own search): vramplan's own runtime, plain
+# transformers (vramplan's scheme names), llama.cpp and Ollama (GGUF file types and llama.cpp's cache types).
+PLANNING_ENGINES = ("vramplan", "llama.cpp", "ollama", "transformers")
+GGUF_ENGINES = ("llama.cpp", "ollama")
 # What --quant / --kv-dtype name for an engine with its own formats: llama.cpp plans GGUF file types
 # (planner.gguf) and its own KV cache types (common/arg.cpp kv_cache_types; the three llama.cpp users pick).
 LLAMA_CPP_KV_DTYPES = ("f16", "q8_0", "q4_0")
@@ -110,7 +112,7 @@ class Request:
         if not isinstance(self.compiled, bool):
             raise PlanError(f"compiled must be true or false, got {self.compiled!r}")
         if self.compiled and self.engine != "vramplan":
-            raise PlanError("--compile is vramplan's runtime's decode mode; llama.cpp plans its own")
+            raise PlanError(f"--compile is vramplan's runtime's decode mode; {self.engine} decodes its own way")
         if not isinstance(self.allow_context_overflow, bool):
             raise PlanError(f"allow_context_overflow must be true or false, got {self.allow_context_overflow!r}")
         if self.prefer not in PREFERENCES:
@@ -118,7 +120,7 @@ class Request:
         object.__setattr__(self, "prefer", Preference(self.prefer))
         if self.engine not in PLANNING_ENGINES:
             raise PlanError(f"the engine must be one of {', '.join(PLANNING_ENGINES)}, got {self.engine!r}")
-        llama_cpp = self.engine == "llama.cpp"
+        llama_cpp = self.engine in GGUF_ENGINES
         for name, known, what in (("quant", GGUF_FILE_TYPES if llama_cpp else SCHEMES,
                                    "GGUF file type" if llama_cpp else "weight quantization"),
                                   ("kv_dtype", LLAMA_CPP_KV_DTYPES if llama_cpp else KV_SCHEMES,

@@ -21,7 +21,9 @@ from .memory import (Footprint, LayerCosts, MemoryBreakdown, Placement, WeightCo
                      layer_costs, ram_capacity, weight_costs, workspace_bytes)
 from .modelspec import ModelSpec, context_limit
 from .constant import Constant, constants
-from .plan import Alternative, Candidate, Plan, hardware_ref, model_ref
+from .engine import Outcome, nothing_fits_reasons, plan_with
+from .plan import Alternative, Candidate, Plan
+from .preference import choose_by_preference  # noqa: F401 - the --prefer rule, one for every engine
 from .quant import KV_SCHEMES, SCHEMES, KVScheme, WeightScheme
 from .request import COMPILE_SCHEMES, RUNTIME_BASE_RAM_BYTES, Request, compile_schemes
 from .speed import SpeedEstimate, compiled_scheme, estimate, speed_constants
@@ -33,14 +35,14 @@ from .units import format_bytes
 ALTERNATIVE_KV_DTYPES = ("bf16", "quanto-int4")
 
 
-def _device_ok(scheme: WeightScheme, hw: HardwareProfile) -> str | None:
+def device_refusal(scheme: WeightScheme, hw: HardwareProfile) -> str | None:
     device = hw.accelerator or "cpu"
     if device not in scheme.devices:
         return f"{scheme.name} does not run on {device}"
     return None
 
 
-def _kv_ok(spec: ModelSpec, kv: KVScheme) -> str | None:
+def kv_refusal(spec: ModelSpec, kv: KVScheme) -> str | None:
     if kv.full_attention_only and spec.sliding_window_layers:
         return f"KV dtype {kv.name}: transformers' QuantizedCache refuses models with sliding-window layers"
     return None
@@ -53,7 +55,7 @@ def offload_modes(hw: HardwareProfile, scheme: WeightScheme) -> tuple[OffloadMod
     return (OffloadMode.STREAM, OffloadMode.CPU) if stream else (OffloadMode.CPU,)
 
 
-def _choice(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, hw: HardwareProfile, p: Placement) -> Choice:
+def choice_of(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, hw: HardwareProfile, p: Placement) -> Choice:
     """The Choice a placement makes, with the scheme names."""
     L = spec.num_layers
     moe = sorted(spec.moe.moe_layers) if spec.moe is not None else []
@@ -81,11 +83,14 @@ def check_experts(spec: ModelSpec, req: Request) -> None:
         raise PlanError(f"request.expert_placement {f}: {spec.name} has {moe} MoE layers")
 
 
-def _footprint(spec, hw, req, scheme, kv, weights: WeightCosts) -> Footprint:
+def footprint(spec, hw, req, scheme, kv, weights: WeightCosts) -> Footprint:
     return Footprint(spec, hw, req, layer_costs(spec, scheme, kv, req, weights), workspace_bytes(spec, scheme, kv, req))
 
 
-def _placement(fp: Footprint, n: int, mode: OffloadMode, e: int = 0, *, best_effort: bool = False) -> Placement | None:
+def placement_at(fp: Footprint, n: int, mode: OffloadMode, e: int = 0, *,
+                 best_effort: bool = False) -> Placement | None:
+    """n layers on the GPUs in `mode` with the experts of the first e MoE layers in RAM, split over the GPUs (None when
+    they do not fit; with `best_effort`, the split that shows how far over it is)."""
     n = min(n, fp.L)
     split = fp.split_for(n, OffloadMode.NONE if n == fp.L else mode, e, best_effort=best_effort)
     return None if split is None else Placement(split, OffloadMode.NONE if n == fp.L else mode, e)
@@ -111,7 +116,7 @@ def _placements(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weig
     forced_experts = req.expert_placement is not None
 
     def at(n: int, mode: OffloadMode, best_effort: bool = False) -> Placement | None:
-        return _placement(fp, n, mode, _forced_experts(fp, req, min(n, L)), best_effort=best_effort)
+        return placement_at(fp, n, mode, _forced_experts(fp, req, min(n, L)), best_effort=best_effort)
 
     if req.gpu_layers is not None:
         n = min(req.gpu_layers, L)
@@ -120,7 +125,7 @@ def _placements(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weig
         if not fitting and not forced_experts and fp.moe_layers:
             # the layers asked for stay on the GPUs: the fewest of their layers' experts in RAM that make room
             fitting = [p for m in ([OffloadMode.NONE] if n == L else modes)
-                       if (p := _experts_in_ram(fp, n, m)) is not None]
+                       if (p := experts_in_ram(fp, n, m)) is not None]
         return fitting, tried[0]
     full = at(L, OffloadMode.NONE)
     if full is not None and fp.over(full) is None:
@@ -136,13 +141,13 @@ def _placements(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weig
                 fitting.append(p)
             else:
                 closest = p  # the GPUs have room; RAM ran out
-    experts = _experts_in_ram(fp, L, OffloadMode.NONE) if not (req.offload or forced_experts) else None
+    experts = experts_in_ram(fp, L, OffloadMode.NONE) if not (req.offload or forced_experts) else None
     if experts is not None:
         fitting.append(experts)
     return fitting, closest
 
 
-def _experts_in_ram(fp: Footprint, n: int, mode: OffloadMode) -> Placement | None:
+def experts_in_ram(fp: Footprint, n: int, mode: OffloadMode) -> Placement | None:
     """For an MoE: n layers on the GPUs with the routed experts of the fewest (first) of them in RAM, computed by the
     CPU (llama.cpp's --n-cpu-moe); None when even all their experts in RAM leave too little room."""
     most = fp.moe_layers_before(n)
@@ -150,7 +155,7 @@ def _experts_in_ram(fp: Footprint, n: int, mode: OffloadMode) -> Placement | Non
         return None
 
     def fits(e: int) -> Placement | None:
-        p = _placement(fp, n, mode, e)
+        p = placement_at(fp, n, mode, e)
         return p if p is not None and fp.over(p) is None else None
 
     if fits(most) is None:
@@ -164,34 +169,34 @@ def _experts_in_ram(fp: Footprint, n: int, mode: OffloadMode) -> Placement | Non
 
 def _runs(spec, hw, req, scheme, kv, weights: WeightCosts) -> bool:
     """Whether some placement of this scheme x KV dtype fits (no speed estimate)."""
-    return bool(_placements(spec, hw, req, scheme, _footprint(spec, hw, req, scheme, kv, weights))[0])
+    return bool(_placements(spec, hw, req, scheme, footprint(spec, hw, req, scheme, kv, weights))[0])
 
 
 def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme,
-              weights: WeightCosts, read: list[float]) -> Candidate:
+              weights: WeightCosts, read: list[float], contexts: bool = True) -> Candidate:
     """One scheme x KV dtype: the fastest placement that fits, or why none does.
     `weights` and `read` (weight bytes a decode step reads per layer) are shared across KV dtypes."""
     base = dict(weight_quant=scheme.name, kv_dtype=kv.name,
                 quality_cost_pct=scheme.quality.ppl_increase_pct + kv.quality.ppl_increase_pct)
-    why_not = _device_ok(scheme, hw) or _kv_ok(spec, kv) or _compile_ok(spec, hw, req, scheme, kv)
+    why_not = device_refusal(scheme, hw) or kv_refusal(spec, kv) or _compile_ok(spec, hw, req, scheme, kv)
     if why_not:
         return Candidate(**base, fits=False, reason=why_not)
-    fp = _footprint(spec, hw, req, scheme, kv, weights)
+    fp = footprint(spec, hw, req, scheme, kv, weights)
     if req.offload and OffloadMode(req.offload) not in offload_modes(hw, scheme):
         return Candidate(**base, fits=False, reason=f"{scheme.name} cannot be streamed to {hw.accelerator}: its layout "
                                                     "there differs from the one packed in RAM (use cpu offload)")
     fitting, closest = _placements(spec, hw, req, scheme, fp)
-    max_ctx = _max_resident_context(spec, hw, req, scheme, kv, weights)
+    max_ctx = max_resident_context(spec, hw, req, scheme, kv, weights) if contexts else 0
     if not fitting:
-        c = _choice(spec, scheme, kv, hw, closest)
+        c = choice_of(spec, scheme, kv, hw, closest)
         mem = fp.breakdown(c)
         return Candidate(**base, fits=False, choice=c, memory=mem, max_context_tokens=max_ctx,
-                         reason=_overflow_reason(mem, c))
-    choices = [_choice(spec, scheme, kv, hw, p) for p in fitting]
+                         reason=overflow_reason(mem, c))
+    choices = [choice_of(spec, scheme, kv, hw, p) for p in fitting]
     if req.compiled:
         choices = [c for c in choices if _on_one_device(c)]
         if not choices:
-            c = _choice(spec, scheme, kv, hw, fitting[0])
+            c = choice_of(spec, scheme, kv, hw, fitting[0])
             return Candidate(**base, fits=False, choice=c, memory=fp.breakdown(c), max_context_tokens=max_ctx,
                              reason=f"--compile needs every layer on one device; {scheme.name} fits only split "
                                     f"({_label(c)})")
@@ -231,7 +236,7 @@ def speed_scheme(req: Request, scheme: WeightScheme) -> WeightScheme:
     return compiled_scheme(16) if req.compiled and scheme.name in COMPILE_SCHEMES else scheme
 
 
-def _overflow_reason(mem: MemoryBreakdown, c: Choice) -> str:
+def overflow_reason(mem: MemoryBreakdown, c: Choice) -> str:
     where = mem.over or "cpu"
     d = mem.device(where)
     terms = ", ".join(f"{t.removesuffix('_bytes').replace('_', ' ')} {format_bytes(getattr(d, t))}"
@@ -343,77 +348,30 @@ def secant_max(probe: Callable[[int], tuple[bool, float]], lo: int, hi: int) -> 
     return lo
 
 
-def _max_resident_context(spec, hw, req, scheme, kv, weights: WeightCosts) -> int:
+def max_resident_context(spec, hw, req, scheme, kv, weights: WeightCosts) -> int:
     """Largest context (up to the model's maximum) with every layer resident: all on the GPU, or in RAM
     on a machine without one; 0 if none."""
     n = spec.num_layers if hw.has_gpu else 0
 
     def probe(ctx: int) -> tuple[bool, float]:
-        fp = _footprint(spec, hw, replace(req, context=ctx, prompt_tokens=None), scheme, kv, weights)
-        p = _placement(fp, n, OffloadMode.NONE)
-        mem = fp.breakdown_of(p or _placement(fp, n, OffloadMode.NONE, best_effort=True))
+        fp = footprint(spec, hw, replace(req, context=ctx, prompt_tokens=None), scheme, kv, weights)
+        p = placement_at(fp, n, OffloadMode.NONE)
+        mem = fp.breakdown_of(p or placement_at(fp, n, OffloadMode.NONE, best_effort=True))
         return p is not None and mem.over is None, min(d.capacity_bytes - d.total_bytes for d in (*mem.gpus, mem.cpu))
 
     return max(0, secant_max(probe, 1, spec.max_context or req.context))
-
-
-def choose_by_preference(cands: list[Candidate], req: Request) -> tuple[Candidate, list[str]]:
-    runnable = [c for c in cands if c.fits]
-    fastest = max(runnable, key=lambda c: c.speed.decode_tokens_per_s)
-    top = fastest.speed.decode_tokens_per_s
-    reasons = []
-    if req.prefer == "speed":
-        choice = fastest
-        reasons.append(f"--prefer speed: the fastest predicted decode ({top:.2f} tok/s)")
-    elif req.prefer == "quality":
-        choice = min(runnable, key=lambda c: (c.quality_cost_pct, -c.speed.decode_tokens_per_s))
-        reasons.append(f"--prefer quality: the smallest quality cost that runs (~{choice.quality_cost_pct:.1f} % "
-                       "perplexity over bf16)")
-    else:
-        choice, why = _balanced(runnable, req)
-        reasons.extend(why)
-    reasons.append(f"{choice.weight_quant} weights + {choice.kv_dtype} KV cache: {choice.reason}")
-    return choice, reasons
-
-
-def _balanced(runnable: list[Candidate], req: Request) -> tuple[Candidate, list[str]]:
-    """--prefer balanced: among the options that keep the quality floor (all of them when none does), the best quality
-    whose predicted decode speed is within reach of the fastest of them; and why."""
-    cap = req.balanced_max_quality_cost_pct
-    kept = [c for c in runnable if c.quality_cost_pct <= cap]
-    pool = kept or runnable
-    fastest = max(pool, key=lambda c: c.speed.decode_tokens_per_s)
-    top = fastest.speed.decode_tokens_per_s
-    within = [c for c in pool if c.speed.decode_tokens_per_s >= req.balanced_speed_fraction * top]
-    choice = min(within, key=lambda c: (c.quality_cost_pct, -c.speed.decode_tokens_per_s))
-    reasons = [f"--prefer balanced: the best quality whose predicted decode speed is within reach of the fastest option"
-               f"{' that keeps the quality floor' if kept else ''}, i.e. at least {req.balanced_speed_fraction:.0%} of "
-               f"{top:.2f} tok/s ({fastest.weight_quant} + {fastest.kv_dtype} KV); {len(within)} of {len(runnable)} "
-               "options qualify"]
-    dropped = [c for c in runnable if c.quality_cost_pct > cap]
-    floor = f"the quality floor (at most {cap:g} % perplexity over bf16, planner.request.BALANCED_MAX_QUALITY_COST_PCT)"
-    if not kept:
-        reasons.append(f"no option that runs keeps {floor}: balanced chose among all of them")
-    elif dropped:
-        quick = max(dropped, key=lambda c: c.speed.decode_tokens_per_s)
-        if quick.speed.decode_tokens_per_s > top:
-            reasons.append(f"{floor} outranks speed: it leaves out {len(dropped)} "
-                           f"option{'s' if len(dropped) > 1 else ''}"
-                           f", the fastest {quick.weight_quant} + {quick.kv_dtype} KV at "
-                           f"{quick.speed.decode_tokens_per_s:.2f} tok/s (~{quick.quality_cost_pct:.1f} % perplexity)")
-    return choice, reasons
 
 
 def _alternatives(spec, hw, req) -> list[Alternative]:
     """When nothing fits: the longest context each scheme could hold, best first."""
     out = []
     for scheme in SCHEMES.values():
-        if _device_ok(scheme, hw):
+        if device_refusal(scheme, hw):
             continue
         weights = weight_costs(spec, scheme, not hw.has_gpu)
         for kv_name in ALTERNATIVE_KV_DTYPES:
             kv = KV_SCHEMES[kv_name]
-            if _kv_ok(spec, kv):
+            if kv_refusal(spec, kv):
                 continue
             best = bisect_max(lambda ctx: _runs(spec, hw, replace(req, context=ctx, prompt_tokens=None), scheme, kv,
                                                 weights), 1, req.context)
@@ -498,7 +456,7 @@ def check_request(hw: HardwareProfile, req: Request) -> None:
                             (req.vram_budget_bytes, "a GPU memory budget")):
             if given is not None and not (what.startswith("a number") and given == 0):
                 raise PlanError(f"{what} was given, but hardware {hw.name!r} has no GPU")
-    device_refusals = [why for q in req.quant if q in SCHEMES and (why := _device_ok(SCHEMES[q], hw))]
+    device_refusals = [why for q in req.quant if q in SCHEMES and (why := device_refusal(SCHEMES[q], hw))]
     if req.quant and len(device_refusals) == len(req.quant):  # no scheme asked for runs here: bad input, not a fit
         raise PlanError(f"request.quant {','.join(req.quant)}: {'; '.join(device_refusals)} (hardware {hw.name!r})")
     if req.offload == OffloadMode.STREAM and hw.link is None and hw.has_gpu:
@@ -544,60 +502,82 @@ def assess(spec: ModelSpec, hw: HardwareProfile, req: Request, c: Choice) -> tup
     the same placement, so a run is compared with the plan it runs."""
     req = _measured_runtime(hw, req)
     scheme, kv = SCHEMES[c.weight_quant], KV_SCHEMES[c.kv_dtype]
-    fp = _footprint(spec, hw, req, scheme, kv, weight_costs(spec, scheme, not hw.has_gpu))
+    fp = footprint(spec, hw, req, scheme, kv, weight_costs(spec, scheme, not hw.has_gpu))
     return fp.breakdown(c), estimate(spec, hw, req, speed_scheme(req, scheme), kv, c, fp.costs)
 
 
-def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
-    """Decide how to run `spec` on `hw` for `req`; pure and fast (< 100 ms for a 405B model)."""
-    check_request(hw, req)
-    check_experts(spec, req)
-    req = _measured_runtime(hw, req)
-    schemes = [SCHEMES[q] for q in req.quant] if req.quant else list(SCHEMES.values())
-    kvs = [KV_SCHEMES[k] for k in req.kv_dtype] if req.kv_dtype else list(KV_SCHEMES.values())
-    warnings: list[str] = check_context(spec, req)
-    cands = []
-    for s in schemes:
-        weights, read = weight_costs(spec, s, not hw.has_gpu), read_bytes_per_layer(spec, s, req.batch)
-        cands.extend(_evaluate(spec, hw, req, s, k, weights, read) for k in kvs)
-    common = dict(model=model_ref(spec), hardware=hardware_ref(hw), request=req, candidates=cands,
-                  constants=_constants(hw, req))
-    if not any(c.fits for c in cands):
+class VramplanEngine:
+    """vramplan's own runtime behind the Engine protocol (planner.engine): its weight schemes x KV dtypes, each with
+    the fastest placement that fits (stream or cpu offload, experts in RAM), priced by planner.speed."""
+
+    name = "vramplan"
+
+    def check(self, spec: ModelSpec, hw: HardwareProfile, req: Request) -> tuple[Request, list[str]]:
+        check_request(hw, req)
+        check_experts(spec, req)
+        return _measured_runtime(hw, req), check_context(spec, req)
+
+    def candidates(self, spec: ModelSpec, hw: HardwareProfile, req: Request, *, contexts: bool = True
+                   ) -> list[Candidate]:
+        schemes = [SCHEMES[q] for q in req.quant] if req.quant else list(SCHEMES.values())
+        kvs = [KV_SCHEMES[k] for k in req.kv_dtype] if req.kv_dtype else list(KV_SCHEMES.values())
+        cands = []
+        for s in schemes:
+            weights, read = weight_costs(spec, s, not hw.has_gpu), read_bytes_per_layer(spec, s, req.batch)
+            cands.extend(_evaluate(spec, hw, req, s, k, weights, read, contexts) for k in kvs)
+        return cands
+
+    def resident_context(self, spec: ModelSpec, hw: HardwareProfile, req: Request, chosen: Candidate) -> int:
+        s = SCHEMES[chosen.weight_quant]
+        return max_resident_context(spec, hw, req, s, KV_SCHEMES[chosen.kv_dtype], weight_costs(spec, s,
+                                                                                                   not hw.has_gpu))
+
+    def constants(self, spec: ModelSpec, hw: HardwareProfile, req: Request, cands: list[Candidate]
+                  ) -> dict[str, Constant]:
+        return _constants(hw, req)
+
+    def nothing_fits(self, spec: ModelSpec, hw: HardwareProfile, req: Request, cands: list[Candidate]) -> Outcome:
         forced = (req.gpu_layers is not None or req.quant or req.kv_dtype or req.offload
                   or req.expert_placement is not None)
         alts = [] if forced else _alternatives(spec, hw, req)
-        first = cands[0]  # the best-quality option asked for
-        reasons = [f"nothing fits: {first.weight_quant} + {first.kv_dtype} KV: {first.reason}"]
-        sized = [c for c in cands if c.memory is not None]  # those that got as far as a memory breakdown
-        smallest = min(sized, key=lambda c: (c.vram_bytes or 0) + c.ram_bytes, default=None)
-        if smallest is not None and smallest is not first:
-            reasons.append(f"smallest option, {smallest.weight_quant} + {smallest.kv_dtype} KV: {smallest.reason}")
+        reasons = nothing_fits_reasons(cands)
         if alts:
             a = alts[0]
             reasons.append(f"what would fit instead: {a.weight_quant} weights + {a.kv_dtype} KV up to "
                            f"{a.max_context_tokens} tokens of context")
-        return Plan(**common, chosen=None, reasons=reasons, warnings=warnings, alternatives=alts)
-    chosen, reasons = choose_by_preference(cands, req)
-    c = chosen.choice
-    common["constants"].update(speed_constants(hw, speed_scheme(req, SCHEMES[c.weight_quant]),
-                                               "gpu" if c.on_gpu else "cpu", req.compiled))
-    if req.compiled:
-        reasons.append("decode compiled (--compile: a static cache and torch.compile, CUDA graphs on a GPU), priced "
-                       "without the eager dispatch (on a CPU: with the share of each layer's fixed cost that compiling "
-                       "measured to leave); "
-                       f"efficiencies: {chosen.speed.terms.get('efficiency_source')}")
-    if c.offload is not OffloadMode.NONE:
-        warnings.append(f"{c.offloaded_layers} of {c.total_layers} layers are offloaded ({c.offload.value}): decode "
-                        f"is limited by the {'host link' if c.offload is OffloadMode.STREAM else 'CPU'}")
-    if len([k for k in c.gpu_layers_per_device if k]) > 1:
-        warnings.append("the layers are split over several GPUs: a pipeline, so at batch 1 the GPUs take turns; "
-                        "they hold a bigger model, they do not decode faster than one GPU would")
-    if KV_SCHEMES[c.kv_dtype].dequantizes_whole_layer and (c.compute_device is ComputeDevice.CPU
-                                                           or c.offload is OffloadMode.CPU):
-        warnings.append(f"a {c.kv_dtype} KV cache in RAM: each step dequantizes a layer's cache into fresh tensors, "
-                        "and glibc keeps what they free in its heap, so peak RSS can exceed this plan by more than the "
-                        "cache saves (measured: a quanto-int4 cache peaked at or above bf16's; bench/results/malloc-"
-                        "cpu-dev.md); leave headroom, or use bf16 KV where it fits")
-    if SCHEMES[c.weight_quant].backend == "bnb" and c.compute_device is ComputeDevice.CPU:
-        warnings.append("bitsandbytes runs on the CPU only slowly; quanto schemes are the CPU-capable backend")
-    return Plan(**common, chosen=chosen, reasons=reasons, warnings=warnings)
+        return Outcome(reasons=reasons, alternatives=alts)
+
+    def explain(self, spec: ModelSpec, hw: HardwareProfile, req: Request, chosen: Candidate) -> Outcome:
+        c = chosen.choice
+        out = Outcome(constants=speed_constants(hw, speed_scheme(req, SCHEMES[c.weight_quant]),
+                                                "gpu" if c.on_gpu else "cpu", req.compiled))
+        if req.compiled:
+            out.reasons.append("decode compiled (--compile: a static cache and torch.compile, CUDA graphs on a GPU), "
+                               "priced without the eager dispatch (on a CPU: with the share of each layer's fixed cost "
+                               "that compiling measured to leave); "
+                               f"efficiencies: {chosen.speed.terms.get('efficiency_source')}")
+        if c.offload is not OffloadMode.NONE:
+            out.warnings.append(f"{c.offloaded_layers} of {c.total_layers} layers are offloaded ({c.offload.value}): "
+                                f"decode is limited by the {'host link' if c.offload is OffloadMode.STREAM else 'CPU'}")
+        if len([k for k in c.gpu_layers_per_device if k]) > 1:
+            out.warnings.append("the layers are split over several GPUs: a pipeline, so at batch 1 the GPUs take "
+                                "turns; they hold a bigger model, they do not decode faster than one GPU would")
+        if KV_SCHEMES[c.kv_dtype].dequantizes_whole_layer and (c.compute_device is ComputeDevice.CPU
+                                                               or c.offload is OffloadMode.CPU):
+            out.warnings.append(f"a {c.kv_dtype} KV cache in RAM: each step dequantizes a layer's cache into fresh "
+                                "tensors, and glibc keeps what they free in its heap, so peak RSS can exceed this "
+                                "plan by more than the cache saves (measured: a quanto-int4 cache peaked at or above "
+                                "bf16's; bench/results/malloc-cpu-dev.md); leave headroom, or use bf16 KV where it "
+                                "fits")
+        if SCHEMES[c.weight_quant].backend == "bnb" and c.compute_device is ComputeDevice.CPU:
+            out.warnings.append("bitsandbytes runs on the CPU only slowly; quanto schemes are the CPU-capable backend")
+        return out
+
+
+VRAMPLAN = VramplanEngine()
+
+
+def plan(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
+    """Decide how vramplan's runtime runs `spec` on `hw` for `req` (planner.engine's loop over VRAMPLAN); pure and
+    fast (< 100 ms for a 405B model)."""
+    return plan_with(VRAMPLAN, spec, hw, req)

@@ -185,8 +185,8 @@ def _ollama(capsys, model: str) -> str:
 
 
 @pytest.mark.parametrize("model, tag", [
-    ("llama-3.1-8b", "llama3.1:8b-text-fp16"),
-    ("llama-2-7b-hf", "llama2:7b-text-fp16"),
+    ("llama-3.1-8b", "llama3.1:8b-text-"),
+    ("llama-2-7b-hf", "llama2:7b-text-"),
     ("mixtral-8x7b-v0.1", "mixtral:8x7b-text-v0.1-"),
     ("gemma-2-9b", "gemma2:9b-text-"),
 ])

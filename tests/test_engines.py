@@ -104,63 +104,57 @@ GOLDEN = {
         r"""vllm serve meta-llama/Llama-3.1-8B \
   --max-model-len 32768 \
   --gpu-memory-utilization 0.95 \
-  --kv-cache-dtype fp8""",
-        ["vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.95 x 23.49 GiB (CUDA's total) = weights 14.96 GiB + "
+  --kv-cache-dtype auto""",
+        ["vLLM's own choice among 6 formats x caches: no speed is predicted for what runs here: the most of the "
+         "model on the GPU among the options that keep the quality floor, then the best quality (~0.0 % perplexity "
+         "over bf16)",
+         "vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.95 x 23.49 GiB (CUDA's total) = weights 14.96 GiB + "
          "profile-run peak 506.50 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 5.70 GiB; the rest "
          "holds the CUDA context 500.00 MiB and your headroom 512.00 MiB",
-         'the KV pool is cut in 16-token blocks; 2.00 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 2',
+         'the KV pool is cut in 16-token blocks; 4.00 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 1',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
          'above are estimates (see the assumptions)']),
     ('dense-8b-24gb', 'llama.cpp'): (
         r"""llama-server \
-  -m Llama-3.1-8B-BF16.gguf \
+  -m Llama-3.1-8B-Q8_0.gguf \
   -c 32768 \
   -ngl 33 \
-  -fa on \
-  -ctk q8_0 \
-  -ctv q8_0""",
-        ["vramplan's plan: bf16 + fp8 KV, 32/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, "
-         "cache q8_0, placed by llama.cpp's own rules",
-         "GGUF BF16: Llama-3.1-8B-BF16.gguf, 16,068,898,016 B (14.97 GiB; planner/gguf.py: llama-quantize's tensor "
+  -fa on""",
+        ["GGUF Q8_0: Llama-3.1-8B-Q8_0.gguf, 8,540,777,696 B (7.95 GiB; planner/gguf.py: llama-quantize's tensor "
          "types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-8B-GGUF (a naming '
          'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py <the meta-llama/Llama-3.1-8B '
-         'checkpoint directory>, then llama-quantize <f16.gguf> Llama-3.1-8B-BF16.gguf BF16',
-         'all 32 layers and the output layer on the GPU (-ngl 33): GPU 0: 16.25 GiB of 22.50 GiB usable (weights '
-         '13.98 GiB + KV 2.12 GiB + compute 149.96 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin '
-         '1.00 GiB); RAM 1.23 GiB of 64.00 GiB',
+         'checkpoint directory>, then llama-quantize <f16.gguf> Llama-3.1-8B-Q8_0.gguf Q8_0',
+         'all 32 layers and the output layer on the GPU (-ngl 33): GPU 0: 11.57 GiB of 22.50 GiB usable (weights '
+         '7.43 GiB + KV 4.00 GiB + compute 149.96 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin '
+         '1.00 GiB); RAM 790.27 MiB of 64.00 GiB',
          '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the '
          'plan sized the cache with it',
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in "
          "what the plan leaves free",
          "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
-         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16"]),
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q8_0"]),
     ('dense-8b-24gb', 'ollama'): (
-        r"""# ollama pull llama3.1:8b-text-fp16
-FROM llama3.1:8b-text-fp16
+        r"""# ollama pull llama3.1:8b-text-q8_0
+FROM llama3.1:8b-text-q8_0
 PARAMETER num_ctx 32768""",
         ["Ollama v0.32.15: llama-server (llama.cpp b10488) started with Ollama's launch settings and placed by its "
          "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
-         "vramplan's plan: bf16 + fp8 KV, 32/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, "
-         "cache q8_0, placed by llama.cpp's own rules",
-         "Ollama quant fp16 (GGUF F16); tag by ollama.com/library's naming convention: check it is published (BF16 "
-         "is not published: the closest that is)",
-         "all 32 layers and the output layer on the GPU (-ngl 33): GPU 0: 16.25 GiB of 22.50 GiB usable (weights "
-         "13.98 GiB + KV 2.12 GiB + compute 148.49 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin "
-         "1.00 GiB); RAM 9.35 GiB of 64.00 GiB (by llama.cpp's rules; --fit chooses -ngl itself)",
+         "Ollama quant q8_0 (GGUF Q8_0); tag by ollama.com/library's naming convention: check it is published",
+         "all 32 layers and the output layer on the GPU (-ngl 33): GPU 0: 11.72 GiB of 22.50 GiB usable (weights "
+         "7.43 GiB + KV 4.00 GiB + compute 296.49 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin "
+         "1.00 GiB); RAM 8.90 GiB of 64.00 GiB (by llama.cpp's rules; --fit chooses -ngl itself)",
          "no num_gpu: with num_gpu set Ollama passes -ngl, and llama.cpp's --fit then leaves the placement to it "
          "(common/fit.cpp: \"n_gpu_layers already set by user\")",
-         "num_batch 512: Ollama's automatic choice for 32768 tokens of context (server/sched.go "
-         "automaticGenerationBatch: predicted VRAM 18.97 GiB of 23.50 GiB free)",
-         "Ollama will start: llama-server --model '<llama3.1:8b-text-fp16 blob>' -c 32768 -np 1 --cache-type-k q8_0 "
-         "--cache-type-v q8_0 --flash-attn auto -b 512 -ub 512",
-         "server environment (not a Modelfile setting): OLLAMA_KV_CACHE_TYPE=q8_0 ollama serve (--flash-attn auto "
-         "turns flash attention on for a quantized V cache: llama.cpp's llama_init_from_model)",
+         "num_batch 1024: Ollama's automatic choice for 32768 tokens of context (server/sched.go "
+         "automaticGenerationBatch: predicted VRAM 11.95 GiB of 23.50 GiB free)",
+         "Ollama will start: llama-server --model '<llama3.1:8b-text-q8_0 blob>' -c 32768 -np 1 --flash-attn auto -b "
+         "1024 -ub 1024",
          "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
          "passes no --cache-ram, so the plan counts it in RAM",
          "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
-         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16",
-         'ollama pull llama3.1:8b-text-fp16']),
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q8_0",
+         'ollama pull llama3.1:8b-text-q8_0']),
     ('dense-8b-24gb', 'transformers'): (
         r"""import torch
 from transformers import AutoModelForCausalLM
@@ -170,12 +164,9 @@ model = AutoModelForCausalLM.from_pretrained(
     "meta-llama/Llama-3.1-8B",
     device_map=device_map,
     dtype=torch.bfloat16,
-)
-
-# the plan's fp8 KV cache: generate(..., cache=cache) (past_key_values=cache before transformers 5.24)
-from transformers.cache_utils import QuantizedCache
-cache = QuantizedCache(backend="fp8", config=model.config)""",
-        ["the plan's fp8 KV cache: generate(..., cache=cache) (past_key_values=cache before transformers 5.24)"]),
+)""",
+        ["bf16 + bf16 KV: every layer on the GPU: vramplan's speed model: the same eager kernels as vramplan's "
+         "runtime"]),
     ('70b-offloaded', 'vllm'): (
         r"""vllm serve meta-llama/Llama-3.1-70B \
   --max-model-len 8192 \
@@ -197,66 +188,62 @@ cache = QuantizedCache(backend="fp8", config=model.config)""",
          '7',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
          'above are estimates (see the assumptions)',
-         "vLLM 0.33.0 has no bitsandbytes and no quanto: bnb-nf4 maps to --quantization mxfp4 (MXFP4 weights "
-         "quantized while loading: 4-bit values with a power-of-two scale per 32, 0.53 B/param; W4A16 Marlin where "
+         "vLLM 0.33.0 has no bitsandbytes and no quanto: mxfp4 maps to --quantization mxfp4 (MXFP4 weights quantized "
+         "while loading: 4-bit values with a power-of-two scale per 32, 0.53 B/param; W4A16 Marlin where "
          "FlashInfer's FP4 kernels do not run); its power-of-two scales round more coarsely than NF4's",
          "vramplan's runtime offloads 40 layers on rtx-4090; vLLM spreads the model over GPUs instead"]),
     ('70b-offloaded', 'llama.cpp'): (
         r"""llama-server \
-  -m Llama-3.1-70B-Q4_K_M.gguf \
+  -m Llama-3.1-70B-Q5_K_M.gguf \
   -c 8192 \
-  -ngl 43 \
+  -ngl 37 \
   -fa on""",
-        ["vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type "
-         "Q4_K_M, cache f16, placed by llama.cpp's own rules",
-         "GGUF Q4_K_M: Llama-3.1-70B-Q4_K_M.gguf, 42,520,400,320 B (39.60 GiB; planner/gguf.py: llama-quantize's "
+        ["GGUF Q5_K_M: Llama-3.1-70B-Q5_K_M.gguf, 49,949,823,424 B (46.52 GiB; planner/gguf.py: llama-quantize's "
          "tensor types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-70B-GGUF (a naming '
          'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py <the meta-llama/Llama-3.1-70B '
-         'checkpoint directory>, then llama-quantize <f16.gguf> Llama-3.1-70B-Q4_K_M.gguf Q4_K_M',
-         'layers 38-79 and the output layer on the GPU, 0-37 computed by the CPU (-ngl 43): GPU 0: 22.43 GiB of '
-         '22.50 GiB usable (weights 20.88 GiB + KV 1.31 GiB + compute 241.96 MiB) (usable = memory - CUDA context '
-         '500.00 MiB - --fit margin 1.00 GiB); RAM 20.39 GiB of 64.00 GiB',
+         'checkpoint directory>, then llama-quantize <f16.gguf> Llama-3.1-70B-Q5_K_M.gguf Q5_K_M',
+         'layers 44-79 and the output layer on the GPU, 0-43 computed by the CPU (-ngl 37): GPU 0: 22.46 GiB of '
+         '22.50 GiB usable (weights 21.10 GiB + KV 1.12 GiB + compute 241.96 MiB) (usable = memory - CUDA context '
+         '500.00 MiB - --fit margin 1.00 GiB); RAM 27.27 GiB of 64.00 GiB',
          '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the '
          'plan sized the cache with it',
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in "
          "what the plan leaves free",
-         "llama.cpp decodes the 38 layers left in RAM on the CPU; a prompt's ubatches of 32+ tokens copy their "
+         "llama.cpp decodes the 44 layers left in RAM on the CPU; a prompt's ubatches of 32+ tokens copy their "
          "weights to the GPU (op offload)",
          "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
-         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4",
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q8_0 (Q5_K_M borrows the Q8_0 group's)",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
-         'offload), copying 18.16 GiB of weights from RAM for each of its 16 ubatches: TTFT 42.72 s = GPU 16.72 s + '
-         'link 26.00 s at 12 GB/s (pageable: mmapped weights), not the 476.81 s the CPU would take; the KV rows of '
+         'offload), copying 24.74 GiB of weights from RAM for each of its 16 ubatches: TTFT 52.14 s = GPU 16.72 s + '
+         'link 35.42 s at 12 GB/s (pageable: mmapped weights), not the 549.45 s the CPU would take; the KV rows of '
          'layers in RAM crossing the link are not counted']),
     ('70b-offloaded', 'ollama'): (
-        r"""# ollama pull llama3.1:70b-text-q4_K_M
-FROM llama3.1:70b-text-q4_K_M
+        r"""# ollama pull llama3.1:70b-text-q6_K
+FROM llama3.1:70b-text-q6_K
 PARAMETER num_ctx 8192""",
         ["Ollama v0.32.15: llama-server (llama.cpp b10488) started with Ollama's launch settings and placed by its "
          "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
-         "vramplan's plan: bnb-nf4 + bf16 KV, 40/80 layers on the GPU; llama.cpp runs GGUF: closest file type "
-         "Q4_K_M, cache f16, placed by llama.cpp's own rules",
-         "Ollama quant q4_K_M (GGUF Q4_K_M); tag by ollama.com/library's naming convention: check it is published",
-         "layers 38-79 and the output layer on the GPU, 0-37 computed by the CPU (-ngl 43): GPU 0: 22.43 GiB of "
-         "22.50 GiB usable (weights 20.88 GiB + KV 1.31 GiB + compute 240.49 MiB) (usable = memory - CUDA context "
-         "500.00 MiB - --fit margin 1.00 GiB); RAM 28.51 GiB of 64.00 GiB (by llama.cpp's rules; --fit chooses -ngl "
+         "Ollama quant q6_K (GGUF Q6_K); tag by ollama.com/library's naming convention: check it is published",
+         "layers 49-79 and the output layer on the GPU, 0-48 computed by the CPU (-ngl 32): GPU 0: 22.27 GiB of "
+         "22.50 GiB usable (weights 21.07 GiB + KV 992.00 MiB + compute 240.49 MiB) (usable = memory - CUDA context "
+         "500.00 MiB - --fit margin 1.00 GiB); RAM 42.98 GiB of 64.00 GiB (by llama.cpp's rules; --fit chooses -ngl "
          "itself)",
          "no num_gpu: with num_gpu set Ollama passes -ngl, and llama.cpp's --fit then leaves the placement to it "
          "(common/fit.cpp: \"n_gpu_layers already set by user\")",
          "num_batch 512: Ollama's automatic choice for 8192 tokens of context (server/sched.go "
-         "automaticGenerationBatch: predicted VRAM 42.10 GiB of 23.50 GiB free)",
-         "Ollama will start: llama-server --model '<llama3.1:70b-text-q4_K_M blob>' -c 8192 -np 1 --flash-attn auto "
-         "-b 512 -ub 512",
+         "automaticGenerationBatch: predicted VRAM 56.41 GiB of 23.50 GiB free)",
+         "Ollama will start: llama-server --model '<llama3.1:70b-text-q6_K blob>' -c 8192 -np 1 --flash-attn auto -b "
+         "512 -ub 512",
          "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
          "passes no --cache-ram, so the plan counts it in RAM",
          "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
-         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4",
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q8_0 (Q6_K borrows the Q8_0 group's)",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
-         'offload), copying 18.16 GiB of weights from RAM for each of its 16 ubatches: TTFT 42.72 s = GPU 16.72 s + '
-         'link 26.00 s at 12 GB/s (pageable: mmapped weights), not the 476.81 s the CPU would take; the KV rows of '
+         'offload), copying 32.03 GiB of weights from RAM for each of its 16 ubatches: TTFT 62.58 s = GPU 16.72 s + '
+         'link 45.86 s at 12 GB/s (pageable: mmapped weights), not the 609.99 s the CPU would take; the KV rows of '
          'layers in RAM crossing the link are not counted',
-         'ollama pull llama3.1:70b-text-q4_K_M']),
+         'ollama pull llama3.1:70b-text-q6_K']),
     ('70b-offloaded', 'transformers'): (
         r"""import torch
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -264,23 +251,31 @@ from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 quantization_config = BitsAndBytesConfig(
     load_in_4bit=True,
     bnb_4bit_quant_type="nf4",
-    bnb_4bit_use_double_quant=False,
+    bnb_4bit_use_double_quant=True,
     bnb_4bit_compute_dtype=torch.bfloat16,
     llm_int8_enable_fp32_cpu_offload=True,
 )
 device_map = {"": 0}  # later, longer entries override earlier ones
-device_map |= {f"model.layers.{i}": "cpu" for i in range(40, 80)}
+device_map |= {f"model.layers.{i}": "cpu" for i in range(44, 80)}
 device_map["model.embed_tokens"] = "cpu"
 model = AutoModelForCausalLM.from_pretrained(
     "meta-llama/Llama-3.1-70B",
     quantization_config=quantization_config,
     device_map=device_map,
     dtype=torch.bfloat16,
-)""",
-        ["transformers' bitsandbytes offload keeps the CPU-mapped modules unquantized in RAM (45.82 GiB in all), "
+)
+
+# the plan's quanto-int4 KV cache: generate(..., cache=cache) (past_key_values=cache before transformers 5.24)
+from transformers.cache_utils import QuantizedCache
+cache = QuantizedCache(backend="quanto", config=model.config, nbits=4, q_group_size=64, residual_length=128)""",
+        ["bnb-nf4-dq + quanto-int4 KV: an accelerate device_map: 36 layers mapped to the CPU; not predicted: "
+         "accelerate's offload is not modeled (5-17x slower than vramplan's stream engine, measured on an H200)",
+         "transformers' bitsandbytes offload keeps the CPU-mapped modules unquantized in RAM (60.33 GiB in all), "
          "unlike vramplan's runtime, which keeps them quantized",
-         "the 40 CPU-mapped layers are copied to the GPU on every forward by accelerate (no prefetch); vramplan's "
-         "runtime has them streamed to the GPU with prefetch"]),
+         "the 36 CPU-mapped layers are copied to the GPU on every forward by accelerate (no prefetch), where "
+         "vramplan's runtime streams them with prefetch or computes them on the CPU",
+         "the plan's quanto-int4 KV cache: generate(..., cache=cache) (past_key_values=cache before transformers "
+         "5.24)"]),
     ('moe-experts-in-ram', 'vllm'): (
         r"""vllm serve Qwen/Qwen3-30B-A3B \
   --max-model-len 16384 \
@@ -288,7 +283,10 @@ model = AutoModelForCausalLM.from_pretrained(
   --kv-cache-dtype auto \
   --cpu-offload-gb 38 \
   --cpu-offload-params experts""",
-        ['vLLM fits 1 node(s) only with 38 GiB of routed experts per GPU in RAM (--cpu-offload-gb: pinned RAM the '
+        ["vLLM's own choice among 6 formats x caches: no speed is predicted for what runs here: the most of the "
+         "model on the GPU among the options that keep the quality floor, then the best quality (~0.0 % perplexity "
+         "over bf16)",
+         'vLLM fits 1 node(s) only with 38 GiB of routed experts per GPU in RAM (--cpu-offload-gb: pinned RAM the '
          'GPU reads over the host link on every forward pass); without offload it needs 4 nodes of rtx-4090',
          "vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.95 x 23.49 GiB (CUDA's total) = weights 18.87 GiB + "
          "profile-run peak 420.75 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 1.87 GiB; the rest "
@@ -298,97 +296,102 @@ model = AutoModelForCausalLM.from_pretrained(
          'above are estimates (see the assumptions)']),
     ('moe-experts-in-ram', 'llama.cpp'): (
         r"""llama-server \
-  -m Qwen3-30B-A3B-BF16.gguf \
+  -m Qwen3-30B-A3B-Q8_0.gguf \
   -c 16384 \
   -ngl 49 \
-  --n-cpu-moe 32 \
+  --n-cpu-moe 16 \
   -fa on""",
-        ["vramplan's plan: bf16 + bf16 KV, 48/48 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, "
-         "cache f16, placed by llama.cpp's own rules",
-         "GGUF BF16: Qwen3-30B-A3B-BF16.gguf, 61,095,806,112 B (56.90 GiB; planner/gguf.py: llama-quantize's tensor "
+        ["GGUF Q8_0: Qwen3-30B-A3B-Q8_0.gguf, 32,483,935,392 B (30.25 GiB; planner/gguf.py: llama-quantize's tensor "
          "types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Qwen3-30B-A3B-GGUF (a naming '
          'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py <the Qwen/Qwen3-30B-A3B '
-         'checkpoint directory>, then llama-quantize <f16.gguf> Qwen3-30B-A3B-BF16.gguf BF16',
-         'all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 32 of 48 MoE layers (layers '
-         '0-31) in RAM (--n-cpu-moe 32): GPU 0: 21.88 GiB of 22.50 GiB usable (weights 20.31 GiB + KV 1.50 GiB + '
-         'compute 70.32 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 36.90 GiB of '
+         'checkpoint directory>, then llama-quantize <f16.gguf> Qwen3-30B-A3B-Q8_0.gguf Q8_0',
+         'all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 16 of 48 MoE layers (layers '
+         '0-15) in RAM (--n-cpu-moe 16): GPU 0: 21.95 GiB of 22.50 GiB usable (weights 20.38 GiB + KV 1.50 GiB + '
+         'compute 70.32 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 10.19 GiB of '
          '64.00 GiB',
          '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the '
          'plan sized the cache with it',
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in "
          "what the plan leaves free",
          "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
-         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16",
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q8_0",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
-         'offload), copying 36.00 GiB of weights from RAM for each of its 32 ubatches: TTFT 107.05 s = GPU 3.97 s + '
-         'link 103.08 s at 12 GB/s (pageable: mmapped weights), not the 35.94 s the CPU would take; the KV rows of '
+         'offload), copying 9.56 GiB of weights from RAM for each of its 32 ubatches: TTFT 30.55 s = GPU 3.17 s + '
+         'link 27.38 s at 12 GB/s (pageable: mmapped weights), not the 19.01 s the CPU would take; the KV rows of '
          'layers in RAM crossing the link are not counted']),
     ('moe-experts-in-ram', 'ollama'): (
-        r"""# ollama pull qwen3:30b-a3b-fp16
-FROM qwen3:30b-a3b-fp16
+        r"""# ollama pull qwen3:30b-a3b-q8_0
+FROM qwen3:30b-a3b-q8_0
 PARAMETER num_ctx 16384""",
         ["Ollama v0.32.15: llama-server (llama.cpp b10488) started with Ollama's launch settings and placed by its "
          "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
-         "vramplan's plan: bf16 + bf16 KV, 48/48 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, "
-         "cache f16, placed by llama.cpp's own rules",
-         "Ollama quant fp16 (GGUF F16); tag by ollama.com/library's naming convention: check it is published (BF16 "
-         "is not published: the closest that is)",
-         "all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 32 of 48 MoE layers (layers "
-         "0-31) in RAM (--n-cpu-moe 32): GPU 0: 21.88 GiB of 22.50 GiB usable (weights 20.31 GiB + KV 1.50 GiB + "
-         "compute 68.58 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 45.02 GiB of "
+         "Ollama quant q8_0 (GGUF Q8_0); tag by ollama.com/library's naming convention: check it is published",
+         "all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 16 of 48 MoE layers (layers "
+         "0-15) in RAM (--n-cpu-moe 16): GPU 0: 21.94 GiB of 22.50 GiB usable (weights 20.38 GiB + KV 1.50 GiB + "
+         "compute 68.58 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 18.31 GiB of "
          "64.00 GiB (by llama.cpp's rules; --fit chooses -ngl and the experts kept in RAM itself: it may also move "
          "part of one more layer, and picks which layers' experts stay)",
          "no num_gpu: with num_gpu set Ollama passes -ngl, and llama.cpp's --fit then leaves the placement to it "
          "(common/fit.cpp: \"n_gpu_layers already set by user\")",
          "num_batch 512: Ollama's automatic choice for 16384 tokens of context (server/sched.go "
-         "automaticGenerationBatch: predicted VRAM 57.65 GiB of 23.50 GiB free)",
-         "Ollama will start: llama-server --model '<qwen3:30b-a3b-fp16 blob>' -c 16384 -np 1 --flash-attn auto -b "
+         "automaticGenerationBatch: predicted VRAM 31.00 GiB of 23.50 GiB free)",
+         "Ollama will start: llama-server --model '<qwen3:30b-a3b-q8_0 blob>' -c 16384 -np 1 --flash-attn auto -b "
          "512 -ub 512",
          "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
          "passes no --cache-ram, so the plan counts it in RAM",
          "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
-         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group F16",
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q8_0",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
-         'offload), copying 36.00 GiB of weights from RAM for each of its 32 ubatches: TTFT 107.05 s = GPU 3.97 s + '
-         'link 103.08 s at 12 GB/s (pageable: mmapped weights), not the 35.94 s the CPU would take; the KV rows of '
+         'offload), copying 9.56 GiB of weights from RAM for each of its 32 ubatches: TTFT 30.55 s = GPU 3.17 s + '
+         'link 27.38 s at 12 GB/s (pageable: mmapped weights), not the 19.01 s the CPU would take; the KV rows of '
          'layers in RAM crossing the link are not counted',
-         'ollama pull qwen3:30b-a3b-fp16']),
+         'ollama pull qwen3:30b-a3b-q8_0']),
     ('moe-experts-in-ram', 'transformers'): (
         r"""import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-device_map = {"": 0}  # later, longer entries override earlier ones
-device_map |= {f"model.layers.{i}.mlp.experts": "cpu" for i in range(48)}  # routed experts in RAM
+quantization_config = BitsAndBytesConfig(
+    load_in_4bit=True,
+    bnb_4bit_quant_type="nf4",
+    bnb_4bit_use_double_quant=False,
+    bnb_4bit_compute_dtype=torch.bfloat16,
+)
+device_map = {"": 0}
 model = AutoModelForCausalLM.from_pretrained(
     "Qwen/Qwen3-30B-A3B",
+    quantization_config=quantization_config,
     device_map=device_map,
     dtype=torch.bfloat16,
 )""",
-        ["the experts of 48 layers are mapped to the CPU: accelerate copies them to the GPU on every forward, where "
-         "vramplan's runtime computes them on the CPU"]),
+        ["bnb-nf4 + bf16 KV: every layer on the GPU: vramplan's speed model: the same eager kernels as vramplan's "
+         "runtime"]),
     ('two-gpus', 'vllm'): (
         r"""vllm serve meta-llama/Llama-3.1-70B \
   --max-model-len 8192 \
   --gpu-memory-utilization 0.91 \
   --kv-cache-dtype auto \
-  --quantization mxfp4 \
+  --quantization fp8_per_tensor \
   --tensor-parallel-size 2 \
   --pipeline-parallel-size 2 \
   --distributed-executor-backend ray""",
-        ['needs 2 nodes of rtx-4090-x2 (--nodes 1 given): run it on 2',
+        ["vLLM's weight offload copies each layer's parameters to RAM as the layer is built (vllm-project/vllm "
+         "vllm/model_executor/offloader/uva.py @ v0.33.0 (4ba787ec9)), before --quantization fp8_per_tensor has "
+         "quantized them (they are still on the meta device then): the two do not combine, so no --cpu-offload-gb "
+         "here",
+         'needs 2 nodes of rtx-4090-x2 (--nodes 1 given): run it on 2',
          'start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on '
          'the others); TP inside each node, PP across nodes',
-         "vLLM 0.33.0 per GPU (2 TP x 2 PP on 2 node(s)): 0.91 x 23.49 GiB (CUDA's total) = weights 9.45 GiB + "
-         "profile-run peak 566.50 MiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 9.82 GiB; the rest "
+         "vLLM 0.33.0 per GPU (2 TP x 2 PP on 2 node(s)): 0.91 x 23.49 GiB (CUDA's total) = weights 16.92 GiB + "
+         "profile-run peak 566.50 MiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 2.35 GiB; the rest "
          "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
          'the KV pool is cut in 16-token blocks; 641.25 MiB hold 1 sequence(s) of 8192 tokens; the pool holds about '
-         '15',
+         '3',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
          'above are estimates (see the assumptions)',
-         "vLLM 0.33.0 has no bitsandbytes and no quanto: bnb-nf4-dq maps to --quantization mxfp4 (MXFP4 weights "
-         "quantized while loading: 4-bit values with a power-of-two scale per 32, 0.53 B/param; W4A16 Marlin where "
-         "FlashInfer's FP4 kernels do not run); its power-of-two scales round more coarsely than NF4's"]),
+         'vLLM 0.33.0 has no bitsandbytes and no quanto: fp8_per_tensor maps to --quantization fp8_per_tensor (FP8 '
+         'E4M3 weights quantized while loading, a per-tensor scale; `fp8` is its deprecated name; W8A16 Marlin below '
+         'compute capability 8.9)']),
     ('two-gpus', 'llama.cpp'): (
         r"""llama-server \
   -m Llama-3.1-70B-Q4_K_M.gguf \
@@ -396,9 +399,7 @@ model = AutoModelForCausalLM.from_pretrained(
   -ngl 81 \
   -ts 43,38 \
   -fa on""",
-        ["vramplan's plan: bnb-nf4-dq + bf16 KV, 80/80 layers on the GPU; llama.cpp runs GGUF: closest file type "
-         "Q4_K_M, cache f16, placed by llama.cpp's own rules",
-         "GGUF Q4_K_M: Llama-3.1-70B-Q4_K_M.gguf, 42,520,400,320 B (39.60 GiB; planner/gguf.py: llama-quantize's "
+        ["GGUF Q4_K_M: Llama-3.1-70B-Q4_K_M.gguf, 42,520,400,320 B (39.60 GiB; planner/gguf.py: llama-quantize's "
          "tensor types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-70B-GGUF (a naming '
          'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py <the meta-llama/Llama-3.1-70B '
@@ -419,8 +420,6 @@ FROM llama3.1:70b-text-q4_K_M
 PARAMETER num_ctx 8192""",
         ["Ollama v0.32.15: llama-server (llama.cpp b10488) started with Ollama's launch settings and placed by its "
          "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
-         "vramplan's plan: bnb-nf4-dq + bf16 KV, 80/80 layers on the GPU; llama.cpp runs GGUF: closest file type "
-         "Q4_K_M, cache f16, placed by llama.cpp's own rules",
          "Ollama quant q4_K_M (GGUF Q4_K_M); tag by ollama.com/library's naming convention: check it is published",
          "all 80 layers and the output layer on the GPU (-ngl 81): GPU 0: 22.10 GiB of 22.50 GiB usable (weights "
          "20.53 GiB + KV 1.34 GiB + compute 240.00 MiB); GPU 1: 19.91 GiB of 22.50 GiB usable (weights 18.52 GiB + "
@@ -455,7 +454,8 @@ model = AutoModelForCausalLM.from_pretrained(
     device_map=device_map,
     dtype=torch.bfloat16,
 )""",
-        []),
+        ["bnb-nf4-dq + bf16 KV: every layer on the GPU: vramplan's speed model: the same eager kernels as vramplan's "
+         "runtime"]),
     ('cpu-only', 'vllm'): (
         r"""""",
         ["vLLM: hardware 'cpu-epyc-server' has no GPU; vramplan plans vLLM on CUDA GPUs only (vLLM's CPU and Apple "
@@ -463,42 +463,39 @@ model = AutoModelForCausalLM.from_pretrained(
          'no vllm serve command']),
     ('cpu-only', 'llama.cpp'): (
         r"""llama-server \
-  -m Llama-3.1-8B-BF16.gguf \
+  -m Llama-3.1-8B-Q8_0.gguf \
   -c 8192 \
   -ngl 0 \
-  -fa on""",
-        ["vramplan's plan: bf16 + bf16 KV, 0/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, "
-         "cache f16, placed by llama.cpp's own rules",
-         "GGUF BF16: Llama-3.1-8B-BF16.gguf, 16,068,898,016 B (14.97 GiB; planner/gguf.py: llama-quantize's tensor "
+  -fa on \
+  -ctk q8_0 \
+  -ctv q8_0""",
+        ["GGUF Q8_0: Llama-3.1-8B-Q8_0.gguf, 8,540,777,696 B (7.95 GiB; planner/gguf.py: llama-quantize's tensor "
          "types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Llama-3.1-8B-GGUF (a naming '
          'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py <the meta-llama/Llama-3.1-8B '
-         'checkpoint directory>, then llama-quantize <f16.gguf> Llama-3.1-8B-BF16.gguf BF16',
-         'all 32 layers computed by the CPU (no GPU): RAM 16.15 GiB of 768.00 GiB',
+         'checkpoint directory>, then llama-quantize <f16.gguf> Llama-3.1-8B-Q8_0.gguf Q8_0',
+         'all 32 layers computed by the CPU (no GPU): RAM 8.67 GiB of 768.00 GiB',
          '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the '
          'plan sized the cache with it',
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in "
          "what the plan leaves free",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp"]),
     ('cpu-only', 'ollama'): (
-        r"""# ollama pull llama3.1:8b-text-fp16
-FROM llama3.1:8b-text-fp16
+        r"""# ollama pull llama3.1:8b-text-q8_0
+FROM llama3.1:8b-text-q8_0
 PARAMETER num_ctx 8192""",
         ["Ollama v0.32.15: llama-server (llama.cpp b10488) started with Ollama's launch settings and placed by its "
          "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
-         "vramplan's plan: bf16 + bf16 KV, 0/32 layers on the GPU; llama.cpp runs GGUF: closest file type BF16, "
-         "cache f16, placed by llama.cpp's own rules",
-         "Ollama quant fp16 (GGUF F16); tag by ollama.com/library's naming convention: check it is published (BF16 "
-         "is not published: the closest that is)",
-         'all 32 layers computed by the CPU (no GPU): RAM 24.39 GiB of 768.00 GiB',
+         "Ollama quant q8_0 (GGUF Q8_0); tag by ollama.com/library's naming convention: check it is published",
+         'all 32 layers computed by the CPU (no GPU): RAM 17.38 GiB of 768.00 GiB',
          "num_batch 1024: Ollama's automatic choice for 8192 tokens of context (server/sched.go "
          "automaticGenerationBatch: no GPU: the context alone decides)",
-         "Ollama will start: llama-server --model '<llama3.1:8b-text-fp16 blob>' -c 8192 -np 1 --flash-attn auto -b "
+         "Ollama will start: llama-server --model '<llama3.1:8b-text-q8_0 blob>' -c 8192 -np 1 --flash-attn auto -b "
          "1024 -ub 1024",
          "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
          "passes no --cache-ram, so the plan counts it in RAM",
          "llama.cpp speed is predicted with vramplan's roofline; uncalibrated for llama.cpp",
-         'ollama pull llama3.1:8b-text-fp16']),
+         'ollama pull llama3.1:8b-text-q8_0']),
     ('cpu-only', 'transformers'): (
         r"""import torch
 from transformers import AutoModelForCausalLM
@@ -509,7 +506,10 @@ model = AutoModelForCausalLM.from_pretrained(
     device_map=device_map,
     dtype=torch.bfloat16,
 )""",
-        []),
+        ["bf16 + bf16 KV: on the CPU; not predicted: on the CPU vramplan calls torch's kernels itself (bf16 by GEMV, "
+         "quanto's int8/int4 without its dispatch, lm_head in int8 rows), plain transformers does not (it decoded at "
+         "0.69-1.04x of vramplan's speed in the two runs of bench/results/vs-engines-cpu-dev*.md, 0.59-0.97x in "
+         "three runs before them)"]),
     ('405b-two-nodes', 'vllm'): (
         r"""vllm serve meta-llama/Llama-3.1-405B \
   --max-model-len 32768 \
@@ -518,7 +518,10 @@ model = AutoModelForCausalLM.from_pretrained(
   --tensor-parallel-size 8 \
   --pipeline-parallel-size 2 \
   --distributed-executor-backend ray""",
-        ['start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on '
+        ["vLLM's own choice among 6 formats x caches: no speed is predicted for what runs here: the most of the "
+         "model on the GPU among the options that keep the quality floor, then the best quality (~0.0 % perplexity "
+         "over bf16)",
+         'start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on '
          'the others); TP inside each node, PP across nodes',
          "vLLM 0.33.0 per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.15 GiB (CUDA's total) = weights 47.25 GiB + "
          "profile-run peak 2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 25.65 GiB; the rest "
@@ -532,26 +535,27 @@ model = AutoModelForCausalLM.from_pretrained(
   --max-model-len 32768 \
   --gpu-memory-utilization 0.97 \
   --kv-cache-dtype auto \
-  --tensor-parallel-size 8 \
-  --pipeline-parallel-size 2 \
-  --distributed-executor-backend ray""",
-        ['needs 2 nodes of h100-sxm-x8 (--nodes 1 given): run it on 2',
-         'start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on '
-         'the others); TP inside each node, PP across nodes',
-         "vLLM 0.33.0 per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.15 GiB (CUDA's total) = weights 47.25 GiB + "
-         "profile-run peak 2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 25.65 GiB; the rest "
-         "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
-         'the KV pool is cut in 16-token blocks; 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds '
-         'about 26',
+  --quantization fp8_per_tensor \
+  --tensor-parallel-size 2 \
+  --pipeline-parallel-size 3""",
+        ["vLLM's own choice among 6 formats x caches: no speed is predicted for what runs here: the most of the "
+         "model on the GPU among the options that keep the quality floor, then the best quality (~0.5 % perplexity "
+         "over bf16)",
+         "vLLM 0.33.0 per GPU (2 TP x 3 PP on 1 node(s)): 0.97 x 79.15 GiB (CUDA's total) = weights 64.30 GiB + "
+         "profile-run peak 3.34 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 7.58 GiB; the rest holds "
+         "the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
+         'the KV pool is cut in 16-token blocks; 2.63 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 2',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
-         'above are estimates (see the assumptions)']),
+         'above are estimates (see the assumptions)',
+         'vLLM 0.33.0 has no bitsandbytes and no quanto: fp8_per_tensor maps to --quantization fp8_per_tensor (FP8 '
+         'E4M3 weights quantized while loading, a per-tensor scale; `fp8` is its deprecated name; W8A16 Marlin below '
+         'compute capability 8.9)']),
 }
 
 
-# vLLM 0.33 has no bitsandbytes: the 70B's 4-bit plans become --quantization mxfp4, which its weight offload cannot
-# take (70b-offloaded) and which does not leave 2 x 24 GB room for 8k at TP 2 (two-gpus): both need more nodes.
-FITS = {"70b-offloaded": {"vllm": False}, "two-gpus": {"vllm": False}, "cpu-only": {"vllm": False},
-        "405b-one-node": {"vllm": False}}
+# vLLM's own search: no format of a 70B fits one 24 GB card (70b-offloaded) or two (two-gpus) within vLLM's rules on
+# one node; 405B fits one node of 8 H100s in fp8 (bf16 needs two); a CPU has no vLLM.
+FITS = {"70b-offloaded": {"vllm": False}, "two-gpus": {"vllm": False}, "cpu-only": {"vllm": False}}
 
 
 @pytest.mark.parametrize("case, engine", list(GOLDEN), ids=lambda x: x)
@@ -877,26 +881,29 @@ def test_ollama_from_names_the_planned_model_base_or_instruct():
         tag, said = ollama_tag(replace(LLAMA_8B, name=hub_id), "Q4_K_M")
         assert tag is None and "is the instruct model, a different one" in said
     text = export_text("70b-offloaded", "ollama")  # meta-llama/Llama-3.1-70B, the base model
-    assert "FROM llama3.1:70b-text-q4_K_M" in text and "instruct" not in body(text)
+    assert "FROM llama3.1:70b-text-q" in text and "instruct" not in body(text)
 
 
 def test_transformers_quanto_cannot_split_and_says_so():
+    """Plain transformers' own search with --quant quanto-int4 for a 70B on a 4090: quanto's loader refuses the
+    device_map a split needs, so nothing fits, and the export says why."""
     spec, hw, p = CASES["70b-offloaded"]()
-    p = replace(p, chosen=replace(p.chosen, choice=replace(p.choice, weight_quant="quanto-int4"),
-                                  weight_quant="quanto-int4"))
+    p = replace(p, request=replace(p.request, quant=("quanto-int4",)))
     export = emit("transformers", spec, hw, p)
-    assert not export.fits and "quanto loader refuses a device_map with CPU entries" in export.notes[0]
-    assert 'QuantoConfig(\n    weights="int4",\n)' in export.text
+    assert not export.fits and "quanto loader refuses a device_map with CPU entries" in export.text
+    spec8 = model_spec("llama-3.1-8b")
+    small = plan_for_engine(spec8, hw, Request(context=8192, quant=("quanto-int4",)))
+    assert 'QuantoConfig(\n    weights="int4",\n)' in emit("transformers", spec8, hw, small).text
 
 
 def test_emit_refuses_what_the_plan_cannot_feed():
     from vramplan.planner.engines import check_emit
 
-    with pytest.raises(PlanError, match="--emit vllm needs vramplan's plan"):
-        check_emit("vllm", "llama.cpp")
     with pytest.raises(PlanError, match="unknown --emit engine"):
         check_emit("tgi", "vramplan")
-    check_emit("ollama", "llama.cpp")
+    for planning in ("vramplan", "llama.cpp", "ollama", "transformers"):  # every export plans the request its way
+        for engine in ("vllm", "llama.cpp", "ollama", "transformers"):
+            check_emit(engine, planning)
 
 
 def test_llamacpp_export_caps_the_prompt_cache_at_what_the_plan_leaves_free():
@@ -937,7 +944,7 @@ def test_ollama_modelfile_leaves_the_placement_to_llamacpp_fit():
     """Qwen3-30B-A3B bf16 at 32k on a 4090: the Modelfile of Ollama's earlier estimator pinned num_gpu 19 (30 whole
     layers on the CPU); with num_gpu set Ollama passes -ngl and llama.cpp's --fit aborts. Now no num_gpu, and the plan
     is llama.cpp's for Ollama's launch: every layer on the GPU, the experts of 33 layers in RAM, as --emit llama.cpp."""
-    spec, hw, p = hand_plan("Qwen/Qwen3-30B-A3B", RTX4090, Request(context=32768), weight_quant="bf16",
+    spec, hw, p = hand_plan("Qwen/Qwen3-30B-A3B", RTX4090, Request(context=32768, quant=("bf16",)), weight_quant="bf16",
                             kv_dtype="bf16", gpu_layers=48, offload=OffloadMode.NONE, embeddings_on_gpu=True,
                             moe_layers=48, **GPU)
     o, ll = emit("ollama", spec, hw, p), emit("llama.cpp", spec, hw, p)
@@ -974,9 +981,10 @@ def test_ollama_plan_is_llamacpp_under_ollamas_launch():
     # the compute buffer: a 1024-token ubatch, a mask over one stream, 4 logits rows
     scratch = 1024 * (4 * 4096 + 3 * 14336) * 4 + 1024 * 8192 * 2
     assert rules.compute_buffer_bytes(LLAMA_8B, req, with_logits=True, slots=server.slots) == scratch + 128256 * 4 * 4
-    q, _ = plan_ollama(LLAMA_8B, RTX4090, req, ("Q4_K_M",))
+    q = plan_ollama(LLAMA_8B, RTX4090, req)
     same = llamacpp.plan_llamacpp(LLAMA_8B, RTX4090, req, server)
-    assert q.to_dict() == same.to_dict() and q.chosen.choice.gpu_layers == 32
+    assert q.chosen.to_dict() == same.chosen.to_dict() and q.chosen.choice.gpu_layers == 32
+    assert q.request.engine == "ollama" and "prompt_cache_bytes" in q.constants
 
 
 @pytest.mark.parametrize("context, predicted_gib, available_gib, want", [

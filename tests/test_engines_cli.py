@@ -53,7 +53,7 @@ def test_emit_with_json_adds_an_emit_object(capsys):
     assert d["emit"]["constants"]["ollama_version"]["value"] == "v0.32.15"
     assert d["emit"]["constants"]["fit_target_margin_bytes"]["value"] == 1024**3
     assert "minimum_memory_bytes" not in d["emit"]["constants"]
-    assert d["emit"]["details"]["plan"]["request"]["engine"] == "llama.cpp"
+    assert d["emit"]["details"]["plan"]["request"]["engine"] == "ollama"  # Ollama's own plan of the request
 
 
 def test_emit_exit_code_follows_the_export(capsys):
@@ -62,11 +62,10 @@ def test_emit_exit_code_follows_the_export(capsys):
 
 
 @pytest.mark.parametrize("extra, says", [
-    (("--engine", "tgi"), "the engine must be one of vramplan, llama.cpp, got 'tgi'"),
+    (("--engine", "tgi"), "the engine must be one of vramplan, llama.cpp, ollama, transformers, got 'tgi'"),
     (("--nodes", "0"), "the number of nodes must be between 1 and 1024, got 0"),
     (("--emit", "tgi"), "--emit 'tgi': choose one of vllm, llama.cpp, ollama, transformers"),
-    (("--engine", "llama.cpp", "--emit", "vllm"), "--emit vllm needs vramplan's plan"),
-    (("--engine", "llama.cpp", "--emit", "transformers"), "--emit transformers needs vramplan's plan"),
+    (("--engine", "ollama", "--gpu-layers", "3"), "Ollama places layers by llama.cpp's --fit itself"),
     (("--engine", "llama.cpp", "--quant", "bnb-nf4"), "unknown GGUF file type 'BNB-NF4'"),
     (("--engine", "llama.cpp", "--kv-dtype", "fp8"), "unknown llama.cpp KV cache type 'fp8'"),
     (("--engine", "llama.cpp", "--offload", "stream"), "it has no stream mode"),

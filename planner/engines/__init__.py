@@ -22,38 +22,41 @@ from . import hf_transformers, llamacpp, ollama, vllm
 from . import vramplan as own
 from .common import EMIT_ENGINES, Engine, EngineAnswer, Export
 
+
+def _vramplan_plan(spec: ModelSpec, hw: HardwareProfile, req: Request, *, contexts: bool = True) -> Plan:
+    from ..engine import plan_with
+    from ..search import VRAMPLAN
+
+    return plan_with(VRAMPLAN, spec, hw, req, contexts=contexts)
+
+
 # Every engine behind the interface, vramplan's first: the order of `vramplan plan`'s table of engines.
 ENGINES: tuple[Engine, ...] = (
-    Engine(own.ENGINE, own.answer, None),
-    Engine(llamacpp.ENGINE, llamacpp.answer, llamacpp.export_llamacpp),
-    Engine(ollama.ENGINE, ollama.answer, ollama.export_ollama),
-    Engine(vllm.ENGINE, vllm.answer, vllm.export_vllm, needs_vramplan_plan=True),
-    Engine(hf_transformers.ENGINE, hf_transformers.answer, hf_transformers.export_transformers,
-           needs_vramplan_plan=True),
+    Engine(own.ENGINE, _vramplan_plan, own.row, None),
+    Engine(llamacpp.ENGINE, llamacpp.plan_llamacpp, llamacpp.row, llamacpp.export_llamacpp),
+    Engine(ollama.ENGINE, ollama.plan_ollama, ollama.row, ollama.export_ollama),
+    Engine(vllm.ENGINE, None, None, vllm.export_vllm, answer=vllm.answer),
+    Engine(hf_transformers.ENGINE, hf_transformers.transformers_plan, hf_transformers.row,
+           hf_transformers.export_transformers),
 )
 BY_NAME = {e.name: e for e in ENGINES}
 
 
 def plan_for_engine(spec: ModelSpec, hw: HardwareProfile, req: Request) -> Plan:
-    """The plan by `req.engine`'s rules; vramplan's also carries every engine's answer to the same request
-    (`planner.engines.compare`) and which is fastest here."""
-    if req.engine == llamacpp.ENGINE:
-        return llamacpp.plan_llamacpp(spec, hw, req)
-    from ..search import plan
+    """The plan by `req.engine`'s own search, with every engine's own answer to the same request beside it (one row
+    each, the planning engine's from this very plan) and which is fastest here."""
     from .compare import engine_rows, fastest
 
-    p = plan(spec, hw, req)
+    main = BY_NAME[req.engine]
+    p = main.plan(spec, hw, req)
     rows = engine_rows(ENGINES, spec, hw, req, p)
     return replace(p, engines=rows, fastest_engine=fastest(p, rows))
 
 
 def check_emit(engine: str, planning_engine: str) -> None:
-    """Refuse an export name it does not know, or one the planning engine cannot feed, before any planning."""
+    """Refuse an export name it does not know, before any planning."""
     if engine not in EMIT_ENGINES:
         raise PlanError(f"unknown --emit engine {engine!r}; choose one of: {', '.join(EMIT_ENGINES)}")
-    if planning_engine == llamacpp.ENGINE and BY_NAME[engine].needs_vramplan_plan:
-        raise PlanError(f"--emit {engine} needs vramplan's plan (its weight schemes); a --engine llama.cpp plan "
-                        "exports to llama.cpp or ollama")
 
 
 def emit(engine: str, spec: ModelSpec, hw: HardwareProfile, plan: Plan) -> Export:

@@ -151,15 +151,40 @@ class EngineAnswer:
     decode_vs_plan: float | None = None
     tag: str | None = None  # Ollama's library tag
     launch: str | None = None  # Ollama's launch settings
+    quality_cost_pct: float | None = None  # perplexity its formats add over bf16, as its plans rank it
+    notes: tuple[str, ...] = ()  # how the request was put in this engine's words (planner.engine.request_for)
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None or k in ("decode_tokens_per_s", "ttft_s")}
+        d = {k: v for k, v in asdict(self).items() if v is not None or k in ("decode_tokens_per_s", "ttft_s")}
+        d["notes"] = list(self.notes)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "EngineAnswer":
         """An answer back from a saved plan; keys this version does not know are left out."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        out = cls(**{k: v for k, v in d.items() if k in known})
+        out.notes = tuple(str(n) for n in out.notes or ())
+        return out
+
+    @classmethod
+    def of_plan(cls, engine: str, p, how: str, speed_from: str, plan_decode: float | None, *, extra: str = "",
+                notes=()) -> "EngineAnswer":
+        """An engine's row from its own plan (planner.engine's loop): its chosen format, cache, placement and
+        prediction, or why nothing fits."""
+        if not p.fits:
+            first = p.candidates[0] if p.candidates else None
+            return cls(engine=engine, weight_quant=first.weight_quant if first else "-",
+                       kv_dtype=first.kv_dtype if first else "-", fits=False, how=how,
+                       reason=p.reasons[0] if p.reasons else "nothing fits", notes=tuple(notes))
+        c = p.chosen
+        a = cls(engine=engine, weight_quant=c.weight_quant, kv_dtype=c.kv_dtype, fits=True, how=how,
+                quality_cost_pct=c.quality_cost_pct, notes=tuple(notes))
+        a.with_layers(c.choice, extra)
+        if c.speed is None:  # an engine that does not predict this placement's speed
+            a.max_context_tokens, a.speed_from = c.max_context_tokens or None, speed_from
+            return a
+        return a.with_speed(c.speed, c.max_context_tokens, speed_from, plan_decode)
 
     def with_layers(self, c: Choice, extra: str = "") -> "EngineAnswer":
         """Its placement from a Choice: the layers on the GPU (or the CPU), the experts in RAM."""
@@ -205,11 +230,14 @@ class FastestEngine:
 
 @record
 class Engine:
-    """One engine behind the interface: its name, its answer to a request vramplan planned
-    (`answer(spec, hw, req, plan) -> EngineAnswer`), its export of a plan (`export(spec, hw, plan) -> Export`), and
-    whether that export needs vramplan's own plan (its weight schemes) rather than a GGUF one."""
+    """One engine behind the interface: its name; its own plan of a request (`plan(spec, hw, req) -> Plan`, the
+    planner.engine loop over its search; None for vLLM, whose layouts are no Plan); its row of the engine table from
+    that plan (`row(spec, hw, plan, plan_decode, notes) -> EngineAnswer`), or from a request where it has no Plan
+    (`answer(spec, hw, req, plan_decode)`); and its export of a plan's request (`export(spec, hw, plan) -> Export`:
+    the engine's own answer to that request, written as its command)."""
 
     name: str
-    answer: Callable
-    export: Callable
-    needs_vramplan_plan: bool = False
+    plan: Callable | None
+    row: Callable | None
+    export: Callable | None
+    answer: Callable | None = None

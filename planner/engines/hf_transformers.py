@@ -12,7 +12,11 @@ The layer and module names come from the model's tensor names. Pure: this writes
 
 from __future__ import annotations
 
-from ..choice import OffloadMode
+from dataclasses import replace
+
+from ..choice import Choice, OffloadMode
+from ..engine import Outcome, nothing_fits_reasons, plan_with, request_for
+from ..plan import Candidate
 from ..modelspec import ModelSpec, Role
 from ..hardware import HardwareProfile
 from ..memory import ram_capacity, weight_costs
@@ -31,13 +35,12 @@ def _offloads(c) -> bool:
     return c.on_gpu and c.offload is not OffloadMode.NONE
 
 
-def bnb_cpu_ram_bytes(spec: ModelSpec, p: Plan) -> int:
-    """Host RAM transformers + accelerate takes for the plan's split: the plan's RAM, with every module mapped to the
-    CPU at the load dtype where bitsandbytes quantizes (`llm_int8_enable_fp32_cpu_offload=True` leaves them
-    unquantized: the CPU-mapped layers, and the routed experts kept in RAM)."""
-    c = p.choice
+def bnb_cpu_ram_bytes(spec: ModelSpec, c: Choice, ram: int) -> int:
+    """Host RAM transformers + accelerate takes for a split (`ram`: what the placement puts in RAM as vramplan counts
+    it), with every module mapped to the CPU at the load dtype where bitsandbytes quantizes
+    (`llm_int8_enable_fp32_cpu_offload=True` leaves them unquantized: the CPU-mapped layers, and the routed experts
+    kept in RAM)."""
     s = SCHEMES[c.weight_quant]
-    ram = p.memory.cpu.total_bytes
     if s.backend != "bnb" or not c.on_gpu:
         return ram
     quantized, plain = weight_costs(spec, s), weight_costs(spec, SCHEMES[LOAD_SCHEME[s.compute_dtype]])
@@ -51,14 +54,137 @@ def bnb_cpu_ram_bytes(spec: ModelSpec, p: Plan) -> int:
 LOAD_SCHEME = {"bfloat16": "bf16", "float16": "fp16"}
 
 
-def _bnb_ram_refusal(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> str | None:
-    """Why the plan's split does not fit transformers' RAM (bitsandbytes' unquantized CPU modules), or None."""
-    need, capacity = bnb_cpu_ram_bytes(spec, p), ram_capacity(hw, p.request)
+def _split_refusal(spec: ModelSpec, c: Choice, mem, capacity: int) -> str | None:
+    """Why transformers cannot run a split placement that vramplan's counting fits: quanto refuses a device_map with
+    CPU entries; bitsandbytes keeps CPU-mapped modules unquantized (their RAM over `capacity`)."""
+    s = SCHEMES[c.weight_quant]
+    if s.backend == "quanto":
+        return "transformers' quanto loader refuses a device_map with CPU entries"
+    need = bnb_cpu_ram_bytes(spec, c, mem.cpu.total_bytes)
     if need <= capacity:
         return None
     return (f"transformers' bitsandbytes offload keeps the CPU-mapped modules unquantized "
-            f"({LOAD_SCHEME[SCHEMES[p.choice.weight_quant].compute_dtype]}): RAM needs {format_bytes(need)} of "
-            f"{format_bytes(capacity)}")
+            f"({LOAD_SCHEME[s.compute_dtype]}): RAM needs {format_bytes(need)} of {format_bytes(capacity)}")
+
+
+# ---------------------------------------------------------------- its own search
+# Accelerate's offload and the CPU are not priced (module docstring): these say so in the row and the plan.
+SPLIT_UNPRICED = ("not predicted: accelerate's offload is not modeled (5-17x slower than vramplan's stream engine, "
+                  "measured on an H200)")
+CPU_UNPRICED = ("not predicted: on the CPU vramplan calls torch's kernels itself (bf16 by GEMV, quanto's int8/int4 "
+                "without its dispatch, lm_head in int8 rows), plain transformers does not (it decoded at 0.69-1.04x of "
+                "vramplan's speed in the two runs of bench/results/vs-engines-cpu-dev*.md, 0.59-0.97x in three runs "
+                "before them)")
+RESIDENT_PRICED = "vramplan's speed model: the same eager kernels as vramplan's runtime"
+
+
+def transformers_candidates(spec: ModelSpec, hw: HardwareProfile, req: Request, contexts: bool = True
+                            ) -> list[Candidate]:
+    """Every scheme x KV dtype plain transformers loads (vramplan's weight-only schemes: w8a8 is vramplan's own CPU
+    kernel), each with the placement it makes: every layer on the GPU (priced as vramplan's eager decode: the same
+    kernels), else an accelerate device_map, the routed experts or the last layers mapped to the CPU and copied to
+    the GPU on every forward (KV on the GPU, as for vramplan's stream mode; not priced), within its own refusals; on a
+    machine without a GPU, on the CPU (not priced)."""
+    from ..memory import Placement
+    from ..search import (choice_of, device_refusal, experts_in_ram, footprint, kv_refusal, max_resident_context,
+                          overflow_reason, placement_at, bisect_max)
+    from ..speed import estimate
+    from ..work import read_bytes_per_layer
+
+    schemes = [SCHEMES[q] for q in req.quant] if req.quant else [s for s in SCHEMES.values()
+                                                                 if s.activation_bits == 16]
+    kvs = [KV_SCHEMES[k] for k in req.kv_dtype] if req.kv_dtype else list(KV_SCHEMES.values())
+    L, cap = spec.num_layers, ram_capacity(hw, req)
+    out = []
+    for s in schemes:
+        weights, read = weight_costs(spec, s, not hw.has_gpu), read_bytes_per_layer(spec, s, req.batch)
+        for k in kvs:
+            base = dict(weight_quant=s.name, kv_dtype=k.name,
+                        quality_cost_pct=s.quality.ppl_increase_pct + k.quality.ppl_increase_pct)
+            if why := device_refusal(s, hw) or kv_refusal(spec, k):
+                out.append(Candidate(**base, fits=False, reason=why))
+                continue
+            fp = footprint(spec, hw, req, s, k, weights)
+            forced_e = req.forced_expert_layers(fp.moe_layers) if req.expert_placement is not None else 0
+            if not hw.has_gpu:
+                tries = [Placement(())]
+            elif req.gpu_layers is not None and req.gpu_layers < L:
+                tries = [placement_at(fp, req.gpu_layers, OffloadMode.STREAM, forced_e, best_effort=True)]
+            else:
+                full = placement_at(fp, L, OffloadMode.NONE, forced_e, best_effort=True)
+                experts = experts_in_ram(fp, L, OffloadMode.NONE) if not forced_e else None
+                n = bisect_max(lambda m: placement_at(fp, m, OffloadMode.STREAM) is not None, 0, L - 1)
+                split = placement_at(fp, n, OffloadMode.STREAM) if n >= 0 else None
+                tries = [p for p in (full, experts, split) if p is not None]
+            best = _best_of(spec, hw, req, s, k, fp, tries, base, cap, read, choice_of, overflow_reason, estimate)
+            if contexts and best.memory is not None:
+                best = replace(best, max_context_tokens=max_resident_context(spec, hw, req, s, k, weights))
+            out.append(best)
+    return out
+
+
+def _best_of(spec, hw, req, s, k, fp, tries, base, cap, read, make_choice, overflow, estimate) -> Candidate:
+    """The first placement of `tries` transformers runs (priced when every layer is on the GPU), or why none does."""
+    reason = ""
+    for p in tries:
+        c = make_choice(spec, s, k, hw, p)
+        mem = fp.breakdown(c)
+        if mem.over is not None:
+            reason = reason or overflow(mem, c)
+            continue
+        split = c.on_gpu and (c.offload is not OffloadMode.NONE or c.expert_layers_on_cpu)
+        if split and (refused := _split_refusal(spec, c, mem, cap)):
+            reason = refused
+            continue
+        if c.on_gpu and not split:
+            speed = estimate(spec, hw, req, s, k, c, fp.costs, read)
+            return Candidate(**base, fits=True, choice=c, memory=mem, speed=speed,
+                             reason=f"every layer on the GPU: {RESIDENT_PRICED}")
+        how = SPLIT_UNPRICED if split else CPU_UNPRICED
+        where = (f"an accelerate device_map: {c.offloaded_layers} layers" if c.offload is not OffloadMode.NONE else
+                 f"the experts of {c.expert_layers_on_cpu} layers") + " mapped to the CPU" if split else "on the CPU"
+        return Candidate(**base, fits=True, choice=c, memory=mem, reason=f"{where}; {how}")
+    c = make_choice(spec, s, k, hw, tries[0]) if tries else None
+    return Candidate(**base, fits=False, choice=c, memory=fp.breakdown(c) if c else None,
+                     reason=reason or "no placement")
+
+
+def transformers_plan(spec: ModelSpec, hw: HardwareProfile, req: Request, *, contexts: bool = True) -> Plan:
+    """Plain transformers' own plan for the request (its row in the engine table, what --emit transformers writes)."""
+    return plan_with(TRANSFORMERS, spec, hw, req, contexts=contexts)
+
+
+class TransformersEngine:
+    """Plain transformers + accelerate behind the Engine protocol (planner.engine)."""
+
+    name = ENGINE
+
+    def check(self, spec: ModelSpec, hw: HardwareProfile, req: Request) -> tuple[Request, list[str]]:
+        from ..search import VRAMPLAN
+
+        return VRAMPLAN.check(spec, hw, replace(req, offload=None, compiled=False))
+
+    def candidates(self, spec, hw, req, *, contexts: bool = True) -> list[Candidate]:
+        return transformers_candidates(spec, hw, req, contexts)
+
+    def resident_context(self, spec, hw, req, chosen: Candidate) -> int:
+        from ..search import VRAMPLAN
+
+        return VRAMPLAN.resident_context(spec, hw, req, chosen)
+
+    def constants(self, spec, hw, req, cands) -> dict:
+        from ..search import VRAMPLAN
+
+        return VRAMPLAN.constants(spec, hw, req, cands)
+
+    def nothing_fits(self, spec, hw, req, cands) -> Outcome:
+        return Outcome(reasons=nothing_fits_reasons(cands, " transformers' loading"))
+
+    def explain(self, spec, hw, req, chosen: Candidate) -> Outcome:
+        return Outcome()
+
+
+TRANSFORMERS = TransformersEngine()
 
 
 def _module_names(spec: ModelSpec) -> tuple[str, str | None]:
@@ -133,42 +259,41 @@ def _cache_lines(kv: str) -> list[str]:
             "from transformers.cache_utils import QuantizedCache", f"cache = {call}"]
 
 
+def transformers_plan_of(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> tuple[Plan, list[str]]:
+    """Plain transformers' own plan for the request of `p`, and how the request was put in its words."""
+    req, notes = request_for(ENGINE, p.request, hw)
+    return transformers_plan(spec, hw, req), notes
+
+
 def export_transformers(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
-    if not p.fits:
-        notes = ["transformers: vramplan's plan found nothing that fits; no snippet"]
+    """--emit transformers: plain transformers' own plan for the request (its row) as a from_pretrained snippet."""
+    q, notes = transformers_plan_of(spec, hw, p)
+    if not q.fits:
+        notes.append(f"transformers: {q.reasons[0]}; no snippet")
         return Export(engine=ENGINE, fits=False, text=commented(notes, "# no snippet"), notes=tuple(notes))
-    c = p.choice
+    c = q.choice
     s = SCHEMES[c.weight_quant]
-    notes, fits = [], True
     dtype = "torch.float16" if s.compute_dtype == "float16" else "torch.bfloat16"
     offloads = _offloads(c)
     imports = ["AutoModelForCausalLM"]
     body = []
+    notes.append(f"{c.weight_quant} + {c.kv_dtype} KV: {q.chosen.reason}")
     if s.quantized:
         name, config = _quantization(c.weight_quant)
         imports.append(name)
         if (offloads or c.expert_layers_on_cpu) and s.backend == "bnb":
             config.append("    llm_int8_enable_fp32_cpu_offload=True,")
             notes.append("transformers' bitsandbytes offload keeps the CPU-mapped modules unquantized in RAM "
-                         f"({format_bytes(bnb_cpu_ram_bytes(spec, p))} in all), unlike vramplan's runtime, which "
-                         "keeps them quantized")
-            if (refusal := _bnb_ram_refusal(spec, hw, p)) is not None:
-                fits = False
-                notes.append(f"does not fit: {refusal}")
-        if offloads and s.backend == "quanto":
-            fits = False
-            notes.append("transformers' quanto loader refuses a device_map with CPU entries: this snippet raises; "
-                         "plain transformers can run this scheme only with every layer on the GPU (or run the plan "
-                         "with `vramplan run`)")
+                         f"({format_bytes(bnb_cpu_ram_bytes(spec, c, q.memory.cpu.total_bytes))} in all), unlike "
+                         "vramplan's runtime, which keeps them quantized")
         body += ["quantization_config = " + config[0], *config[1:], ")"]
     if c.expert_layers_on_cpu:
         notes.append(f"the experts of {c.expert_layers_on_cpu} layers are mapped to the CPU: accelerate copies them "
                      "to the GPU on every forward, where vramplan's runtime computes them on the CPU")
     if offloads:
-        mode = ("streamed to the GPU with prefetch" if c.offload is OffloadMode.STREAM else "computed by the CPU")
         notes.append(f"the {c.offloaded_layers} CPU-mapped layers are copied to the GPU on every forward by accelerate "
-                     f"(no prefetch); vramplan's runtime has them {mode}")
-    body += _device_map(spec, p)
+                     "(no prefetch), where vramplan's runtime streams them with prefetch or computes them on the CPU")
+    body += _device_map(spec, q)
     args = [f"    {python_str(model_location(spec))},"]
     if s.quantized:
         args.append("    quantization_config=quantization_config,")
@@ -182,47 +307,17 @@ def export_transformers(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export
                      "bit-identical tensors (its scales' dtype and rounding differ), and a speed vramplan has not "
                      "measured")
     code = "\n".join(["import torch", f"from transformers import {', '.join(imports)}", *extra, "", *body])
-    return Export(engine=ENGINE, fits=fits, text=commented(notes, code), notes=tuple(notes),
+    return Export(engine=ENGINE, fits=True, text=commented(notes, code), notes=tuple(notes),
                   details={"weight_quant": c.weight_quant, "kv_dtype": c.kv_dtype})
 
 
-def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> EngineAnswer:
-    """Plain transformers (+ accelerate) with vramplan's scheme and split: resident on a GPU, the same eager kernels
-    as vramplan's runtime, so its prediction; on the CPU, not priced (vramplan's own CPU kernels are faster); split,
-    accelerate's device_map hooks, which vramplan does not model (its stream engine measured 5.06x accelerate's
-    decode in bf16 and 16.98x in nf4 on an H200: bench/results/gpu-nvidia-h200*/offload-*)."""
-    if not p.fits:
-        return EngineAnswer(engine=ENGINE, weight_quant="-", kv_dtype="-", fits=False, how="vramplan plan --emit "
-                            "transformers", reason="vramplan's plan found nothing that fits: no device_map to write")
-    c = p.choice
-    a = EngineAnswer(engine=ENGINE, weight_quant=c.weight_quant, kv_dtype=c.kv_dtype, fits=True,
-                     how="vramplan plan --emit transformers")
-    split = c.on_gpu and c.gpu_layers < c.total_layers
-    if SCHEMES[c.weight_quant].backend == "quanto" and _offloads(c):  # as the export says
-        a.fits, a.reason = False, "transformers' quanto loader refuses a device_map with CPU entries"
-        return a
-    if (refusal := _bnb_ram_refusal(spec, hw, p)) is not None:
-        a.fits, a.reason = False, refusal
-        return a
-    a.with_layers(c, ", accelerate device_map" if split else "")
-    if split or c.expert_layers_on_cpu:
-        a.max_context_tokens = p.chosen.max_context_tokens or None
-        a.speed_from = "not predicted: accelerate's offload is not modeled (5-17x slower than vramplan's stream "\
-                       "engine, measured on an H200)"
-        return a
-    if not c.on_gpu:
-        a.max_context_tokens = p.chosen.max_context_tokens or None
-        a.speed_from = ("not predicted: on the CPU vramplan calls torch's kernels itself (bf16 by GEMV, quanto's "
-                        "int8/int4 without its dispatch, lm_head in int8 rows), plain transformers does not (it "
-                        "decoded at 0.69-1.04x of vramplan's speed in the two runs of "
-                        "bench/results/vs-engines-cpu-dev*.md, 0.59-0.97x in three runs before them)")
-        return a
-    speed = p.chosen.speed
-    if req.compiled:  # plain generate decodes eagerly: price vramplan's eager decode of the same placement
-        from dataclasses import replace
-
-        from ..search import assess
-
-        speed = assess(spec, hw, replace(p.request, compiled=False), c)[1]
-    return a.with_speed(speed, p.chosen.max_context_tokens, "vramplan's speed model: the same eager kernels as "
-                        "vramplan's runtime", p.predicted.decode_tokens_per_s)
+def row(spec: ModelSpec, hw: HardwareProfile, q: Plan, plan_decode: float | None, notes=()) -> EngineAnswer:
+    """Plain transformers' plan as its row: every layer on a GPU at vramplan's eager prediction (the same kernels);
+    accelerate's device_map hooks and the CPU not priced (vramplan's stream engine measured 5.06x accelerate's decode
+    in bf16 and 16.98x in nf4 on an H200: bench/results/gpu-nvidia-h200*/offload-*)."""
+    c = q.choice
+    split = q.fits and c.on_gpu and c.gpu_layers < c.total_layers
+    priced = q.fits and q.predicted is not None
+    return EngineAnswer.of_plan(ENGINE, q, "vramplan plan --engine transformers",
+                                RESIDENT_PRICED if priced or not q.fits else q.chosen.reason.split("; ", 1)[-1],
+                                plan_decode, extra=", accelerate device_map" if split else "", notes=notes)

@@ -19,11 +19,11 @@ from ..hardware import CalibrationEntry, HardwareProfile
 from ..capacity import capacity
 from ..memory import CPUMemory, GPUMemory, LayerCosts, MemoryBreakdown
 from ..modelspec import ModelSpec
-from ..plan import Candidate, Plan, hardware_ref, model_ref
+from ..engine import Outcome, nothing_fits_reasons, plan_with, request_for
+from ..plan import Candidate, Plan
 from ..quant import SCHEMES, KVScheme, QualityCost
 from ..request import LLAMA_CPP_KV_DTYPES, Request
 from ..search import check_context, check_experts, check_request
-from ..search import choose_by_preference  # the --prefer rule, applied to any engine's candidates
 from ..search import secant_max
 from ..speed import EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, SpeedEstimate, estimate, speed_constants
 from ..units import MiB, format_bytes
@@ -102,11 +102,6 @@ def engine_constants(hw: HardwareProfile, file_types=(), kv_types=()) -> dict:
     return out
 
 
-# Closest GGUF file type and llama.cpp cache type to each of vramplan's schemes.
-GGUF_FOR_SCHEME = {"bf16": "BF16", "fp16": "F16", "bnb-int8": "Q8_0", "quanto-int8": "Q8_0", "quanto-w8a8": "Q8_0",
-                   "bnb-nf4": "Q4_K_M",
-                   "bnb-nf4-dq": "Q4_K_M", "bnb-fp4": "Q4_K_M", "bnb-fp4-dq": "Q4_K_M", "quanto-int4": "Q4_K_M"}
-CACHE_FOR_KV = {"bf16": "f16", "fp16": "f16", "fp8": "q8_0", "quanto-int4": "q4_0", "quanto-int2": "q4_0"}
 # The conventional name of a community GGUF repository (stated as a convention: it may not exist).
 GGUF_REPO_CONVENTION = "bartowski/{name}-GGUF"
 
@@ -216,7 +211,7 @@ def gguf_read_bytes(spec: ModelSpec, model: rules.GGUFModel, batch: int) -> Read
                      experts=[e * frac for e in model.experts])
 
 
-def _max_resident_context(spec, hw, req, model, kv_type, server: Server) -> int:
+def max_resident_context(spec, hw, req, model, kv_type, server: Server) -> int:
     """The longest context with every layer (and, on a GPU, the output layer) resident on the GPUs or in RAM."""
     def probe(ctx: int) -> tuple[bool, float]:
         fp = footprint(spec, hw, replace(req, context=ctx, prompt_tokens=None), model, kv_type, server)
@@ -300,14 +295,15 @@ def forced_cpu_moe(spec: ModelSpec, req: Request) -> int | None:
     return rules.n_cpu_moe(moe[:req.forced_expert_layers(len(moe))])
 
 
-def _candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str, server: Server) -> Candidate:
+def candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str, server: Server, contexts: bool = True
+              ) -> Candidate:
     fp = footprint(spec, hw, req, model, kv_type, server)
     placement, closest = fp.place(req.gpu_layers, forced_cpu_moe=forced_cpu_moe(spec, req))
     p = placement or closest
     choice, mem = _choice(spec, hw, fp, p), _breakdown(hw, fp, p)
     base = dict(weight_quant=model.file_type, kv_dtype=kv_type,
                 quality_cost_pct=quality_cost_pct(model.file_type, kv_type), choice=choice, memory=mem,
-                max_context_tokens=_max_resident_context(spec, hw, req, model, kv_type, server))
+                max_context_tokens=max_resident_context(spec, hw, req, model, kv_type, server) if contexts else 0)
     if placement is None:
         return Candidate(**base, fits=False, reason=_overflow_reason(fp, p, req.gpu_layers))
     fast_hw, _ = speed_hardware(hw, spec, model.file_type, kv_type)
@@ -423,40 +419,75 @@ def _placement_reason(fp: rules.LlamaCppFootprint, p: rules.LlamaCppPlacement) -
             f"{format_bytes(fp.ram_for(p))}{left}")
 
 
-def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request, server: Server | None = None) -> Plan:
-    """Decide how llama.cpp runs `spec` on `hw` for `req`: the GGUF file type, the KV cache type and -ngl, for
-    llama-server as `server` starts it (as vramplan's export does by default)."""
-    server = server or llama_server(req)
-    if req.offload is OffloadMode.STREAM:
-        raise PlanError("llama.cpp computes the layers it does not offload on the CPU: it has no stream mode "
-                        "(drop --offload stream)")
-    check_request(hw, req)  # the checks every engine shares: a budget beyond the hardware, GPU options without one
-    check_experts(spec, req)
-    context_warnings = check_context(spec, req)
-    types = req.quant or rules.PLANNED_FILE_TYPES
-    caches = req.kv_dtype or LLAMA_CPP_KV_DTYPES
-    cands = []
-    for ft in types:
-        model = rules.gguf_model(spec, ft)
-        cands.extend(_candidate(spec, hw, req, model, kv, server) for kv in caches)
-    consts = {**engine_constants(hw, types, caches), **server.constants}
-    common = dict(model=model_ref(spec), hardware=hardware_ref(hw), request=req, candidates=cands,
-                  constants={k: c.for_plan() for k, c in consts.items()})
-    if not any(c.fits for c in cands):
+class LlamaCppEngine:
+    """llama.cpp behind the Engine protocol (planner.engine): GGUF file types x its KV cache types, each placed as
+    llama-server's --fit places it (-ngl, --n-cpu-moe, -ts) for llama-server as `server` starts it (as vramplan's
+    export does by default), priced with llama.cpp's constants."""
+
+    name = ENGINE
+    rules_label = " llama.cpp's rules"
+
+    def __init__(self, server: Server | None = None) -> None:
+        self.server = server
+
+    def server_for(self, req: Request) -> Server:
+        return self.server or llama_server(req)
+
+    def file_types(self, spec: ModelSpec, req: Request) -> tuple[str, ...]:
+        return req.quant or rules.PLANNED_FILE_TYPES
+
+    def caches(self, req: Request) -> tuple[str, ...]:
+        return req.kv_dtype or LLAMA_CPP_KV_DTYPES
+
+    def check(self, spec: ModelSpec, hw: HardwareProfile, req: Request) -> tuple[Request, list[str]]:
+        if req.offload is OffloadMode.STREAM:
+            raise PlanError("llama.cpp computes the layers it does not offload on the CPU: it has no stream mode "
+                            "(drop --offload stream)")
+        check_request(hw, req)  # the checks every engine shares: a budget beyond the hardware, GPU options without one
+        check_experts(spec, req)
+        return req, check_context(spec, req)
+
+    def candidates(self, spec: ModelSpec, hw: HardwareProfile, req: Request, *, contexts: bool = True
+                   ) -> list[Candidate]:
+        server, caches = self.server_for(req), self.caches(req)
+        return [candidate(spec, hw, req, model, kv, server, contexts)
+                for model in (rules.gguf_model(spec, ft) for ft in self.file_types(spec, req)) for kv in caches]
+
+    def resident_context(self, spec: ModelSpec, hw: HardwareProfile, req: Request, chosen: Candidate) -> int:
+        return max_resident_context(spec, hw, req, rules.gguf_model(spec, chosen.weight_quant), chosen.kv_dtype,
+                                     self.server_for(req))
+
+    def engine_constants(self, spec: ModelSpec, hw: HardwareProfile, req: Request) -> dict[str, EngineConstant]:
+        return {**engine_constants(hw, self.file_types(spec, req), self.caches(req)), **self.server_for(req).constants}
+
+    def constants(self, spec, hw, req, cands) -> dict:
+        return {k: c.for_plan() for k, c in self.engine_constants(spec, hw, req).items()}
+
+    def nothing_fits(self, spec, hw, req, cands) -> Outcome:
         first = cands[0]
-        warnings = [*context_warnings, speed_hardware(hw, spec, first.weight_quant, first.kv_dtype)[1],
-                    *assumption_notes(consts)]
-        return Plan(**common, chosen=None, warnings=warnings,
-                    reasons=[f"nothing fits llama.cpp's rules: {first.weight_quant} + {first.kv_dtype} KV: "
-                             f"{first.reason}"])
-    chosen, reasons = choose_by_preference(cands, req)
-    fast_hw, speed_label = speed_hardware(hw, spec, chosen.weight_quant, chosen.kv_dtype)
-    common["constants"].update(speed_constants(fast_hw, SPEED_SCHEME, "gpu" if chosen.choice.on_gpu else "cpu"))
-    warnings = [*context_warnings, speed_label, *op_offload_notes(hw, chosen.speed), *assumption_notes(consts)]
-    file_bytes = gguf_file_bytes(spec, chosen.weight_quant)
-    reasons.append(f"GGUF {chosen.weight_quant}: {file_bytes:,} B file ({format_bytes(file_bytes)}; planner/gguf.py, "
-                   "llama-quantize's tensor types)")
-    return Plan(**common, chosen=chosen, reasons=reasons, warnings=warnings)
+        return Outcome(reasons=nothing_fits_reasons(cands, self.rules_label)[:1],
+                       warnings=[speed_hardware(hw, spec, first.weight_quant, first.kv_dtype)[1],
+                                 *assumption_notes(self.engine_constants(spec, hw, req))])
+
+    def explain(self, spec, hw, req, chosen: Candidate) -> Outcome:
+        fast_hw, speed_label = speed_hardware(hw, spec, chosen.weight_quant, chosen.kv_dtype)
+        file_bytes = gguf_file_bytes(spec, chosen.weight_quant)
+        return Outcome(
+            constants=speed_constants(fast_hw, SPEED_SCHEME, "gpu" if chosen.choice.on_gpu else "cpu"),
+            warnings=[speed_label, *op_offload_notes(hw, chosen.speed),
+                      *assumption_notes(self.engine_constants(spec, hw, req))],
+            reasons=[f"GGUF {chosen.weight_quant}: {file_bytes:,} B file ({format_bytes(file_bytes)}; planner/gguf.py, "
+                     "llama-quantize's tensor types)"])
+
+
+LLAMA_CPP = LlamaCppEngine()
+
+
+def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request, server: Server | None = None, *,
+                  contexts: bool = True) -> Plan:
+    """Decide how llama.cpp runs `spec` on `hw` for `req` (planner.engine's loop): the GGUF file type, the KV cache
+    type and -ngl, for llama-server as `server` starts it (as vramplan's export does by default)."""
+    return plan_with(LlamaCppEngine(server) if server is not None else LLAMA_CPP, spec, hw, req, contexts=contexts)
 
 
 # ---------------------------------------------------------------- the command
@@ -539,60 +570,25 @@ def export_from_llamacpp_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, ext
                                              "expert_layers_on_cpu": c.expert_layers_on_cpu})
 
 
-def mapped_request(p: Plan, *, keep_placement: bool = True) -> tuple[Request, list[str]]:
-    """The llama.cpp request closest to a vramplan plan: its scheme and cache mapped, and (`keep_placement`) a
-    --gpu-layers or --expert-placement the user forced; nothing else forced."""
-    r = p.request
-    quant = (GGUF_FOR_SCHEME[p.choice.weight_quant],) if p.fits else ()
-    kv = (CACHE_FOR_KV[p.choice.kv_dtype],) if p.fits else ()
-    notes = []
-    if p.fits:
-        notes.append(f"vramplan's plan: {p.choice.weight_quant} + {p.choice.kv_dtype} KV, {p.choice.gpu_layers}/"
-                     f"{p.choice.total_layers} layers on the GPU; llama.cpp runs GGUF: closest file type {quant[0]}, "
-                     f"cache {kv[0]}, placed by llama.cpp's own rules")
-        if p.choice.kv_dtype == "quanto-int2":
-            notes.append("llama.cpp has no 2-bit KV cache: q4_0 is its smallest of the three planned")
-    else:
-        notes.append("vramplan's plan found nothing that fits: llama.cpp's rules choose the file type themselves")
-    forced = [f"{flag} {v}" for flag, v in (("--gpu-layers", r.gpu_layers), ("--expert-placement", r.expert_placement))
-              if v is not None and keep_placement]
-    if forced:
-        notes.append(f"kept as asked: {', '.join(forced)}")
-    elif not keep_placement:
-        r = replace(r, gpu_layers=None, expert_placement=None)
-    return replace(r, engine=ENGINE, compiled=False, quant=quant, kv_dtype=kv, offload=None), notes
+def llamacpp_plan_of(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> tuple[Plan, list[str]]:
+    """llama.cpp's own plan for the request of `p` (p itself when it is llama.cpp's), and how the request was put in
+    llama.cpp's words."""
+    if p.request.engine == ENGINE:
+        return p, []
+    req, notes = request_for(ENGINE, p.request, hw)
+    return plan_llamacpp(spec, hw, req), notes
 
 
 def export_llamacpp(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
-    """--emit llama.cpp: from a llama.cpp plan as it is, from a vramplan plan through the closest GGUF types."""
-    if p.request.engine == ENGINE:
-        return export_from_llamacpp_plan(spec, hw, p)
-    req, notes = mapped_request(p)
-    return export_from_llamacpp_plan(spec, hw, plan_llamacpp(spec, hw, req), notes)
+    """--emit llama.cpp: llama.cpp's own plan for the request (its row in the engine table) as a llama-server
+    command."""
+    q, notes = llamacpp_plan_of(spec, hw, p)
+    return export_from_llamacpp_plan(spec, hw, q, notes)
 
 
-# The file type of llama.cpp's answer beside a vramplan plan whose scheme has no GGUF equivalent, or that found nothing.
-ANSWER_FALLBACK_FILE_TYPE = "Q4_K_M"
+SPEED_FROM = "llama.cpp's speed model (its fitted or default constants)"
 
 
-def answer_file_type(p: Plan) -> str:
-    """The GGUF file type of vramplan's chosen scheme, or ANSWER_FALLBACK_FILE_TYPE."""
-    return GGUF_FOR_SCHEME.get(p.choice.weight_quant, ANSWER_FALLBACK_FILE_TYPE) if p.fits else \
-        ANSWER_FALLBACK_FILE_TYPE
-
-
-def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> EngineAnswer:
-    """llama.cpp's plan of vramplan's request at the GGUF file type of the chosen scheme, with an f16 cache: one file
-    type and one cache, not its whole search (`vramplan plan --engine llama.cpp` does that)."""
-    ft = answer_file_type(p)
-    other = plan_llamacpp(spec, hw, replace(req, engine=ENGINE, compiled=False, quant=(ft,), kv_dtype=("f16",),
-                                            gpu_layers=None,
-                                            offload=None, expert_placement=None))
-    a = EngineAnswer(engine=ENGINE, weight_quant=ft, kv_dtype="f16", fits=other.fits,
-                     how=f"vramplan plan --engine llama.cpp --quant {ft}")
-    if not other.fits:
-        a.reason = other.reasons[0] if other.reasons else "nothing fits llama.cpp's rules"
-        return a
-    return a.with_layers(other.choice).with_speed(
-        other.chosen.speed, other.chosen.max_context_tokens, "llama.cpp's speed model (its fitted or default "
-        "constants)", p.predicted.decode_tokens_per_s if p.fits else None)
+def row(spec: ModelSpec, hw: HardwareProfile, q: Plan, plan_decode: float | None, notes=()) -> EngineAnswer:
+    """A llama.cpp plan as its row of the engine table."""
+    return EngineAnswer.of_plan(ENGINE, q, "vramplan plan --engine llama.cpp", SPEED_FROM, plan_decode, notes=notes)

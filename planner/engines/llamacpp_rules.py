@@ -288,13 +288,18 @@ def kv_bytes_per_layer(spec: ModelSpec, kv_type: str, req: Request, slots: Slots
     def row(elements: int) -> int:
         return math.ceil(elements / t.block_elements) * t.block_bytes
 
-    out = []
-    for a in spec.attention:
-        cells, streams = layer_cells(window(spec, a), req, slots)
-        n = cells * streams
-        out.append(n * row(a.kv_elements_per_token) if a.kind == "mla"
-                   else 2 * n * row(a.num_kv_heads * a.head_dim))
-    return out
+    per_layout: dict = {}  # most models' layers share one layout: each distinct one is counted once
+
+    def layer(a) -> int:
+        key = (window(spec, a), a.kind, a.kv_elements_per_token, a.num_kv_heads, a.head_dim)
+        if key not in per_layout:
+            cells, streams = layer_cells(key[0], req, slots)
+            n = cells * streams
+            per_layout[key] = (n * row(a.kv_elements_per_token) if a.kind == "mla"
+                               else 2 * n * row(a.num_kv_heads * a.head_dim))
+        return per_layout[key]
+
+    return [layer(a) for a in spec.attention]
 
 
 def checkpoint_bytes_max(spec: ModelSpec, kv_type: str, req: Request, slots: Slots) -> int:
@@ -321,7 +326,8 @@ def compute_buffer_bytes(spec: ModelSpec, req: Request, *, with_logits: bool, sl
     cells, streams = kv_streams(req, slots)
     tokens = min(slots.n_ubatch, cells * streams)
     scratch = tokens * (COMPUTE_HIDDEN_COPIES * spec.hidden_size + COMPUTE_FFN_COPIES * spec.mlp_width) * 4
-    caches = {window(spec, a): layer_cells(window(spec, a), req, slots)[0] for a in spec.attention}  # a mask per cache
+    windows = {window(spec, a) for a in spec.attention}
+    caches = {w: layer_cells(w, req, slots)[0] for w in windows}  # a mask per cache
     mask = tokens * sum(caches.values()) * 2
     return scratch + mask + (spec.vocab_size * slots.logit_rows * 4 if with_logits else 0)
 
@@ -467,30 +473,52 @@ class LlamaCppFootprint:
         RAM first, then fewer layers on the GPUs), and the one that came closest when none fits. Without
         `expert_offload` (an engine with no --n-cpu-moe) only whole layers move; `forced_cpu_moe` fixes
         --n-cpu-moe at every layer count."""
-        L = self.L
         moe = self._moe_layers() if expert_offload else 0
         cpu_only = LlamaCppPlacement(gpu_layers=0, cpu_moe=0, per_device=())
         if not self.usable:
             return (cpu_only if self.fits_host(cpu_only) else None), cpu_only
-        tries: list[tuple[int, int]] = []
-        counts = [min(forced_gpu_layers, L)] if forced_gpu_layers is not None else list(range(L, -1, -1))
-        for n in counts:
-            if forced_cpu_moe is not None:
-                tries.append((n, forced_cpu_moe))
-            else:
-                tries.extend((n, m) for m in (range(0, moe + 1) if n == L and moe else [moe if n < L else 0]))
-        closest = cpu_only
-        for n, m in tries:
-            p = self.pack(n, m)
-            if p is None and n == 0:
-                p = cpu_only  # not even the output layer fits: -ngl 0
-            if p is None:
-                continue
-            if self.fits_host(p):
-                return p, p
-            closest = p
-            break  # fewer GPU layers only put more in RAM
-        return None, closest
+        first = self._first_packed(forced_gpu_layers, forced_cpu_moe, moe)
+        if first is None:
+            return None, cpu_only
+        p = first if first.ngl or first.gpu_layers else cpu_only  # not even the output layer fits: -ngl 0
+        return (p, p) if self.fits_host(p) else (None, p)  # fewer GPU layers only put more in RAM
+
+    def _first_packed(self, forced_gpu_layers: int | None, forced_cpu_moe: int | None,
+                      moe: int) -> LlamaCppPlacement | None:
+        """The first placement of llama.cpp users' order that the GPUs hold: every layer with the fewest layers'
+        experts in RAM (an MoE), then the most layers with every MoE layer's experts in RAM, down to none; a forced
+        -ngl or --n-cpu-moe fixes its count. What packs is monotone in each count (fewer layers, more experts in
+        RAM: less on the GPUs), so each count is found by bisection, not by trying every one."""
+        L = self.L
+        if forced_gpu_layers is not None:
+            n = min(forced_gpu_layers, L)
+            m = forced_cpu_moe if forced_cpu_moe is not None else (moe if n < L else 0)
+            if n == L and moe and forced_cpu_moe is None:
+                return self._fewest_experts(n, moe)
+            return self.pack(n, m) or (LlamaCppPlacement(gpu_layers=0, cpu_moe=m, per_device=()) if n == 0 else None)
+        if forced_cpu_moe is None and moe and (p := self._fewest_experts(L, moe)) is not None:
+            return p
+        m_all = forced_cpu_moe if forced_cpu_moe is not None else 0
+        if (p := self.pack(L, m_all)) is not None:
+            return p
+        m = forced_cpu_moe if forced_cpu_moe is not None else moe
+        lo, hi = 0, L - 1  # the most layers below L that pack with m
+        if self.pack(lo, m) is None:
+            return LlamaCppPlacement(gpu_layers=0, cpu_moe=m, per_device=())
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.pack(mid, m) is not None else (lo, mid - 1)
+        return self.pack(lo, m)
+
+    def _fewest_experts(self, n: int, moe: int) -> LlamaCppPlacement | None:
+        """n layers on the GPUs with the fewest layers' experts in RAM (--n-cpu-moe) that pack, or None."""
+        if self.pack(n, moe) is None:
+            return None
+        lo, hi = 0, moe
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if self.pack(n, mid) is not None else (mid + 1, hi)
+        return self.pack(n, lo)
 
     def _moe_layers(self) -> int:
         """--n-cpu-moe counts layers from the first; experts of the first k layers cover every MoE layer up to k."""

@@ -33,6 +33,9 @@ from ..request import Request
 from ..units import GiB, MiB, format_bytes
 from . import llamacpp, llamacpp_rules as rules
 from ..quoting import modelfile_value, one_line, shell_join, shell_quote
+from ..engine import Outcome, plan_with, request_for
+from ..errors import PlanError
+from ..plan import Candidate
 from .common import EngineAnswer, EngineConstant, Export, assumption_notes, commented, is_local
 
 ENGINE = "ollama"
@@ -192,15 +195,70 @@ def ollama_launch(spec: ModelSpec, hw: HardwareProfile, req: Request, file_type:
                         predicted_vram_bytes=predicted, available_bytes=available, single_gpu_of=single)
 
 
-def plan_ollama(spec: ModelSpec, hw: HardwareProfile, req: Request, file_types) -> tuple[Plan, OllamaLaunch]:
-    """llama.cpp's plan for llama-server as Ollama starts it: the first of `file_types` (best first) that fits, with
-    the launch Ollama would make for it; the last one tried when none fits."""
-    for ft in file_types:
+# OLLAMA_KV_CACHE_TYPE takes these (envconfig/config.go KvCacheType; llama.cpp's cache types), f16 when unset.
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
+
+
+class OllamaEngine(llamacpp.LlamaCppEngine):
+    """Ollama behind the Engine protocol (planner.engine): llama-server as Ollama launches it (one launch per GGUF file
+    type: its automatic num_batch and GPUs), over the quants the library publishes for this model (every planned file
+    type where it has no tag: the user builds the GGUF) x the caches OLLAMA_KV_CACHE_TYPE takes, placed by llama.cpp's
+    --fit and priced with llama.cpp's constants."""
+
+    name = ENGINE
+    rules_label = " Ollama's launch"
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    def file_types(self, spec: ModelSpec, req: Request) -> tuple[str, ...]:
+        if req.quant:  # the largest published quant of at most each size asked for
+            return tuple(dict.fromkeys(published_file_types(spec, q)[0] for q in req.quant))
+        return tuple(ft for ft in rules.PLANNED_FILE_TYPES if ft in published_file_types(spec, ft))
+
+    def caches(self, req: Request) -> tuple[str, ...]:
+        return req.kv_dtype or KV_CACHE_TYPES
+
+    def check(self, spec: ModelSpec, hw: HardwareProfile, req: Request) -> tuple[Request, list[str]]:
+        forced = [flag for flag, v in (("--gpu-layers", req.gpu_layers), ("--expert-placement", req.expert_placement))
+                  if v is not None]
+        if forced:
+            raise PlanError(f"{', '.join(forced)}: Ollama places layers by llama.cpp's --fit itself (a Modelfile's "
+                            "num_gpu is not planned)")
+        return super().check(spec, hw, req)
+
+    def candidates(self, spec: ModelSpec, hw: HardwareProfile, req: Request, *, contexts: bool = True
+                   ) -> list[Candidate]:
+        out = []
+        for ft in self.file_types(spec, req):
+            launch = ollama_launch(spec, hw, req, ft)
+            server, model, at = launch.server(hw.has_gpu), rules.gguf_model(spec, ft), replace(req, quant=(ft,))
+            out += [llamacpp.candidate(spec, launch.hardware, at, model, kv, server, contexts)
+                    for kv in self.caches(req)]
+        return out
+
+    def resident_context(self, spec: ModelSpec, hw: HardwareProfile, req: Request, chosen: Candidate) -> int:
+        ft = chosen.weight_quant
         launch = ollama_launch(spec, hw, req, ft)
-        q = llamacpp.plan_llamacpp(spec, launch.hardware, replace(req, quant=(ft,)), launch.server(hw.has_gpu))
-        if q.fits:
-            break
-    return q, launch
+        return llamacpp.max_resident_context(spec, launch.hardware, replace(req, quant=(ft,)),
+                                             rules.gguf_model(spec, ft), chosen.kv_dtype, launch.server(hw.has_gpu))
+
+    def engine_constants(self, spec: ModelSpec, hw: HardwareProfile, req: Request) -> dict[str, EngineConstant]:
+        return {**llamacpp.engine_constants(hw, self.file_types(spec, req), self.caches(req)), **constants()}
+
+    def explain(self, spec, hw, req, chosen: Candidate) -> Outcome:
+        out = super().explain(spec, hw, req, chosen)
+        tag, said = ollama_tag(spec, chosen.weight_quant)
+        out.reasons.append(said)
+        return out
+
+
+OLLAMA = OllamaEngine()
+
+
+def plan_ollama(spec: ModelSpec, hw: HardwareProfile, req: Request, *, contexts: bool = True) -> Plan:
+    """Ollama's own plan (planner.engine's loop over OLLAMA): the published quant, the cache type and the launch."""
+    return plan_with(OLLAMA, spec, hw, replace(req, engine=ENGINE), contexts=contexts)
 
 
 # ---------------------------------------------------------------- library tags
@@ -326,33 +384,19 @@ def ollama_tag(spec: ModelSpec, file_type: str) -> tuple[str | None, str]:
 
 
 # ---------------------------------------------------------------- the Modelfile
-def _request(p: Plan) -> tuple[Request, list[str]]:
-    """The llama.cpp request the Ollama plan starts from: a llama.cpp plan's own choice, or a vramplan plan mapped."""
-    if p.request.engine == llamacpp.ENGINE:
-        return replace(p.request, quant=(p.choice.weight_quant,) if p.fits else (),
-                       kv_dtype=(p.choice.kv_dtype,) if p.fits else (), gpu_layers=None, expert_placement=None), []
-    return llamacpp.mapped_request(p, keep_placement=False)  # Ollama places by llama.cpp's --fit itself
-
-
-def ollama_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, file_type: str | None = None, tries: int | None = None
-                ) -> tuple[Plan, OllamaLaunch, Request, str | None, list[str]]:
-    """Ollama's answer to a plan's request: llama.cpp's plan for llama-server as Ollama launches it, at the published
-    quant closest to the plan's file type (to `file_type` where the plan names none; else the best published one that
-    fits, trying each, or the first `tries`); with the launch, the request, the file type wanted and the notes of the
-    mapping."""
-    req, notes = _request(p)
-    if file_type is not None and not req.quant:
-        req = replace(req, quant=(file_type,))
-    wanted = req.quant[0] if req.quant else None
-    types = published_file_types(spec, wanted) if wanted else tuple(
-        ft for ft in rules.PLANNED_FILE_TYPES if ft in (published_file_types(spec, ft)))
-    q, launch = plan_ollama(spec, hw, req, types[:tries] if tries else types)
-    return q, launch, req, wanted, notes
+def ollama_plan_of(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> tuple[Plan, list[str]]:
+    """Ollama's own plan for the request of `p` (p itself when it is Ollama's), and how the request was put in
+    Ollama's words."""
+    if p.request.engine == ENGINE:
+        return p, []
+    req, notes = request_for(ENGINE, p.request, hw)
+    return plan_ollama(spec, hw, req), notes
 
 
 def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
     """The Modelfile for a plan: llama.cpp's plan for llama-server as Ollama starts it, placed by llama.cpp's --fit."""
-    q, launch, req, wanted, notes = ollama_plan(spec, hw, p)
+    q, notes = ollama_plan_of(spec, hw, p)
+    req = q.request
     notes.insert(0, f"Ollama {OLLAMA_VERSION}: llama-server (llama.cpp {OLLAMA_LLAMA_CPP_BUILD}) started with Ollama's "
                     "launch settings and placed by its --fit: llama.cpp's plan for that launch (vramplan's llama.cpp "
                     f"rules follow llama.cpp {rules.MEASURED_COMMIT[:9]})")
@@ -365,9 +409,8 @@ def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
                       constants=consts)
     c = q.choice
     ft, kv = c.weight_quant, c.kv_dtype
+    launch = ollama_launch(spec, hw, req, ft)
     tag, said = ollama_tag(spec, ft)
-    if wanted and ft != wanted:
-        said += f" ({wanted} is not published: the closest that is)"
     notes.append(said)
     gguf = tag or "./" + llamacpp.gguf_file_name(spec, ft)
     argv = launch.argv(f"<{gguf} blob>" if tag else gguf, kv)
@@ -407,18 +450,12 @@ def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
                            "fit_expert_layers_on_cpu": c.expert_layers_on_cpu, "plan": q.to_dict()})
 
 
-def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> EngineAnswer:
-    """Ollama's answer: llama.cpp's plan for llama-server as Ollama launches it, at the published quant closest to the
-    plan's file type (llama.cpp's answer's where vramplan found nothing), not each smaller one in turn as the export
-    does (up to 15 plans: 110 ms for a 405B model that fits nowhere)."""
-    q, launch, _, wanted, _ = ollama_plan(spec, hw, p, file_type=llamacpp.ANSWER_FALLBACK_FILE_TYPE, tries=1)
-    ft = q.choice.weight_quant if q.fits else (wanted or llamacpp.ANSWER_FALLBACK_FILE_TYPE)
-    a = EngineAnswer(engine=ENGINE, weight_quant=ft, kv_dtype=q.choice.kv_dtype if q.fits else "f16", fits=q.fits,
-                     how="vramplan plan --emit ollama", tag=ollama_tag(spec, ft)[0])
-    if not q.fits:
-        a.reason = q.reasons[0] if q.reasons else "nothing fits Ollama's launch"
-        return a
-    a.launch = f"num_ctx {launch.num_ctx}, num_batch {launch.num_batch}"
-    return a.with_layers(q.choice).with_speed(
-        q.chosen.speed, q.chosen.max_context_tokens, "llama.cpp's speed model at Ollama's launch",
-        p.predicted.decode_tokens_per_s if p.fits else None)
+def row(spec: ModelSpec, hw: HardwareProfile, q: Plan, plan_decode: float | None, notes=()) -> EngineAnswer:
+    """An Ollama plan as a row of the engine table: its tag and launch beside llama.cpp's placement and speed."""
+    a = EngineAnswer.of_plan(ENGINE, q, "vramplan plan --engine ollama", "llama.cpp's speed model at Ollama's launch",
+                             plan_decode, notes=notes)
+    if q.fits:
+        launch = ollama_launch(spec, hw, q.request, q.choice.weight_quant)
+        a.tag = ollama_tag(spec, q.choice.weight_quant)[0]
+        a.launch = f"num_ctx {launch.num_ctx}, num_batch {launch.num_batch}"
+    return a

@@ -13,7 +13,7 @@ assumptions and said so in the output. Pure.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..record import record
 from ..choice import OffloadMode
@@ -21,7 +21,8 @@ from ..hardware import HardwareProfile
 from ..capacity import capacity
 from ..memory import gpu_capacity
 from ..modelspec import Kind, ModelSpec, Role, dtype_bytes
-from ..plan import Plan
+from ..plan import Candidate, Plan
+from ..preference import choose_by_preference
 from ..quant import SCHEMES
 from ..request import Request
 from ..speed import compiled_scheme, estimate_compiled, fitted_entry
@@ -282,13 +283,6 @@ def offloaded_layout(m: VLLMModel, gpus_per_node: int, nodes: int, ram_bytes: in
 
 
 # ---------------------------------------------------------------- the command
-def _scheme_and_kv(p: Plan) -> tuple[str, str]:
-    if p.fits:
-        return p.choice.weight_quant, p.choice.kv_dtype
-    r = p.request
-    return (r.quant[0] if r.quant else "bf16"), (r.kv_dtype[0] if r.kv_dtype else "bf16")
-
-
 def _refuse(notes: list[str], consts=None, **details) -> Export:
     return Export(engine=ENGINE, fits=False, text=commented(notes, "# no vllm serve command"), notes=tuple(notes),
                   constants=consts or {}, details=details)
@@ -312,10 +306,18 @@ def _cannot_run(spec: ModelSpec, hw: HardwareProfile, fmt: WeightFormat | None) 
     return ""
 
 
+# OLLAMA-like vocabulary of the request: vLLM's formats are its own names (planner.formats); a --quant or --kv-dtype
+# given in another engine's words is its nearest vLLM format.
+ONLINE_FORMATS = ("bf16", "fp8_per_tensor", "mxfp4")
+ONLINE_BITS = {"bf16": 16, "fp16": 16, "fp8_per_tensor": 8, "mxfp4": 4}
+KV_CACHES = ("auto", "fp8")
+
+
 @dataclass(kw_only=True)
 class VLLMAnswer:
-    """vLLM's layout for a plan: its weight format and KV cache, the layout chosen (None: none), the nodes it needs
-    without weight offload, and the notes so far; `refused` says why no command can be written."""
+    """One vLLM weight format x KV cache for a request: the layout chosen (None: none), the nodes it needs without
+    weight offload, its quality cost and predicted speed (None where vramplan does not predict vLLM's decode), and the
+    notes so far; `refused` says why no command can be written."""
 
     fmt: WeightFormat | None = None
     kv_cache: str = "auto"
@@ -325,35 +327,119 @@ class VLLMAnswer:
     notes: list = field(default_factory=list)
     refused: str = ""
     no_gpu: bool = False  # refused before anything of vLLM's applies: no CUDA GPU
+    quality_cost_pct: float = 0.0
+    speed: object = None  # a SpeedEstimate, or None
+    speed_from: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return not self.refused and self.layout is not None and self.layout.fits and \
+            self.layout.nodes <= self.model.req.nodes
 
 
-def vllm_layout(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> VLLMAnswer:
-    """vLLM's answer to a plan's request: the smallest layout that fits (weights in RAM where the plan keeps some and
-    the nodes are too few), by vLLM's rules."""
-    req = p.request
-    if not hw.has_gpu or hw.accelerator != "cuda":
-        why = "has no GPU" if not hw.has_gpu else f"has a {hw.accelerator} GPU"
-        return VLLMAnswer(notes=[], no_gpu=True, refused=f"vLLM: hardware {hw.name!r} {why}; vramplan plans vLLM "
-                                                         "on CUDA GPUs only (vLLM's CPU and Apple backends are not "
-                                                         "planned)")
-    scheme, kv = _scheme_and_kv(p)
-    fmt = weight_format(scheme, spec)
+def vllm_formats(spec: ModelSpec, hw: HardwareProfile, req: Request) -> tuple[list[WeightFormat], list[str], list[str]]:
+    """The weight formats and KV caches vLLM's own search tries for the request, and how a forced --quant or --kv-dtype
+    was put in vLLM's words: a pre-quantized checkpoint as it is (vLLM refuses another --quantization), else every
+    online format of a bf16/fp16 checkpoint."""
+    from ..formats import KV, WEIGHTS, nearest
+
+    notes = []
+    names = tuple(dict.fromkeys(nearest(q, WEIGHTS, req.engine, ENGINE) for q in req.quant)) or ONLINE_FORMATS
+    kvs = tuple(dict.fromkeys(nearest(k, KV, req.engine, ENGINE) for k in req.kv_dtype)) or KV_CACHES
+    if req.quant and names != req.quant:
+        notes.append(f"--quant {','.join(req.quant)} as vLLM's {','.join(names)}")
+    if rules.checkpoint_quantization(spec) is not None:
+        return [weight_format("bf16", spec)], list(kvs), notes
+    sources = dict(zip(names, req.quant)) if req.quant else {}
+    return [rules.online_format(sources.get(n, n) if n not in ("bf16", "fp16") else n, ONLINE_BITS[n]) for n in names
+            ], list(kvs), notes
+
+
+def vllm_option(spec: ModelSpec, hw: HardwareProfile, req: Request, fmt: WeightFormat | None,
+                kv_cache: str) -> VLLMAnswer:
+    """One format x cache: the smallest layout that fits on the nodes given, else with weights in RAM
+    (--cpu-offload-gb; routed experts first) where the format allows it, priced where vramplan can."""
     if why := _cannot_run(spec, hw, fmt):
-        return VLLMAnswer(fmt=fmt, notes=[], refused=why)
-    kv_cache = "fp8" if kv == "fp8" else "auto"
+        return VLLMAnswer(fmt=fmt, kv_cache=kv_cache, refused=why)
     m = VLLMModel(spec, hw, req, fmt, kv_cache)
     best = search(m, hw.gpu_count)
     needed = best.nodes if best is not None else None
     notes: list[str] = []
     lay = best
     if best is None or best.nodes > req.nodes:
-        lay, said = _with_offload(m, p, hw, best, needed)
+        lay, said = _with_offload(m, hw, best, needed)
         notes += said
-    answer = VLLMAnswer(fmt=fmt, kv_cache=kv_cache, model=m, layout=lay, needed=needed, notes=notes)
+    a = VLLMAnswer(fmt=fmt, kv_cache=kv_cache, model=m, layout=lay, needed=needed, notes=notes,
+                   quality_cost_pct=_quality(spec, fmt, kv_cache))
     if lay is None:
-        answer.refused = (f"vLLM: no layout of up to {MAX_NODES_SEARCHED} nodes of {hw.name} holds {spec.name} at "
-                          f"{req.context} tokens x {req.batch}")
-    return answer
+        a.refused = (f"vLLM: no layout of up to {MAX_NODES_SEARCHED} nodes of {hw.name} holds {spec.name} at "
+                     f"{req.context} tokens x {req.batch}")
+    elif a.fits:
+        a.speed, a.speed_from = _price(spec, hw, req, fmt, lay)
+    return a
+
+
+def _quality(spec: ModelSpec, fmt: WeightFormat, kv_cache: str) -> float:
+    """Perplexity over bf16 (planner.formats): a pre-quantized checkpoint is the model as published (0)."""
+    from ..formats import KV, WEIGHTS, format_of
+
+    weights = 0.0 if fmt.name.startswith("checkpoint") else format_of(ENGINE, WEIGHTS, fmt.name).quality_cost_pct
+    return weights + format_of(ENGINE, KV, kv_cache).quality_cost_pct
+
+
+def _price(spec: ModelSpec, hw: HardwareProfile, req: Request, fmt: WeightFormat, lay: Layout):
+    """(speed, where it comes from): a compiled decode of the same bits where vLLM runs on one GPU and the profile has
+    fitted compiled constants (the defaults would price CUDA graphs below eager decode); else (None, why not)."""
+    bits = COMPILED_BITS.get(fmt.name)
+    if bits is None:
+        return None, f"not predicted: no compiled decode of {fmt.name}"
+    if lay.tp * lay.pp * lay.nodes > 1 or lay.cpu_offload_bytes:
+        return None, "not predicted: vramplan has no model of vLLM's multi-GPU or offloaded decode"
+    if fitted_entry(hw, "gpu", scheme := compiled_scheme(*bits)) is None:
+        return None, (f"not predicted: profile {hw.name} has no compiled-decode constants for {scheme.name} (the "
+                      "public compiled runs are on HBM GPUs)")
+    return estimate_compiled(spec, hw, req, scheme), SPEED_FROM
+
+
+def vllm_best(spec: ModelSpec, hw: HardwareProfile, req: Request) -> VLLMAnswer:
+    """vLLM's own answer to the request: every format x cache it can run here, the one the request's preference picks
+    among those that fit (its quality floor, planner.preference), else the first one asked for, with why."""
+    if not hw.has_gpu or hw.accelerator != "cuda":
+        why = "has no GPU" if not hw.has_gpu else f"has a {hw.accelerator} GPU"
+        return VLLMAnswer(no_gpu=True, refused=f"vLLM: hardware {hw.name!r} {why}; vramplan plans vLLM on CUDA GPUs "
+                                               "only (vLLM's CPU and Apple backends are not planned)")
+    fmts, kvs, said = vllm_formats(spec, hw, req)
+    options = [vllm_option(spec, hw, req, f, k) for f in fmts for k in kvs]
+    cands = [Candidate(weight_quant=o.fmt.name if o.fmt else "-", kv_dtype=o.kv_cache,
+                       quality_cost_pct=o.quality_cost_pct, fits=o.fits, speed=o.speed, reason=_placement(o))
+             for o in options]
+    if not any(c.fits for c in cands):
+        laid = [o for o in options if o.layout is not None]  # the fewest nodes, then the best quality
+        best = min(laid, key=lambda o: (o.layout.nodes, o.quality_cost_pct)) if laid else options[0]
+    else:
+        if not any(c.fits and c.speed is not None for c in cands):  # nothing priced: the quality floor, then
+            floor = req.balanced_max_quality_cost_pct                   # weights in RAM only if need be
+            kept = [c for c in cands if c.fits and c.quality_cost_pct <= floor] or [c for c in cands if c.fits]
+            resident = [c for c, o in zip(cands, options) if c in kept and not o.layout.cpu_offload_bytes]
+            cands = [c if c in (resident or kept) else replace(c, fits=False) for c in cands]
+        chosen, reasons = choose_by_preference(cands, req)
+        best = options[cands.index(chosen)]
+        best.notes = [*said, f"vLLM's own choice among {len(options)} formats x caches: {reasons[0]}", *best.notes]
+    return best
+
+
+def _placement(o: VLLMAnswer) -> str:
+    lay = o.layout
+    if lay is None:
+        return o.refused
+    return (f"TP {lay.tp} x PP {lay.pp}" + (f" over {lay.nodes} nodes" if lay.nodes > 1 else "")
+            + (f", {format_bytes(lay.cpu_offload_bytes)}/GPU in RAM" if lay.cpu_offload_bytes else "")
+            + f", utilization {lay.gpu_memory_utilization:.2f}")
+
+
+def vllm_layout(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> VLLMAnswer:
+    """vLLM's own answer to a plan's request (its row in the engine table and what --emit vllm writes)."""
+    return vllm_best(spec, hw, p.request)
 
 
 def export_vllm(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
@@ -364,8 +450,7 @@ def export_vllm(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
             return _refuse([a.refused])
         consts = constants(hw)
         return _refuse(a.notes + [a.refused, *assumption_notes(consts)], consts, nodes_needed=None)
-    lay, fmt, kv_cache, m, needed, notes = a.layout, a.fmt, a.kv_cache, a.model, a.needed, a.notes
-    kv = _scheme_and_kv(p)[1]
+    lay, fmt, kv_cache, m, needed, notes = a.layout, a.fmt, a.kv_cache, a.model, a.needed, list(a.notes)
     consts = constants(hw, distributed=lay.tp * lay.pp > 1)
     if lay.cpu_offload_bytes == 0 and lay.nodes > req.nodes:
         notes.append(f"needs {lay.nodes} nodes of {hw.name} (--nodes {req.nodes} given): run it on {lay.nodes}")
@@ -373,12 +458,13 @@ def export_vllm(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
     if lay.nodes > 1:
         notes.append(f"start a Ray cluster over the {lay.nodes} nodes first (ray start --head on one, ray start "
                      "--address=<head>:6379 on the others); TP inside each node, PP across nodes")
-    notes += _differences(spec, hw, p, m, lay, fmt, kv, consts)
-    return Export(engine=ENGINE, fits=lay.fits and lay.nodes <= req.nodes,
+    notes += _differences(spec, hw, p, m, lay, fmt, kv_cache, consts)
+    return Export(engine=ENGINE, fits=a.fits,
                   text=commented(notes, shell_command(argv)), notes=tuple(notes), constants=consts,
                   details={"vllm_version": VLLM_VERSION, "argv": argv, "tensor_parallel_size": lay.tp,
                            "pipeline_parallel_size": lay.pp, "nodes": lay.nodes, "nodes_needed": needed,
                            "gpu_memory_utilization": lay.gpu_memory_utilization,
+                           "weight_format": fmt.name, "kv_cache_dtype": kv_cache,
                            "per_gpu": {"weights_bytes": lay.weights_bytes, "activation_bytes": lay.activation_bytes,
                                        "non_torch_bytes": lay.non_torch_bytes,
                                        "cudagraph_bytes": lay.cudagraph_bytes, "kv_pool_bytes": lay.kv_pool_bytes,
@@ -392,21 +478,19 @@ def vllm_command(spec: ModelSpec, p: Plan, a: VLLMAnswer) -> list[str]:
     return _argv(spec, p.request, a.layout, a.fmt, a.kv_cache)
 
 
-def _with_offload(m: VLLMModel, p: Plan, hw: HardwareProfile, best: Layout | None,
+def _with_offload(m: VLLMModel, hw: HardwareProfile, best: Layout | None,
                   needed: int | None) -> tuple[Layout | None, list[str]]:
-    """Where the nodes given are too few and the plan keeps weights (or routed experts) in RAM: vLLM's weight offload
-    on those nodes, if it fits; else the layout without it."""
-    req = p.request
-    experts_in_ram = p.fits and p.choice.expert_placement not in (None, "gpu")
-    layers_in_ram = p.fits and p.choice.offload is not OffloadMode.NONE
-    if not (experts_in_ram or layers_in_ram):
-        return best, []
+    """Where the nodes given are too few: vLLM's weight offload on those nodes (an MoE's routed experts first), if it
+    fits; else the layout without it."""
+    req = m.req
     if m.fmt.online:
         return best, [f"vLLM's weight offload copies each layer's parameters to RAM as the layer is built "
                       f"({rules.UVA_PY}), before --quantization {m.fmt.name} has quantized them (they are still on "
                       "the meta device then): the two do not combine, so no --cpu-offload-gb here"]
-    alt = offloaded_layout(m, hw.gpu_count, req.nodes, capacity(hw, req).ram_bytes,
-                           params=("experts",) if experts_in_ram else ())
+    ram = capacity(hw, req).ram_bytes
+    tries = [("experts",), ()] if m.spec.moe is not None else [()]
+    alt = next((lay for params in tries if (lay := offloaded_layout(m, hw.gpu_count, req.nodes, ram, params=params))
+                is not None), None)
     if alt is None:
         return best, []
     what = "of routed experts" if alt.cpu_offload_params else "of weights"
@@ -456,18 +540,15 @@ def _differences(spec, hw, p: Plan, m: VLLMModel, lay: Layout, fmt: WeightFormat
         out.append(f"--max-model-len {req.context} is beyond the {limit} vLLM derives ({why}): it starts only with "
                    f"{rules.ALLOW_LONG_MAX_MODEL_LEN}=1 ({rules.CONFIG_MODEL}: _get_and_verify_max_len)")
     if fmt.name.startswith("checkpoint"):
-        plan_scheme = _scheme_and_kv(p)[0]
         out.append(f"{spec.name}'s checkpoint is pre-quantized ({rules.checkpoint_quantization(spec)}): vLLM loads it "
-                   f"as it is, without --quantization; the plan's {plan_scheme} does not apply")
+                   "as it is, without --quantization")
     if fmt.note:
         out.append(fmt.note)
-    if kv.startswith("quanto"):
-        out.append(f"vLLM has no quanto KV cache: the plan's {kv} becomes --kv-cache-dtype auto (the model dtype)")
     if p.fits and p.choice.expert_placement not in (None, "gpu") and not lay.cpu_offload_params:
         out.append("the plan keeps routed experts in RAM; vLLM holds every GPU's TP share of them on the GPU here "
                    "(its --cpu-offload-gb with --cpu-offload-params experts moves them to RAM when the GPUs are too "
                    "few)")
-    if p.fits and p.choice.offload is not OffloadMode.NONE and not lay.cpu_offload_bytes:
+    if p.fits and p.choice.offload is not OffloadMode.NONE and not lay.cpu_offload_bytes:  # vramplan's own plan
         out.append(f"vramplan's runtime offloads {p.choice.offloaded_layers} layers on {hw.name}; vLLM spreads the "
                    "model over GPUs instead")
     out += assumption_notes(consts)
@@ -481,38 +562,27 @@ SPEED_FROM = ("a compiled decode of the same bits (CUDA graphs; constants fitted
               "runs: an assumption for vLLM, whose own decode is not fitted)")
 
 
-def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, p: Plan) -> EngineAnswer:
-    """vLLM's smallest layout for the request, priced as a compiled decode of its weights' bits where it runs on one
-    GPU and the profile has fitted compiled constants (the defaults would price CUDA graphs below eager decode); not
-    predicted across GPUs or with weights in RAM."""
-    a = vllm_layout(spec, hw, p)
+def answer(spec: ModelSpec, hw: HardwareProfile, req: Request, plan_decode: float | None) -> EngineAnswer:
+    """vLLM's row: its own choice among its formats x caches (vllm_best, what --emit vllm writes), priced as a compiled
+    decode of its weights' bits where it runs on one GPU and the profile has fitted compiled constants; not predicted
+    across GPUs or with weights in RAM."""
+    a = vllm_best(spec, hw, req)
     fmt = a.fmt.name if a.fmt is not None else "-"
-    kv = "fp8" if a.kv_cache == "fp8" else "auto"  # vLLM's --kv-cache-dtype auto: the model's dtype
-    out = EngineAnswer(engine=ENGINE, weight_quant=fmt, kv_dtype=kv, fits=False, how="vramplan plan --emit vllm")
+    out = EngineAnswer(engine=ENGINE, weight_quant=fmt, kv_dtype=a.kv_cache, fits=False,
+                       how="vramplan plan --emit vllm", notes=tuple(n for n in a.notes if n.startswith("--quant")))
     if a.refused:
         out.reason = a.refused
         return out
     lay = a.layout
-    out.fits = lay.fits and lay.nodes <= p.request.nodes
-    out.placement = (f"TP {lay.tp} x PP {lay.pp}" + (f" over {lay.nodes} nodes" if lay.nodes > 1 else "")
-                     + (f", {format_bytes(lay.cpu_offload_bytes)}/GPU in RAM"
-                        if lay.cpu_offload_bytes else "")
-                     + f", utilization {lay.gpu_memory_utilization:.2f}")
+    out.fits, out.placement, out.quality_cost_pct = a.fits, _placement(a), a.quality_cost_pct
     if not out.fits:
-        out.reason = f"needs {lay.nodes} nodes of {hw.name} (--nodes {p.request.nodes})"
+        out.reason = f"needs {lay.nodes} nodes of {hw.name} (--nodes {req.nodes})"
         return out
     out.max_context_tokens = max_context(spec, lay, req)
-    bits = COMPILED_BITS.get(a.fmt.name)
-    if bits is None:
-        out.speed_from = f"not predicted: no compiled decode of {a.fmt.name}"
-    elif lay.tp * lay.pp * lay.nodes > 1 or lay.cpu_offload_bytes:
-        out.speed_from = "not predicted: vramplan has no model of vLLM's multi-GPU or offloaded decode"
-    elif fitted_entry(hw, "gpu", scheme := compiled_scheme(*bits)) is None:
-        out.speed_from = (f"not predicted: profile {hw.name} has no compiled-decode constants for {scheme.name} (the "
-                          "public compiled runs are on HBM GPUs)")
+    if a.speed is None:
+        out.speed_from = a.speed_from
     else:
-        out.with_speed(estimate_compiled(spec, hw, req, scheme), out.max_context_tokens, SPEED_FROM,
-                       p.predicted.decode_tokens_per_s if p.fits else None)
+        out.with_speed(a.speed, out.max_context_tokens, a.speed_from, plan_decode)
     return out
 
 
