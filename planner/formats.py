@@ -92,7 +92,7 @@ def _vramplan_weights() -> list[Format]:
                           compiles=s.name in COMPILE_SCHEMES or s.name in CPU_COMPILE_SCHEMES,
                           nearest={"llama.cpp": _bits_key(_GGUF_FOR_BITS, s.bits), "ollama": _bits_key(
                               _GGUF_FOR_BITS, s.bits), "vllm": s.name if s.name in VLLM_WEIGHTS else _bits_key(
-                              _VLLM_FOR_BITS, s.bits), "transformers": s.name}))
+                              _VLLM_FOR_BITS, s.bits), "transformers": s.name, "vramplan": s.name}))
     return out
 
 

@@ -133,7 +133,8 @@ class Request:
             object.__setattr__(self, name, tuple(values))
             for v in values:
                 if v not in known:
-                    raise PlanError(f"unknown {what} {v!r}; choose one of: {', '.join(known)}")
+                    raise PlanError(f"unknown {what} {v!r}{_hint(name, v, llama_cpp)}; choose one of: "
+                                    f"{', '.join(known)}")
         if self.offload is not None:
             if self.offload not in OFFLOAD_MODES:
                 raise PlanError(f"the offload mode must be one of {', '.join(OFFLOAD_MODES)}, got {self.offload!r}")
@@ -194,3 +195,24 @@ def _int(req: Request, name: str, minimum: int, maximum: int | None, what: str) 
     if v < minimum or (maximum is not None and v > maximum):
         bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
         raise PlanError(f"{what} must be {bound}, got {v}")
+
+
+def _hint(field: str, value: str, gguf: bool) -> str:
+    """What a name another engine uses, or a close one, would be here: ": Q4_K_M is a GGUF file type: plan it with
+    --engine llama.cpp (or ollama)", ": did you mean bnb-nf4?"."""
+    import difflib
+
+    weights = field == "quant"
+    if not gguf and weights and value.upper() in GGUF_FILE_TYPES:
+        return f": {value.upper()} is a GGUF file type: plan it with --engine llama.cpp (or --engine ollama)"
+    if not gguf and not weights and value.lower() in LLAMA_CPP_KV_DTYPES:
+        return (f": {value.lower()} is llama.cpp's cache type: plan it with --engine llama.cpp; vramplan's runtime "
+                "caches in bf16, fp16, fp8 or quanto-int4/int2")
+    if gguf and weights and value.lower() in SCHEMES:
+        return f": {value.lower()} is vramplan's scheme: plan it without --engine, or name a GGUF type (Q4_K_M, Q8_0)"
+    if gguf and not weights and value.lower() in KV_SCHEMES:
+        return f": {value.lower()} is vramplan's cache dtype: llama.cpp caches in f16, q8_0 or q4_0"
+    known = (GGUF_FILE_TYPES if weights else LLAMA_CPP_KV_DTYPES) if gguf else (SCHEMES if weights else KV_SCHEMES)
+    close = [k for k in known if value.lower() in k.lower() and value] or difflib.get_close_matches(
+        value, list(known), n=2, cutoff=0.6)
+    return f": did you mean {' or '.join(close[:2])}?" if close else ""

@@ -54,21 +54,61 @@ class ModelSource:
 
 # ------------------------------------------------------------------ catalog
 @record
+class Variant:
+    """A release of a catalog model's architecture under another name (an instruct or chat model, a point release):
+    the same config shapes, with `config` the keys its own config.json sets otherwise, and the source that says so."""
+
+    id: str
+    aliases: tuple[str, ...]
+    source: str
+    config: dict = field(default_factory=dict, compare=False)
+
+
+@record
 class CatalogEntry:
-    """A model of the built-in catalog: its id, config file and aliases."""
+    """A model of the built-in catalog: its id, config file and aliases, and the variants planned with its config."""
 
     id: str
     file: str
     aliases: tuple[str, ...]
     provenance: str = ""
+    variants: tuple[Variant, ...] = ()
 
 
 @lru_cache(maxsize=1)
 def catalog() -> tuple[CatalogEntry, ...]:
     index = json.loads(resources.files("vramplan.planner.catalog").joinpath("index.json").read_text())
     return tuple(
-        CatalogEntry(e["id"], e["file"], tuple(e.get("aliases", ())), e.get("provenance", "")) for e in index["models"]
+        CatalogEntry(e["id"], e["file"], tuple(e.get("aliases", ())), e.get("provenance", ""),
+                     tuple(Variant(v["id"], tuple(v.get("aliases", ())), v["source"], dict(v.get("config") or {}))
+                           for v in e.get("variants", ())))
+        for e in index["models"]
     )
+
+
+def match_variant(name: str) -> tuple[CatalogEntry, Variant] | None:
+    """The catalog entry and variant `name` names exactly (its hub id, the id's name after the org, or an alias;
+    case-insensitive), or None."""
+    q = name.strip().lower()
+    for e in catalog():
+        for v in e.variants:
+            if q and q in (v.id.lower(), v.id.lower().split("/", 1)[-1], *v.aliases):
+                return e, v
+    return None
+
+
+def variant_source(name: str) -> ModelSource | None:
+    """A variant of a catalog model as a source: its own id, its base's config with the keys it sets otherwise, and a
+    note saying which config was used (None: `name` is no variant)."""
+    found = match_variant(name)
+    if found is None:
+        return None
+    e, v = found
+    return ModelSource(kind="catalog", id=v.id, config={**catalog_config(e.id), **v.config},
+                       origin=f"built-in catalog: {e.id}'s config" + (f" with {sorted(v.config)} as {v.id} sets them"
+                                                                        if v.config else ""),
+                       note=f"model {name.strip()!r}: planned offline with the built-in config of {e.id} "
+                            f"({v.source})")
 
 
 @lru_cache(maxsize=None)
@@ -78,13 +118,13 @@ def catalog_config(entry_id: str) -> dict:
 
 
 def catalog_rows() -> list[dict]:
-    """What `vramplan models` lists: each catalog model's id, aliases and headline facts."""
+    """What `vramplan models` lists: each catalog model's id, aliases, variants and headline facts."""
     rows = []
     for e in catalog():
         s = spec_from_config(catalog_config(e.id), name=e.id, source="built-in catalog")
         rows.append({"id": e.id, "aliases": list(e.aliases), "model_type": s.model_type, "params_total": s.params_total,
                      "params_active": s.params_active, "num_layers": s.num_layers, "max_context": s.max_context,
-                     "checkpoint_dtype": s.dtype})
+                     "checkpoint_dtype": s.dtype, "variants": [v.id for v in e.variants]})
     return rows
 
 
@@ -265,6 +305,8 @@ def resolve_model(name: str) -> ModelSource:
     if snap is not None:
         return ModelSource(kind="hf-cache", id=name, config=read_config(snap / "config.json"), path=snap,
                            origin=f"Hugging Face cache {snap}")
+    if "/" not in name and (variant := variant_source(name)) is not None:  # a hub id asks the hub first (runtime)
+        return variant
     entry, note = match_catalog(name)
     return ModelSource(kind="catalog", id=entry.id, config=catalog_config(entry.id), origin="built-in catalog",
                        note=note)

@@ -117,6 +117,14 @@ def _whole(value: float, text: str, what: str) -> int:
     return int(rounded)
 
 
+# A context written like a size ("32kb", "32 KiB"): the token count it most likely means is the size's number.
+_BYTES_AS_TOKENS_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kKmM])[iI]?[bB]\s*$")
+
+
+def _tokens_of(m: re.Match) -> int:
+    return int(float(m["num"]) * _CONTEXT_MULT[m["prefix"].lower()])
+
+
 def parse_context(text: str | int) -> int:
     """Tokens: 32768, "32k" (= 32768), "128K", "1m" (= 1048576). k and m are binary (1024)."""
     if isinstance(text, bool):
@@ -126,6 +134,9 @@ def parse_context(text: str | int) -> int:
     else:
         m = _CONTEXT_RE.match(str(text))
         if not m:
+            if (b := _BYTES_AS_TOKENS_RE.match(str(text))) is not None:  # "32kb", "32KB": a size, not tokens
+                raise UnitError(f"context {text!r} is a number of tokens, not a size: write {b['num']}"
+                                f"{b['prefix'].lower()} (= {_tokens_of(b)} tokens)")
             raise _diagnose(text, "context", "is not a token count; write e.g. 4096, 32k (=32768) or 1m (=1048576)")
         tokens = float(m["num"]) * _CONTEXT_MULT[m["suffix"].lower()]
         if tokens > MAX_CONTEXT_TOKENS:  # before rounding: "1e400" is infinite

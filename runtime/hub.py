@@ -51,7 +51,7 @@ from vramplan.planner.errors import (AmbiguousModelError, CheckpointError, Confi
 from vramplan.planner.modelspec import canonical_dtype
 from vramplan.planner.sources import (HeaderTensor, ModelSource, hf_cache_dir, index_shards, local_path,
                                       parse_safetensors_header, read_config, resolve_model, safetensors_header_length,
-                                      weight_files)
+                                      variant_source, weight_files)
 
 # Seconds to wait for the hub to connect or to send the next bytes.
 HUB_TIMEOUT_S = 5.0
@@ -107,7 +107,7 @@ def resolve(name: str, *, revision: str | None = None) -> ModelSource:
         except ModelNotFoundError as e:
             problem = hub_id_problem(name)
             if problem is None:
-                return from_hub(name, None, catalog_miss=str(e))
+                return _hub_or_variant(name, str(e))
             if name.count("/") != 1 or name.startswith((".", "/", "~")) or local_path(name)[1] is not None:
                 raise  # a path, or more than a hub id: not found as it is
             raise ModelNotFoundError(f"{e}; not a valid hub id either ({problem})") from None
@@ -118,6 +118,21 @@ def resolve(name: str, *, revision: str | None = None) -> ModelSource:
         why = f" ({problem})" if problem else ""
         raise ModelNotFoundError(f"--revision applies to a hub id (org/name), not to {name!r}{why}")
     return from_hub(name, revision)
+
+
+def _hub_or_variant(name: str, catalog_miss: str) -> ModelSource:
+    """A hub id the local places lack: the hub's own config wins; where the hub does not answer (offline, unreachable,
+    gated) a variant of a catalog model (an instruct release of the same shapes) is planned with the catalog's config,
+    and says so."""
+    try:
+        return from_hub(name, None, catalog_miss=catalog_miss)
+    except HubError as e:
+        variant = variant_source(name)
+        if variant is None:
+            raise
+        why = ("the hub could not be reached" if isinstance(e, HubUnreachableError) else
+               "the hub repo is gated for this token" if isinstance(e, HubAccessError) else "the hub answered an error")
+        return replace(variant, note=f"{variant.note}; its own config on the hub was not read: {why}")
 
 
 # ------------------------------------------------------------------ vramplan's cache of headers
