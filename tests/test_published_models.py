@@ -10,7 +10,8 @@ import pytest
 
 from vramplan.planner.errors import PlanError, UnitError
 from vramplan.planner.request import Request
-from vramplan.planner.sources import catalog, catalog_config, catalog_rows, match_variant, resolve_model, spec_from_config
+from vramplan.planner.sources import (catalog, catalog_config, catalog_rows, match_variant, resolve_model,
+                                     spec_from_config)
 from vramplan.planner.units import parse_context
 
 from fake_hub import TINY_LLAMA, FakeHub, cli, hub_env, llama_files, one_line_error
@@ -70,8 +71,8 @@ def test_the_cli_plans_an_instruct_short_name_offline(tmp_path):
     r = cli(env, "plan", "--model", "Llama-3.1-8B-Instruct", "-H", "rtx-4090", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["model"]["name"] == "meta-llama/Llama-3.1-8B-Instruct"
-    assert "Llama-3.1-8B's config" in r.stderr or "meta-llama/Llama-3.1-8B" in r.stderr
+    assert out["model"]["id"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert out["model"]["source"] == "built-in catalog: meta-llama/Llama-3.1-8B's config"
 
 
 @pytest.fixture
