@@ -110,10 +110,11 @@ def _gguf_weights(engine: str) -> list[Format]:
     out = []
     for name in GGUF_FILE_TYPES:
         bits = _gguf_bits(name)
-        listed = name if name in rules.FILE_TYPE_DELTA_PPL else _QUALITY_STAND_IN.get(name)
+        listed = name if name in rules.FILE_TYPE_DELTA_PPL else rules.QUALITY_STAND_IN.get(name)
         quality = rules.quality_cost_pct(listed, "f16") if listed else None
         source = (rules.PERPLEXITY_README if listed == name else
-                  f"{listed}'s row: {name} has none in the perplexity table (an assumption)" if listed else
+                  f"{listed}'s row: {name} has none in the perplexity table (an assumption"
+                  + (f": {rules.NO_PERPLEXITY_ROW[name]})" if name in rules.NO_PERPLEXITY_ROW else ")") if listed else
                   "no perplexity row: not planned")
         out.append(Format(engine=engine, name=name, kind=WEIGHTS, bits=bits,
                           quality_cost_pct=quality if quality is not None else float("nan"), quality_source=source,
@@ -124,9 +125,6 @@ def _gguf_weights(engine: str) -> list[Format]:
     return out
 
 
-# A file type the perplexity table lacks borrows the row of the listed type of its size (llamacpp.QUALITY_STAND_IN).
-_QUALITY_STAND_IN = {"Q4_0": "Q4_K_M", "Q4_1": "Q4_K_M", "Q4_K_S": "Q4_K_M", "IQ4_NL": "IQ4_XS", "Q5_0": "Q5_K_M",
-                     "Q5_1": "Q5_K_M", "Q5_K_S": "Q5_K_M", "Q3_K_L": "Q3_K_M", "Q3_K_S": "Q3_K_M"}
 
 
 def _vllm_weights() -> list[Format]:

@@ -14,9 +14,11 @@ separate output.weight all the same; plan those with tie_word_embeddings false.
 Sources followed (llama.cpp commit 0c1e57098bba43ac29e6e3b677cdceebdd22334f, 2026-10-01, the
 tree vendored by the llama-cpp-python 0.3.36 sdist on PyPI):
 - src/llama-quant.cpp: tensor_get_category, tensor_allows_quantization, tensor_type_fallback,
-  llama_tensor_get_type_impl (the per-ftype mixture rules, `use_more_bits`, the attn_v / ffn_down
-  counters, n_gqa / n_expert conditions, the LLM_TYPE_70B bump), llama_tensor_get_type,
-  llama_ftype_get_default_type, init_quantize_state_counters (n_ffn_down = n_layer_all,
+  llama_tensor_get_type_impl (the per-ftype mixture rules, `use_more_bits`, the attn_v / ffn_down /
+  ffn_gate / ffn_up counters, n_gqa / n_expert conditions, the LLM_TYPE_70B bump; the IQ1-IQ3, TQ,
+  Q2_K_S and MXFP4_MOE mixtures), llama_tensor_get_type, tensor_requires_imatrix (the file types
+  llama-quantize makes only with an importance matrix), llama_ftype_get_default_type,
+  init_quantize_state_counters (n_ffn_down = n_ffn_gate = n_ffn_up = n_layer_all,
   has_tied_embeddings), GGUF_DEFAULT_ALIGNMENT padding after every tensor.
 - src/llama-model-loader.h: weight_name_comparer (tensors are visited by layer, then by name;
   the counters depend on that order).
@@ -29,12 +31,17 @@ tree vendored by the llama-cpp-python 0.3.36 sdist on PyPI):
   (transformers-5 fused experts split into ffn_gate_exps + ffn_up_exps), conversion/deepseek.py
   (kv_b_proj split into attn_k_b / attn_v_b, MTP layers skipped), conversion/gemma.py (gemma3
   token_embd trimmed to the tokenizer's vocabulary), conversion/phi.py (rope_factors_long/short),
-  gguf-py/gguf/constants.py and tensor_mapping.py (GGUF tensor names).
+  conversion/gpt_oss.py (an MXFP4 checkpoint's experts written as they are stored, gate_up and its
+  bias split, sinks named attn_sinks.weight), gguf-py/gguf/constants.py and tensor_mapping.py (GGUF
+  tensor names).
 
-Left out, since no supported model_type converts to them or no listed file type reaches them:
-the falcon / glm5-next / bailingmoe3 special cases, the IQ1-IQ3, TQ, Q2_K_S and MXFP4 mixtures,
---pure, --tensor-type / --output-tensor-type overrides, and convert's optional q/k/v and
-gate/up fusion (off by default).
+Every llama_ftype but Q1_0, Q2_0 and NVFP4 (ggml types no published file of a supported model
+uses) is in GGUF_FILE_TYPES. A tensor the checkpoint stores quantized (gpt-oss's MXFP4 experts)
+keeps its type in every file type, as the published files do; llama-quantize itself would need
+--allow-requantize to change it. Left out, since no supported model_type converts to them: the
+falcon / glm5-next / bailingmoe3 special cases; and the options a default run does not use:
+--pure, --tensor-type / --output-tensor-type / --token-embedding-type overrides, --allow-requantize,
+and convert's optional q/k/v and gate/up fusion (off by default).
 """
 
 from __future__ import annotations
@@ -44,176 +51,15 @@ import math
 from .record import record
 from .errors import PlanError, UnsupportedArchitectureError
 from .modelspec import ModelSpec, TensorSpec
-
-# ------------------------------------------------------------------ ggml block layouts
-QK_K = 256  # super-block size of the k-quants and IQ4_XS (ggml-common.h)
-GGML_HALF_BYTES = 2  # ggml_half: every block scale is an fp16
-
-
-@record(kw_only=True)
-class GGMLType:
-    """A ggml tensor type: `block_elements` values stored in `block_bytes` bytes (ggml type traits)."""
-
-    name: str
-    type_id: int  # enum ggml_type
-    block_elements: int
-    block_bytes: int
-
-    def __post_init__(self) -> None:
-        if self.block_elements <= 0 or self.block_bytes <= 0:
-            raise ValueError(f"ggml type {self.name}: bad block layout {self.block_elements}/{self.block_bytes}")
-
-    @property
-    def quantized(self) -> bool:
-        """ggml_is_quantized: block types (F32/F16/BF16 store one value per element)."""
-        return self.block_elements > 1
-
-    @property
-    def bits_per_weight(self) -> float:
-        return 8 * self.block_bytes / self.block_elements
-
-    def row_bytes(self, row_elements: int) -> int:
-        """ggml_row_size: bytes of one row; the row must hold whole blocks."""
-        if row_elements % self.block_elements:
-            raise ValueError(f"{self.name}: a row of {row_elements} is not a whole number of "
-                             f"{self.block_elements}-element blocks")
-        return row_elements // self.block_elements * self.block_bytes
-
-
-# ggml's type traits (ggml/src/ggml.c type_traits @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f): blck_size is the block's
-# elements (QK4_0 = 32, QK_K = 256, ...) and type_size = sizeof(block_*), whose bytes the structs in
-# ggml/src/ggml-common.h add up to (their static_asserts quoted): every type of ggml.h's enum ggml_type but the removed
-# ids (4, 5, 31-33, 36-38: blck_size 0). The file types below use only the first fifteen.
-GGML_TYPES: dict[str, GGMLType] = {t.name: t for t in [
-    GGMLType(name="F32", type_id=0, block_elements=1, block_bytes=4),
-    GGMLType(name="F16", type_id=1, block_elements=1, block_bytes=2),
-    GGMLType(name="BF16", type_id=30, block_elements=1, block_bytes=2),
-    # sizeof(ggml_half) + QK4_0/2
-    GGMLType(name="Q4_0", type_id=2, block_elements=32, block_bytes=GGML_HALF_BYTES + 32 // 2),
-    # 2*sizeof(ggml_half) + QK4_1/2
-    GGMLType(name="Q4_1", type_id=3, block_elements=32, block_bytes=2 * GGML_HALF_BYTES + 32 // 2),
-    # sizeof(ggml_half) + sizeof(uint32_t) + QK5_0/2
-    GGMLType(name="Q5_0", type_id=6, block_elements=32, block_bytes=GGML_HALF_BYTES + 4 + 32 // 2),
-    # 2*sizeof(ggml_half) + sizeof(uint32_t) + QK5_1/2
-    GGMLType(name="Q5_1", type_id=7, block_elements=32, block_bytes=2 * GGML_HALF_BYTES + 4 + 32 // 2),
-    # sizeof(ggml_half) + QK8_0
-    GGMLType(name="Q8_0", type_id=8, block_elements=32, block_bytes=GGML_HALF_BYTES + 32),
-    # 2*sizeof(ggml_half) + QK_K/16 + QK_K/4
-    GGMLType(name="Q2_K", type_id=10, block_elements=QK_K, block_bytes=2 * GGML_HALF_BYTES + QK_K // 16 + QK_K // 4),
-    # sizeof(ggml_half) + QK_K/4 + QK_K/8 + 12
-    GGMLType(name="Q3_K", type_id=11, block_elements=QK_K, block_bytes=GGML_HALF_BYTES + QK_K // 4 + QK_K // 8 + 12),
-    # 2*sizeof(ggml_half) + K_SCALE_SIZE (12) + QK_K/2
-    GGMLType(name="Q4_K", type_id=12, block_elements=QK_K, block_bytes=2 * GGML_HALF_BYTES + 12 + QK_K // 2),
-    # 2*sizeof(ggml_half) + K_SCALE_SIZE (12) + QK_K/2 + QK_K/8
-    GGMLType(name="Q5_K", type_id=13, block_elements=QK_K,
-             block_bytes=2 * GGML_HALF_BYTES + 12 + QK_K // 2 + QK_K // 8),
-    # sizeof(ggml_half) + QK_K/16 + 3*QK_K/4
-    GGMLType(name="Q6_K", type_id=14, block_elements=QK_K, block_bytes=GGML_HALF_BYTES + QK_K // 16 + 3 * QK_K // 4),
-    # sizeof(ggml_half) + QK4_NL/2
-    GGMLType(name="IQ4_NL", type_id=20, block_elements=32, block_bytes=GGML_HALF_BYTES + 32 // 2),
-    # sizeof(ggml_half) + sizeof(uint16_t) + QK_K/64 + QK_K/2
-    GGMLType(name="IQ4_XS", type_id=23, block_elements=QK_K,
-             block_bytes=GGML_HALF_BYTES + 2 + QK_K // 64 + QK_K // 2),
-    # The types no file type above writes: GGUF headers name them all (planner/gguf_file.py reads any file).
-    # Plain integers and f64: one value per element (type_size sizeof(int8_t) ... sizeof(double)).
-    GGMLType(name="I8", type_id=24, block_elements=1, block_bytes=1),
-    GGMLType(name="I16", type_id=25, block_elements=1, block_bytes=2),
-    GGMLType(name="I32", type_id=26, block_elements=1, block_bytes=4),
-    GGMLType(name="I64", type_id=27, block_elements=1, block_bytes=8),
-    GGMLType(name="F64", type_id=28, block_elements=1, block_bytes=8),
-    # 2*sizeof(ggml_half) + QK8_1: the d and s halves, then the quants (ggml-common.h, block_q8_1)
-    GGMLType(name="Q8_1", type_id=9, block_elements=32, block_bytes=2 * GGML_HALF_BYTES + 32),
-    # sizeof(float) + QK_K + QK_K/16*sizeof(int16_t): an fp32 delta, the quants, the sums of 16
-    GGMLType(name="Q8_K", type_id=15, block_elements=QK_K, block_bytes=4 + QK_K + QK_K // 16 * 2),
-    # sizeof(ggml_half) + QK_K/8*sizeof(uint16_t)
-    GGMLType(name="IQ2_XXS", type_id=16, block_elements=QK_K, block_bytes=GGML_HALF_BYTES + QK_K // 8 * 2),
-    # sizeof(ggml_half) + QK_K/8*sizeof(uint16_t) + QK_K/32
-    GGMLType(name="IQ2_XS", type_id=17, block_elements=QK_K,
-             block_bytes=GGML_HALF_BYTES + QK_K // 8 * 2 + QK_K // 32),
-    # sizeof(ggml_half) + QK_K/4 + QK_K/16
-    GGMLType(name="IQ2_S", type_id=22, block_elements=QK_K, block_bytes=GGML_HALF_BYTES + QK_K // 4 + QK_K // 16),
-    # sizeof(ggml_half) + 3*(QK_K/8)
-    GGMLType(name="IQ3_XXS", type_id=18, block_elements=QK_K, block_bytes=GGML_HALF_BYTES + 3 * (QK_K // 8)),
-    # sizeof(ggml_half) + 13*(QK_K/32) + IQ3S_N_SCALE (QK_K/64)
-    GGMLType(name="IQ3_S", type_id=21, block_elements=QK_K,
-             block_bytes=GGML_HALF_BYTES + 13 * (QK_K // 32) + QK_K // 64),
-    # sizeof(ggml_half) + QK_K/8 + QK_K/16
-    GGMLType(name="IQ1_S", type_id=19, block_elements=QK_K, block_bytes=GGML_HALF_BYTES + QK_K // 8 + QK_K // 16),
-    # QK_K/8 + QK_K/16 + QK_K/32 (no ggml_half: the scale lives in the scales' spare bits)
-    GGMLType(name="IQ1_M", type_id=29, block_elements=QK_K, block_bytes=QK_K // 8 + QK_K // 16 + QK_K // 32),
-    # sizeof(ggml_half) + QK_K/64 + (QK_K - 4*QK_K/64)/5: five ternary values per byte
-    GGMLType(name="TQ1_0", type_id=34, block_elements=QK_K,
-             block_bytes=GGML_HALF_BYTES + QK_K // 64 + (QK_K - 4 * QK_K // 64) // 5),
-    # sizeof(ggml_half) + QK_K/4
-    GGMLType(name="TQ2_0", type_id=35, block_elements=QK_K, block_bytes=GGML_HALF_BYTES + QK_K // 4),
-    # sizeof(uint8_t) + QK_MXFP4/2 (QK_MXFP4 = 32): an E8M0 exponent, then 4-bit values
-    GGMLType(name="MXFP4", type_id=39, block_elements=32, block_bytes=1 + 32 // 2),
-    # sizeof(uint8_t)*(QK_NVFP4/QK_NVFP4_SUB) + QK_NVFP4/2 (QK_NVFP4 = 64, QK_NVFP4_SUB = 16): four UE4M3 scales
-    GGMLType(name="NVFP4", type_id=40, block_elements=64, block_bytes=64 // 16 + 64 // 2),
-    # sizeof(ggml_half) + QK1_0/8 (QK1_0 = 128)
-    GGMLType(name="Q1_0", type_id=41, block_elements=128, block_bytes=GGML_HALF_BYTES + 128 // 8),
-    # sizeof(ggml_half) + QK2_0/4 (QK2_0 = 64)
-    GGMLType(name="Q2_0", type_id=42, block_elements=64, block_bytes=GGML_HALF_BYTES + 64 // 4),
-]}
-
-
-# ------------------------------------------------------------------ file types (llama_ftype)
-@record(kw_only=True)
-class GGUFFileType:
-    """A `llama-quantize` target: its llama_ftype id and the ggml type most tensors get."""
-
-    name: str  # as llama-quantize spells it on the command line
-    ftype_id: int  # general.file_type
-    default_type: str  # llama_ftype_get_default_type
-    description: str
-
-    def __post_init__(self) -> None:
-        if self.default_type not in GGML_TYPES:
-            raise ValueError(f"file type {self.name}: unknown default type {self.default_type}")
-
-
-GGUF_FILE_TYPES: dict[str, GGUFFileType] = {f.name: f for f in [
-    GGUFFileType(name="F16", ftype_id=1, default_type="F16", description="float16 (norms, biases, router F32)"),
-    GGUFFileType(name="BF16", ftype_id=32, default_type="BF16", description="bfloat16 (norms, biases, router F32)"),
-    GGUFFileType(name="Q8_0", ftype_id=7, default_type="Q8_0", description="8.5 bpw everywhere"),
-    GGUFFileType(name="Q6_K", ftype_id=18, default_type="Q6_K", description="6.56 bpw everywhere"),
-    GGUFFileType(name="Q5_K_M", ftype_id=17, default_type="Q5_K",
-                 description="Q5_K; Q6_K for half of attn_v and ffn_down, output Q6_K"),
-    GGUFFileType(name="Q5_K_S", ftype_id=16, default_type="Q5_K", description="Q5_K; output Q6_K"),
-    GGUFFileType(name="Q5_1", ftype_id=9, default_type="Q5_1", description="legacy 6 bpw; output Q6_K"),
-    GGUFFileType(name="Q5_0", ftype_id=8, default_type="Q5_0", description="legacy 5.5 bpw; output Q6_K"),
-    GGUFFileType(name="Q4_K_M", ftype_id=15, default_type="Q4_K",
-                 description="Q4_K; Q6_K for half of attn_v and ffn_down, output Q6_K"),
-    GGUFFileType(name="Q4_K_S", ftype_id=14, default_type="Q4_K",
-                 description="Q4_K; Q5_K for the first attn_v and ffn_down, output Q6_K"),
-    GGUFFileType(name="Q4_1", ftype_id=3, default_type="Q4_1", description="legacy 5 bpw; output Q6_K"),
-    GGUFFileType(name="Q4_0", ftype_id=2, default_type="Q4_0", description="legacy 4.5 bpw; output Q6_K"),
-    GGUFFileType(name="IQ4_NL", ftype_id=25, default_type="IQ4_NL", description="non-linear 4.5 bpw; output Q6_K"),
-    GGUFFileType(name="IQ4_XS", ftype_id=30, default_type="IQ4_XS", description="non-linear 4.25 bpw; output Q6_K"),
-    GGUFFileType(name="Q3_K_L", ftype_id=13, default_type="Q3_K",
-                 description="Q3_K; Q5_K for attn_v, attn_output, ffn_down"),
-    GGUFFileType(name="Q3_K_M", ftype_id=12, default_type="Q3_K",
-                 description="Q3_K; Q4_K for attn_v, attn_output, ffn_down"),
-    GGUFFileType(name="Q3_K_S", ftype_id=11, default_type="Q3_K", description="Q3_K; output Q6_K"),
-    GGUFFileType(name="Q2_K", ftype_id=10, default_type="Q2_K",
-                 description="Q2_K; Q3_K/Q4_K for attn_v, attn_output, ffn_down"),
-]}
-
-
-def gguf_file_type(name: str) -> GGUFFileType:
-    """'q4_k_m' -> the Q4_K_M file type; unknown names raise PlanError listing the choices."""
-    try:
-        return GGUF_FILE_TYPES[name.strip().upper()]
-    except KeyError:
-        raise PlanError(f"unknown GGUF file type {name!r}; choose one of: {', '.join(GGUF_FILE_TYPES)}") from None
-
+from .ggml_types import (GGML_HALF_BYTES, GGML_TYPES, GGUF_FILE_TYPES, QK_K, GGMLType, GGUFFileType,  # noqa: F401
+                         gguf_file_type)
 
 # ------------------------------------------------------------------ HF -> GGUF tensor inventory
 # general.architecture that convert_hf_to_gguf.py writes for each transformers model_type.
 GGUF_ARCHITECTURES = {
     "llama": "llama", "mistral": "llama", "mixtral": "llama",
     "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
-    "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "deepseek_v3": "deepseek2",
+    "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "deepseek_v3": "deepseek2", "gpt_oss": "gpt-oss",
 }
 
 # Per-layer module (after "model.layers.N.") -> GGUF name (after "blk.N."), gguf-py tensor_mapping.py.
@@ -245,6 +91,13 @@ LAYER_MODULE_NAMES = {
 }
 # Gemma 2/3 have a norm after attention and one before the MLP: the first is not ffn_norm there.
 GEMMA_LAYER_MODULE_NAMES = {**LAYER_MODULE_NAMES, "post_attention_layernorm": "post_attention_norm"}
+# gpt-oss (gguf-py constants.py MODEL_ARCH.GPT_OSS lists ATTN_POST_NORM, not FFN_NORM, so tensor_mapping.py maps its
+# post_attention_layernorm to post_attention_norm; mlp.router is FFN_GATE_INP, "# openai-moe").
+GPT_OSS_LAYER_MODULE_NAMES = {**GEMMA_LAYER_MODULE_NAMES, "mlp.router": "ffn_gate_inp"}
+# The checkpoint formats whose routed experts convert_hf_to_gguf.py writes as they are stored, whatever --outtype says:
+# conversion/gpt_oss.py skips dequant_model for an MXFP4 checkpoint and repacks each *_blocks/*_scales pair as ggml
+# MXFP4 (repack_mxfp4, generate_extra_tensors).
+STORED_EXPERT_TYPES = {("gpt_oss", "mxfp4"): "MXFP4"}
 NON_LAYER_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                    "lm_head.weight": "output.weight"}
 # The tokenizer shipped with every Gemma 3 model has this many tokens; convert trims token_embd's
@@ -261,6 +114,7 @@ class _Source:
     shape: tuple[int, ...]  # ggml order
     layer: int | None
     f32: bool  # convert stores it as F32 whatever --outtype is
+    stored: str | None = None  # convert writes it in this quantized ggml type as the checkpoint holds it (MXFP4)
 
 
 def _forced_f32(gguf_name: str, ndim: int) -> bool:
@@ -269,9 +123,17 @@ def _forced_f32(gguf_name: str, ndim: int) -> bool:
         or ".ffn_gate_inp." in gguf_name
 
 
-def _source(name: str, hf_name: str | None, torch_shape: tuple[int, ...], layer: int | None) -> _Source:
+def _source(name: str, hf_name: str | None, torch_shape: tuple[int, ...], layer: int | None,
+            stored: str | None = None) -> _Source:
     return _Source(name=name, hf_name=hf_name, shape=tuple(reversed(torch_shape)), layer=layer,
-                   f32=_forced_f32(name, len(torch_shape)))
+                   f32=_forced_f32(name, len(torch_shape)), stored=stored)
+
+
+def stored_expert_type(spec: ModelSpec) -> str | None:
+    """The ggml type a pre-quantized checkpoint's routed experts keep in the GGUF (STORED_EXPERT_TYPES), or None."""
+    q = spec.config.get("quantization_config")
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    return STORED_EXPERT_TYPES.get((spec.model_type, method))
 
 
 def _layer_sources(spec: ModelSpec, t: TensorSpec) -> list[_Source]:
@@ -280,19 +142,30 @@ def _layer_sources(spec: ModelSpec, t: TensorSpec) -> list[_Source]:
         raise UnsupportedArchitectureError(f"{spec.name}: tensor {t.name} has no GGUF name (layer {t.layer})")
     rest = t.name[len(prefix):]
     blk = f"blk.{t.layer}."
-    if rest == "mlp.experts.gate_up_proj":  # [E, 2I, H]: convert splits it into gate and up
-        e, two_i, h = t.shape
+    stored = stored_expert_type(spec)
+    if rest == "mlp.experts.gate_up_proj":  # [E, 2I, H] ([E, H, 2I] transposed): convert splits it into gate and up
+        e, two_i, h = (t.shape[0], t.shape[2], t.shape[1]) if t.transposed else t.shape
         half = (e, two_i // 2, h)
-        return [_source(blk + "ffn_gate_exps.weight", t.name, half, t.layer),
-                _source(blk + "ffn_up_exps.weight", t.name, half, t.layer)]
-    if rest == "mlp.experts.down_proj":
-        return [_source(blk + "ffn_down_exps.weight", t.name, t.shape, t.layer)]
+        return [_source(blk + "ffn_gate_exps.weight", t.name, half, t.layer, stored),
+                _source(blk + "ffn_up_exps.weight", t.name, half, t.layer, stored)]
+    if rest == "mlp.experts.down_proj":  # [E, H, I] ([E, I, H] transposed: conversion/gpt_oss.py transposes it)
+        shape = (t.shape[0], t.shape[2], t.shape[1]) if t.transposed else t.shape
+        return [_source(blk + "ffn_down_exps.weight", t.name, shape, t.layer, stored)]
+    if rest == "mlp.experts.gate_up_proj_bias":  # [E, 2I], gate and up interleaved: conversion/gpt_oss.py splits it
+        e, two_i = t.shape
+        return [_source(blk + "ffn_gate_exps.bias", t.name, (e, two_i // 2), t.layer),
+                _source(blk + "ffn_up_exps.bias", t.name, (e, two_i // 2), t.layer)]
+    if rest == "mlp.experts.down_proj_bias":
+        return [_source(blk + "ffn_down_exps.bias", t.name, t.shape, t.layer)]
+    if rest == "self_attn.sinks":  # conversion/gpt_oss.py filter_tensors names it sinks.weight: ATTN_SINKS
+        return [_source(blk + "attn_sinks.weight", t.name, t.shape, t.layer)]
     if rest == "mlp.gate.e_score_correction_bias":
         return [_source(blk + "exp_probs_b.bias", t.name, t.shape, t.layer)]
     if rest == "self_attn.kv_b_proj.weight":
         return _split_kv_b(spec, t, blk)
     module, _, suffix = rest.rpartition(".")
-    table = GEMMA_LAYER_MODULE_NAMES if spec.model_type in ("gemma2", "gemma3_text") else LAYER_MODULE_NAMES
+    table = (GEMMA_LAYER_MODULE_NAMES if spec.model_type in ("gemma2", "gemma3_text") else
+             GPT_OSS_LAYER_MODULE_NAMES if spec.model_type == "gpt_oss" else LAYER_MODULE_NAMES)
     if module not in table or suffix not in ("weight", "bias"):
         raise UnsupportedArchitectureError(f"{spec.name} ({spec.model_type}): tensor {t.name} has no known GGUF name")
     return [_source(f"{blk}{table[module]}.{suffix}", t.name, t.shape, t.layer)]
@@ -379,11 +252,28 @@ NEVER_QUANTIZED = (
     ".patch_merger", "a.rvq.codebook", "mm.a.code_embd",
 )
 NEVER_QUANTIZED_NAMES = ("position_embd.weight", "token_types.weight")  # LLM_TENSOR_POS_EMBD, TOKEN_TYPES
-# tensor_type_fallback: the type a row length that is no whole number of blocks falls back to.
-FALLBACK_TYPES = {"IQ4_XS": "IQ4_NL", "Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1",
-                  "Q6_K": "Q8_0"}
-# The rule sets that move attn_output to Q5_K in 8-expert models (llama_tensor_get_type_impl).
-EIGHT_EXPERT_ATTN_OUTPUT_Q5_K = ("Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ4_XS")
+# tensor_type_fallback: the type a row length that is no whole number of blocks falls back to (256-element IQ types to
+# IQ4_NL, the 2- and 3-bit K and ternary types to Q4_0; a 32-element type keeps itself, then F16).
+FALLBACK_TYPES = {"IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ2_S": "IQ4_NL",
+                  "IQ3_XXS": "IQ4_NL", "IQ3_S": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q2_0": "Q4_0", "Q2_K": "Q4_0",
+                  "Q3_K": "Q4_0", "TQ1_0": "Q4_0", "TQ2_0": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+# llama_tensor_get_type_impl's lists of file types (llama-quant.cpp), by the rule that names them:
+# the output (and a tied token_embd) is Q5_K for these, Q6_K for the others;
+OUTPUT_Q5_K_FILE_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M")
+# an untied token_embd takes these types (the other file types leave it at their default);
+TOKEN_EMBD_TYPES = {"IQ2_XXS": "Q2_K", "IQ2_XS": "Q2_K", "IQ1_S": "Q2_K", "IQ1_M": "Q2_K", "IQ2_S": "IQ3_S",
+                    "IQ2_M": "IQ3_S", "IQ3_XXS": "IQ3_S", "TQ1_0": "Q4_K", "TQ2_0": "Q4_K"}
+# the 1- and 2-bit IQ mixtures have rules of their own for attn_v, attn_k, ffn_down and attn_output (and no others);
+LOW_BIT_IQ_FILE_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M")
+IQ2_S_LIKE = ("IQ2_S", "IQ2_M")  # ... where these two take IQ3_S and the others Q2_K
+# the rule sets that move attn_output to Q5_K in 8-expert models;
+EIGHT_EXPERT_ATTN_OUTPUT_Q5_K = ("Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M",
+                                 "IQ3_S", "IQ3_M", "IQ4_XS")
+# attn_output of the other models.
+ATTN_OUTPUT_TYPES = {"Q2_K": "Q3_K", "IQ3_XXS": "IQ3_S", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K", "IQ3_M": "Q4_K"}
+# tensor_requires_imatrix: llama-quantize refuses ("this quantization requires an imatrix!") to write a tensor other
+# than token_embd / output in these types without an importance matrix; Q2_K too, in a Q2_K_S file.
+IMATRIX_REQUIRED_TYPES = ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S")
 
 
 def tensor_category(name: str) -> str:
@@ -411,6 +301,13 @@ def allows_quantization(name: str, shape: tuple[int, ...]) -> bool:
     if ggml_n_dims(shape) < 2 or not name.endswith("weight"):
         return False
     return not any(f in name for f in NEVER_QUANTIZED) and name not in NEVER_QUANTIZED_NAMES
+
+
+def requires_imatrix(name: str, ggml_type: str, file_type: str) -> bool:
+    """tensor_requires_imatrix: whether llama-quantize needs an importance matrix to write this tensor in this type."""
+    if tensor_category(name) in ("token_embd", "output"):
+        return False
+    return ggml_type in IMATRIX_REQUIRED_TYPES or (ggml_type == "Q2_K" and file_type == "Q2_K_S")
 
 
 def use_more_bits(i_layer: int, n_layers: int) -> bool:
@@ -455,14 +352,16 @@ def _model_facts(spec: ModelSpec) -> _ModelFacts:
 class _QuantizeState:
     """quantize_state_impl: the counters llama-quantize advances tensor by tensor."""
 
-    def __init__(self, facts: _ModelFacts, names: list[str], imatrix: bool) -> None:
+    def __init__(self, facts: _ModelFacts, categories: tuple[str, ...], imatrix: bool) -> None:
         self.facts = facts
         self.has_imatrix = imatrix
-        self.n_attention_wv = sum(1 for n in names if tensor_category(n) in ATTN_V_LIKE)
-        self.has_tied_embeddings = "output.weight" not in names
-        self.n_ffn_down = facts.n_layer
+        self.n_attention_wv = sum(1 for c in categories if c in ATTN_V_LIKE)
+        self.has_tied_embeddings = "output" not in categories
+        self.n_ffn_down = facts.n_layer  # n_ffn_down = n_ffn_gate = n_ffn_up = n_layer_all
         self.i_attention_wv = 0
         self.i_ffn_down = 0
+        self.i_ffn_gate = 0
+        self.i_ffn_up = 0
 
     def layer_info(self, counter: int, name: str) -> tuple[int, int]:
         """With experts the layer comes from the name; otherwise from the running counter."""
@@ -471,10 +370,35 @@ class _QuantizeState:
         return counter, self.n_ffn_down
 
 
-def _output_type(new_type: str, row: int) -> str:
-    if row % GGML_TYPES[new_type].block_elements:
+def _output_type(ftype: str, new_type: str, row: int) -> str:
+    """The output tensor (and a tied token_embd)."""
+    if ftype == "MXFP4_MOE" or row % GGML_TYPES[new_type].block_elements:
         return "Q8_0"
+    if ftype in OUTPUT_Q5_K_FILE_TYPES:
+        return "Q5_K"
     return new_type if new_type == "Q8_0" else "Q6_K"
+
+
+def _low_bit_iq_type(qs: _QuantizeState, ftype: str, new_type: str, category: str) -> str:
+    """The IQ1_S / IQ1_M / IQ2_XXS / IQ2_XS / IQ2_S / IQ2_M rules (no LLM_TYPE_70B or 8-expert Q8_0 attn_v here;
+    ffn_down counts tensors, experts' and shared experts' alike, against n_layer / 8)."""
+    f = qs.facts
+    if category in ATTN_V_LIKE:
+        qs.i_attention_wv += 1
+        if f.n_gqa >= 4 or f.n_expert >= 4:
+            return "Q4_K"
+        return "IQ3_S" if ftype in IQ2_S_LIKE else "Q2_K"
+    if f.n_expert == 8 and category == "attn_k":
+        return "Q4_K"
+    if category == "ffn_down":
+        first = qs.i_ffn_down < qs.n_ffn_down // 8
+        qs.i_ffn_down += 1
+        return ("IQ3_S" if ftype in IQ2_S_LIKE else "Q2_K") if first else new_type
+    if category == "attn_output":
+        if f.n_expert == 8:
+            return "Q5_K"
+        return "IQ2_XXS" if ftype in ("IQ1_S", "IQ1_M") else "IQ3_S" if ftype in IQ2_S_LIKE else new_type
+    return new_type
 
 
 def _attn_v_type(qs: _QuantizeState, ftype: str, new_type: str) -> str:
@@ -482,6 +406,14 @@ def _attn_v_type(qs: _QuantizeState, ftype: str, new_type: str) -> str:
     i, n = qs.i_attention_wv, qs.n_attention_wv
     if ftype == "Q2_K":
         new_type = "Q4_K" if f.n_gqa >= 4 else "Q3_K"
+    elif ftype == "Q2_K_S" and f.n_gqa >= 4:
+        new_type = "Q4_K"
+    elif ftype == "IQ3_XXS":
+        new_type = "Q4_K" if f.n_gqa >= 4 else "IQ3_XXS" if qs.has_imatrix else "IQ3_S"
+    elif ftype in ("IQ3_XS", "IQ3_S") and f.n_gqa >= 4:
+        new_type = "Q4_K"
+    elif ftype == "IQ3_M":
+        new_type = "Q4_K"
     elif ftype == "Q3_K_M":
         new_type = "Q5_K" if i < 2 else "Q4_K"
     elif ftype == "Q3_K_L":
@@ -504,8 +436,15 @@ def _ffn_down_type(qs: _QuantizeState, ftype: str, new_type: str, name: str) -> 
     i, n = qs.layer_info(qs.i_ffn_down, name)
     if ftype == "Q2_K":
         new_type = "Q3_K"
+    elif ftype == "Q2_K_S":
+        if i < n // 8:
+            new_type = "Q4_K"
+    elif ftype == "IQ3_XXS" and not qs.has_imatrix:
+        new_type = "Q4_K" if i < n // 8 else "Q3_K"
     elif ftype == "Q3_K_M":
         new_type = "Q5_K" if i < n // 16 else "Q4_K"
+    elif ftype == "IQ3_M" and (i < n // 8 or (qs.facts.n_expert == 8 and use_more_bits(i, n))):
+        new_type = "Q4_K"
     elif ftype == "Q3_K_L":
         new_type = "Q5_K"
     elif ftype == "Q4_K_M":
@@ -526,41 +465,99 @@ def _ffn_down_type(qs: _QuantizeState, ftype: str, new_type: str, name: str) -> 
 def _attn_output_type(qs: _QuantizeState, ftype: str, new_type: str) -> str:
     if qs.facts.n_expert == 8:
         return "Q5_K" if ftype in EIGHT_EXPERT_ATTN_OUTPUT_Q5_K else new_type
-    return {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(ftype, new_type)
+    return ATTN_OUTPUT_TYPES.get(ftype, new_type)
 
 
-def _mixture_type(qs: _QuantizeState, ftype: str, new_type: str, name: str, row: int) -> str:
-    """llama_tensor_get_type_impl for the file types in GGUF_FILE_TYPES."""
-    category = tensor_category(name)
+def _gate_up_type(qs: _QuantizeState, ftype: str, new_type: str, name: str, category: str) -> str:
+    """ffn_gate / ffn_up: IQ3_XS takes IQ3_XXS for the layers between the first and the last eighth."""
+    counter = qs.i_ffn_gate if category == "ffn_gate" else qs.i_ffn_up
+    i, n = qs.layer_info(counter, name)
+    if category == "ffn_gate":
+        qs.i_ffn_gate += 1
+    else:
+        qs.i_ffn_up += 1
+    return "IQ3_XXS" if ftype == "IQ3_XS" and n // 8 <= i < 7 * n // 8 else new_type
+
+
+def _mixture_type(qs: _QuantizeState, ftype: str, new_type: str, s: _Source, category: str) -> str:
+    """llama_tensor_get_type_impl, its branches in its order, for the file types in GGUF_FILE_TYPES."""
     if category == "output" or (qs.has_tied_embeddings and category == "token_embd"):
-        return _output_type(new_type, row)
-    if category in ATTN_V_LIKE:
+        return _output_type(ftype, new_type, s.shape[0])
+    if ftype == "MXFP4_MOE":  # 3-D tensors (ne[2] > 1: the routed experts) MXFP4, every other one Q8_0
+        return "MXFP4" if len(s.shape) > 2 and s.shape[2] > 1 else "Q8_0"
+    if category == "token_embd":
+        return TOKEN_EMBD_TYPES.get(ftype, new_type)
+    if ftype in LOW_BIT_IQ_FILE_TYPES:
+        return _low_bit_iq_type(qs, ftype, new_type, category)
+    if category in ATTN_V_LIKE:  # attn_qkv is attn_v-like: the later ATTENTION_QKV branch is never reached
         return _attn_v_type(qs, ftype, new_type)
     if category == "attn_k":
-        return "Q8_0" if qs.facts.n_expert == 8 else new_type
+        return "Q8_0" if qs.facts.n_expert == 8 else {"IQ3_XS": "IQ3_XXS", "IQ3_XXS": "IQ2_S"}.get(ftype, new_type)
+    if category == "attn_q":
+        return {"IQ3_XS": "IQ3_XXS", "IQ3_XXS": "IQ2_S"}.get(ftype, new_type)
     if category == "ffn_down":
-        return _ffn_down_type(qs, ftype, new_type, name)
+        return _ffn_down_type(qs, ftype, new_type, s.name)
     if category == "attn_output":
         return _attn_output_type(qs, ftype, new_type)
+    if category in ("ffn_gate", "ffn_up"):
+        return _gate_up_type(qs, ftype, new_type, s.name, category)
     return new_type
 
 
-def _select_types(spec: ModelSpec, sources: list[_Source], file_type: GGUFFileType, imatrix: bool) -> list[str]:
-    """llama_tensor_get_type for every tensor, visited in the loader's order (the counters depend on it)."""
-    qs = _QuantizeState(_model_facts(spec), [s.name for s in sources], imatrix)
+@record(kw_only=True)
+class _Inventory:
+    """A model's tensors as llama-quantize visits them, each with what does not depend on the file type."""
+
+    sources: tuple[_Source, ...]  # in the loader's order
+    quantizable: tuple[bool, ...]  # tensor_allows_quantization
+    categories: tuple[str, ...]  # tensor_get_category
+
+
+def _inventory(spec: ModelSpec) -> _Inventory:
+    """The spec's converted tensors, sorted as the loader sorts them; the last few kept, keyed by the spec object."""
+    hit = _INVENTORY_MEMO.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    sources = tuple(sorted(_sources(spec), key=_load_order))
+    inv = _Inventory(sources=sources, quantizable=tuple(allows_quantization(s.name, s.shape) for s in sources),
+                     categories=tuple(tensor_category(s.name) for s in sources))
+    if len(_INVENTORY_MEMO) >= INVENTORY_MEMO_SIZE:
+        _INVENTORY_MEMO.pop(next(iter(_INVENTORY_MEMO)))
+    _INVENTORY_MEMO[id(spec)] = (spec, inv)  # the spec held with it: its id cannot be reused while the entry lives
+    return inv
+
+
+INVENTORY_MEMO_SIZE = 4
+_INVENTORY_MEMO: dict[int, tuple[ModelSpec, _Inventory]] = {}
+
+
+def _select_types(spec: ModelSpec, inv: _Inventory, file_type: GGUFFileType, imatrix: bool) -> list[str]:
+    """llama_tensor_get_type for every tensor, visited in the loader's order (the counters depend on it).
+
+    A tensor convert wrote pre-quantized (`stored`: gpt-oss's MXFP4 experts) keeps its type: llama-quantize would refuse
+    to change it ("requantizing from type mxfp4 is disabled" without --allow-requantize), and the published gpt-oss
+    GGUFs keep their experts MXFP4 at every file type (unsloth/gpt-oss-120b-GGUF: Q2_K to F16 all 58-61 GB)."""
+    qs = _QuantizeState(_model_facts(spec), inv.categories, imatrix)
     default = GGML_TYPES[file_type.default_type]
     out = []
-    for s in sources:
-        source_type = "F32" if s.f32 else default.name
-        if not allows_quantization(s.name, s.shape):
-            out.append(source_type)
+    for s, quantizable, category in zip(inv.sources, inv.quantizable, inv.categories):
+        if not quantizable:
+            out.append(s.stored or ("F32" if s.f32 else default.name))
             continue
         new_type = default.name
         if default.quantized:
-            new_type = _mixture_type(qs, file_type.name, new_type, s.name, s.shape[0])
+            new_type = _mixture_type(qs, file_type.name, new_type, s, category)
             new_type = fallback_type(new_type, s.shape[0])
-        out.append(new_type)
+        out.append(s.stored or new_type)
     return out
+
+
+def _imatrix_needed(inv: _Inventory, types: list[str], file_type: str) -> str | None:
+    """The first tensor llama-quantize cannot write without an importance matrix, as 'name (type)'; None if none."""
+    for s, quantizable, ty in zip(inv.sources, inv.quantizable, types):
+        if quantizable and requires_imatrix(s.name, ty, file_type):
+            return f"{s.name} ({ty})"
+    return None
 
 
 # ------------------------------------------------------------------ public API
@@ -580,23 +577,34 @@ class GGUFTensor:
         return math.prod(self.shape)
 
 
-def gguf_tensors(spec: ModelSpec, file_type: str, *, imatrix: bool = False) -> tuple[GGUFTensor, ...]:
+def gguf_tensors(spec: ModelSpec, file_type: str, *, imatrix: bool | None = None) -> tuple[GGUFTensor, ...]:
     """Every tensor of the file `llama-quantize ... <file_type>` writes, in the file's order.
 
-    `imatrix`: quantized with an importance matrix (changes IQ4_XS/IQ4_NL ffn_down and Q4_0/Q5_0
-    ffn_down in the first eighth of the layers; the other file types do not depend on it).
+    `imatrix`: quantized with an importance matrix (--imatrix). It changes IQ4_XS/IQ4_NL ffn_down and Q4_0/Q5_0
+    ffn_down in the first eighth of the layers, and IQ3_XXS's attn_v and ffn_down; the other file types do not depend
+    on it. None (the default): as llama-quantize lets the file be made, without one unless it refuses to write some
+    tensor without one (tensor_requires_imatrix: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ3_XXS, IQ3_XS,
+    Q2_K_S). False for such a file type is the PlanError llama-quantize's refusal is.
     """
+    if spec.gguf is not None and spec.gguf.file_type == file_type:  # planned from this very file: its own tensors
+        return spec.gguf.tensors
     key = (id(spec), file_type, imatrix)
     hit = _TENSORS_MEMO.get(key)
     if hit is not None and hit[0] is spec:
         return hit[1]
     ft = gguf_file_type(file_type)
-    sources = sorted(_sources(spec), key=_load_order)
-    types = _select_types(spec, sources, ft, imatrix)
+    inv = _inventory(spec)
+    types = _select_types(spec, inv, ft, bool(imatrix))
+    needed = None if imatrix else _imatrix_needed(inv, types, ft.name)
+    if needed is not None and imatrix is False:
+        raise PlanError(f"llama-quantize {ft.name} requires an importance matrix (--imatrix): without one it refuses "
+                        f"to write {needed}")
+    if needed is not None:
+        types = _select_types(spec, inv, ft, True)
     tensors = tuple(
         GGUFTensor(name=s.name, hf_name=s.hf_name, ggml_type=ty, shape=s.shape, layer=s.layer,
                    nbytes=math.prod(s.shape[1:]) * GGML_TYPES[ty].row_bytes(s.shape[0]))
-        for s, ty in zip(sources, types)
+        for s, ty in zip(inv.sources, types)
     )
     if len(_TENSORS_MEMO) >= TENSORS_MEMO_SIZE:
         _TENSORS_MEMO.pop(next(iter(_TENSORS_MEMO)))
@@ -605,17 +613,19 @@ def gguf_tensors(spec: ModelSpec, file_type: str, *, imatrix: bool = False) -> t
 
 
 # One plan asks for the same file's tensors several times (llama.cpp's plan, Ollama's launch and plan, the file
-# size): 7-20 ms each for a 405B model. The last few answers are kept, keyed by the spec object they were made for.
-TENSORS_MEMO_SIZE = 8
-_TENSORS_MEMO: dict[tuple[int, str, bool], tuple[ModelSpec, tuple[GGUFTensor, ...]]] = {}
+# size): 7-20 ms each for a 405B model. The last few answers are kept, keyed by the spec object they were made for:
+# enough for every file type a llama.cpp plan tries (planner/engines/llamacpp_rules.py PLANNED_FILE_TYPES, 18).
+TENSORS_MEMO_SIZE = 24
+_TENSORS_MEMO: dict[tuple[int, str, bool | None], tuple[ModelSpec, tuple[GGUFTensor, ...]]] = {}
 
 
 def forget_tensors() -> None:
-    """Empty the memo of gguf_tensors (what a fresh process starts with: bench/plan_speed.py times that)."""
+    """Empty the memos of gguf_tensors (what a fresh process starts with: bench/plan_speed.py times that)."""
     _TENSORS_MEMO.clear()
+    _INVENTORY_MEMO.clear()
 
 
-def gguf_layer_bytes(spec: ModelSpec, file_type: str, *, imatrix: bool = False) -> list[int]:
+def gguf_layer_bytes(spec: ModelSpec, file_type: str, *, imatrix: bool | None = None) -> list[int]:
     """Data bytes of each decoder layer's tensors (ggml_nbytes, what a backend buffer holds)."""
     out = [0] * spec.num_layers
     for t in gguf_tensors(spec, file_type, imatrix=imatrix):
@@ -638,7 +648,7 @@ class GGUFNonLayerBytes:
         return self.token_embd_bytes + self.output_bytes + self.output_norm_bytes + self.other_bytes
 
 
-def gguf_non_layer_bytes(spec: ModelSpec, file_type: str, *, imatrix: bool = False) -> GGUFNonLayerBytes:
+def gguf_non_layer_bytes(spec: ModelSpec, file_type: str, *, imatrix: bool | None = None) -> GGUFNonLayerBytes:
     by_name = {t.name: t.nbytes for t in gguf_tensors(spec, file_type, imatrix=imatrix) if t.layer is None}
     named = ("token_embd.weight", "output.weight", "output_norm.weight")
     return GGUFNonLayerBytes(
@@ -707,7 +717,7 @@ class GGUFFileSize:
         return self.header_bytes + self.tensor_data_bytes + self.padding_bytes
 
 
-def gguf_file_size(spec: ModelSpec, file_type: str, *, imatrix: bool = False) -> GGUFFileSize:
+def gguf_file_size(spec: ModelSpec, file_type: str, *, imatrix: bool | None = None) -> GGUFFileSize:
     tensors = gguf_tensors(spec, file_type, imatrix=imatrix)
     data = sum(t.nbytes for t in tensors)
     padded = sum(_pad(t.nbytes) for t in tensors)
@@ -717,6 +727,6 @@ def gguf_file_size(spec: ModelSpec, file_type: str, *, imatrix: bool = False) ->
                         metadata_estimate_bytes=metadata)
 
 
-def gguf_file_bytes(spec: ModelSpec, file_type: str, *, imatrix: bool = False) -> int:
+def gguf_file_bytes(spec: ModelSpec, file_type: str, *, imatrix: bool | None = None) -> int:
     """Size of the single-file GGUF `llama-quantize` writes (metadata estimated: see metadata_bytes_estimate)."""
     return gguf_file_size(spec, file_type, imatrix=imatrix).file_bytes

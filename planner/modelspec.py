@@ -121,6 +121,9 @@ class TensorSpec:
     dtype: str | None = None  # dtype on disk when a checkpoint header said so
     held_dtype: str | None = None  # dtype transformers holds it in whatever the load dtype (fp32 routers: fp32.py)
     transposed: bool = False  # Kind.EXPERTS stored [E, in, out] (gpt_oss, llama4) rather than [E, out, in]
+    # Bytes a pre-quantized checkpoint's safetensors headers hold for this parameter (its packed weight and side
+    # tensors: planner/published.py owner_of), where they were read and differ from its format's rule; None otherwise.
+    stored_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if any((not isinstance(d, int)) or d <= 0 for d in self.shape):  # () is a scalar parameter
@@ -272,6 +275,8 @@ class ModelSpec:
     checkpoint_bytes: int | None = None  # exact bytes of the tensors on disk (safetensors headers)
     inventory: str = INVENTORY_HAND_WRITTEN  # which path listed the tensors (the INVENTORY_* names above)
     config: dict = field(default_factory=dict, compare=False, repr=False)
+    # The GGUF file the model was read from (planner.gguf_model.GGUFModel): llama.cpp's plans take its own tensors
+    gguf: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.attention) != self.num_layers:

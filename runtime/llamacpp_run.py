@@ -29,7 +29,8 @@ from typing import Callable
 
 from vramplan.planner.errors import CheckpointError, VramplanError
 from vramplan.planner.gguf import GGUF_FILE_TYPES
-from vramplan.planner.gguf_file import GGUFHeader, check_gguf_matches, parse_gguf_header
+from vramplan.planner.gguf_file import GGUFHeader, check_gguf_matches
+from vramplan.planner.gguf_model import open_gguf_header
 from vramplan.planner.textfiles import NotRegularFileError, file_kind, require_regular_file
 
 from .execute import DEFAULT_PROMPT_TOKENS, Metrics, RunReport
@@ -68,17 +69,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFHeader:
     before it is opened and, opened without blocking (O_NONBLOCK: a FIFO swapped in opens without a writer), again by
     fstat; a file cut short or malformed is a one-line CheckpointError."""
     try:
-        require_regular_file(path)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with open(fd, "rb") as f:
-            st = os.fstat(fd)
-            require_regular_file(path, st.st_mode)
-
-            def read(offset: int, n: int) -> bytes:
-                f.seek(offset)
-                return f.read(n)
-
-            return parse_gguf_header(read, st.st_size, str(path))
+        return open_gguf_header(path)
     except OSError as e:
         raise CheckpointError(_path_problem(path, e)) from None
 

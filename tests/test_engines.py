@@ -15,7 +15,7 @@ import pytest
 from vramplan.planner.choice import Choice, ComputeDevice, OffloadMode
 from vramplan.planner.engines import emit, plan_for_engine
 from vramplan.planner.engines import llamacpp_rules as rules
-from vramplan.planner.engines.llamacpp import LlamaCppChoice
+from vramplan.planner.engines.llamacpp import QUALITY_STAND_IN, LlamaCppChoice
 from vramplan.planner.engines.ollama import ollama_tag, published_file_types
 from vramplan.planner.engines.vllm import VLLMModel, pp_partitions, search, weight_format
 from vramplan.planner.engines.vllm_rules import LayerKV
@@ -655,7 +655,9 @@ def test_llamacpp_quality_cost_is_the_perplexity_readme_delta():
     # tools/perplexity/README.md, "LLaMA 3 8b Scoreboard", imatrix None: q4_0 6.700147 - 0.468514 = the f16 reference
     assert rules.quality_cost_pct("Q4_0", "f16") == pytest.approx(100 * 0.468514 / 6.231634)
     assert rules.quality_cost_pct("Q3_K_S", "f16") == pytest.approx(100 * 1.632152 / 6.231634)
-    assert set(rules.FILE_TYPE_DELTA_PPL) == set(GGUF_FILE_TYPES)
+    # every file type has a row but those with none published (rules.NO_PERPLEXITY_ROW): they rank by a stand-in
+    assert set(rules.FILE_TYPE_DELTA_PPL) == set(GGUF_FILE_TYPES) - set(rules.NO_PERPLEXITY_ROW)
+    assert all(QUALITY_STAND_IN[t] in rules.FILE_TYPE_DELTA_PPL for t in rules.NO_PERPLEXITY_ROW)
 
 
 @pytest.mark.parametrize("file_type", list(GGUF_FILE_TYPES))
@@ -872,7 +874,7 @@ def test_ollama_from_names_the_planned_model_base_or_instruct():
     from vramplan.planner.engines.ollama import INSTRUCT_ONLY, LIBRARY
 
     instruct = ("-Instruct", "-it", "-chat", "Qwen/Qwen3-", "microsoft/phi-4", "deepseek-ai/DeepSeek-R1",
-                "deepseek-ai/DeepSeek-V3", "Phi-3-mini-4k-instruct")
+                "deepseek-ai/DeepSeek-V3", "Phi-3-mini-4k-instruct", "openai/gpt-oss-")
     for hub_id, (_, stem, _) in LIBRARY.items():
         post_trained = any(x in hub_id for x in instruct)
         assert post_trained or "-text" in stem, hub_id

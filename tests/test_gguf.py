@@ -4,7 +4,10 @@
 - Type selection: tests/data/gguf_golden.json holds what llama.cpp's convert_hf_to_gguf.py and
   llama-quantize (commit 0c1e57098bba43ac29e6e3b677cdceebdd22334f) wrote for small random models,
   read back with gguf-py (bench/gguf_golden.py made it); every tensor's name, shape and type and
-  the bytes of the data section must match exactly.
+  the bytes of the data section must match exactly. The file types llama-quantize makes only with
+  an importance matrix (IQ1-IQ2, IQ3_XXS, IQ3_XS, Q2_K_S) were written with one (every value 1.0:
+  the types do not depend on its values); gpt_oss is a random gpt-oss in bf16, gpt_oss_mxfp4 the
+  same with its experts stored MXFP4 as openai's checkpoints store them.
 - Published files: exact byte sizes of GGUF files on the Hugging Face hub, as pinned in public
   repositories (sources next to each number); gguf_file_bytes must be within 1 %.
 """
@@ -345,11 +348,16 @@ def test_types_match_llama_quantize(case, file_type):
 
 def test_golden_data_covers_every_file_type_and_the_rules():
     assert GOLDEN["llama_cpp_commit"] == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
-    for data in GOLDEN["cases"].values():
-        assert set(data["file_types"]) == set(GGUF_FILE_TYPES)
+    for name, data in GOLDEN["cases"].items():
+        # A checkpoint storing its experts MXFP4: llama.cpp writes convert's F16 file and llama-quantize's MXFP4_MOE
+        # from it; every other file type it refuses ("requantizing from type mxfp4 is disabled"), and planner/gguf.py
+        # keeps those experts MXFP4 there as the published gpt-oss files do.
+        expected = {"F16", "MXFP4_MOE"} if name == "gpt_oss_mxfp4" else set(GGUF_FILE_TYPES)
+        assert set(data["file_types"]) == expected, name
     all_types = {t for data in GOLDEN["cases"].values() for o in data["file_types"].values()
                  for t in o["types"].split()}
     assert {"Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "F16", "Q3_K", "Q6_K"} <= all_types  # fallbacks and bumps seen
+    assert {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "TQ1_0", "TQ2_0", "MXFP4"} <= all_types
 
 
 # ------------------------------------------------------------------ purity

@@ -53,7 +53,7 @@ def test_a_file_that_is_not_a_usable_gguf_is_a_one_line_error(tmp_path):
     write_gguf(tmp_path / "none.gguf", None)
     with pytest.raises(VramplanError, match="no general.file_type"):
         gguf_file_type(tmp_path / "none.gguf")
-    write_gguf(tmp_path / "odd.gguf", 24)  # IQ1_S: not a type vramplan sizes
+    write_gguf(tmp_path / "odd.gguf", 99)  # no llama_ftype of that id: not a type vramplan sizes
     with pytest.raises(VramplanError, match="not one vramplan sizes"):
         gguf_file_type(tmp_path / "odd.gguf")
     (tmp_path / "short.gguf").write_bytes(b"GGUF\x03\x00")

@@ -14,7 +14,7 @@ from dataclasses import field, fields, replace
 from ..record import record
 from ..choice import Choice, ComputeDevice, OffloadMode, experts_in_ram_text
 from ..errors import PlanError
-from ..gguf import GGUF_FILE_TYPES, gguf_file_bytes
+from ..gguf import GGUF_FILE_TYPES, gguf_file_bytes, stored_expert_type
 from ..hardware import CalibrationEntry, HardwareProfile
 from ..capacity import capacity
 from ..memory import CPUMemory, GPUMemory, LayerCosts, MemoryBreakdown
@@ -52,9 +52,13 @@ LLAMA_CPP_BACKENDS = (SPEED_SCHEME.backend, f"attn-{ATTENTION_IMPL}", f"{PREFILL
 # kernels of one group run at one efficiency (dequantizing fewer bits costs more per byte read: Q2_K decoded slower
 # than Q4_0 on the same V100). A group without a fitted entry borrows the nearest fitted one's (FIT_GROUPS runs widest
 # to narrowest).
+# The IQ1-IQ3 and ternary types decode through codebook lookups (their own kernels): no public record of them was found
+# (tests/data/public_gpu), so their group borrows Q2-Q3's fit and says so.
 FIT_GROUPS = {"F16": ("F16", "BF16"), "Q8_0": ("Q8_0",), "Q5-Q6": ("Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0"),
-              "Q4": ("Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0", "IQ4_NL", "IQ4_XS"),
-              "Q2-Q3": ("Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K")}
+              "Q4": ("Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0", "IQ4_NL", "IQ4_XS", "MXFP4_MOE"),
+              "Q2-Q3": ("Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K", "Q2_K_S"),
+              "IQ1-IQ3": ("IQ3_M", "IQ3_S", "IQ3_XS", "IQ3_XXS", "IQ2_M", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M",
+                          "IQ1_S", "TQ2_0", "TQ1_0")}
 
 
 def fit_group(file_type: str) -> str:
@@ -74,30 +78,39 @@ def fitted_entry(hw: HardwareProfile, file_type: str):
     return min(fitted, key=lambda x: x[:2])[2] if fitted else None
 
 
-# The perplexity table (llamacpp_rules.FILE_TYPE_DELTA_PPL) lists the file types llama.cpp plans choose among; a file
-# type asked for by name beyond them (--quant Q4_0) borrows the quality cost of the listed type of its size and says so
-# (an assumption: the table has no row for it).
-QUALITY_STAND_IN = {"Q4_0": "Q4_K_M", "Q4_1": "Q4_K_M", "Q4_K_S": "Q4_K_M", "IQ4_NL": "IQ4_XS", "Q5_0": "Q5_K_M",
-                    "Q5_1": "Q5_K_M", "Q5_K_S": "Q5_K_M", "Q3_K_L": "Q3_K_M", "Q3_K_S": "Q3_K_M"}
+# llamacpp_rules.QUALITY_STAND_IN: the listed row a file type without one is ranked by.
+QUALITY_STAND_IN = rules.QUALITY_STAND_IN
 
 
-def quality_cost_pct(file_type: str, kv_type: str) -> float:
+def stand_in(file_type: str, spec: ModelSpec | None = None) -> str:
+    """The perplexity row a file type is ranked by: its own, else QUALITY_STAND_IN's. A checkpoint whose experts are
+    stored MXFP4 (gpt-oss) keeps them at every file type (planner/gguf.py stored_expert_type): its F16 file is the
+    model as published, and MXFP4_MOE changes only the rest, to Q8_0 (Q8_0's row)."""
+    if spec is not None and stored_expert_type(spec) is not None and file_type == "MXFP4_MOE":
+        return "Q8_0"
+    return file_type if file_type in rules.FILE_TYPE_DELTA_PPL else QUALITY_STAND_IN[file_type]
+
+
+def quality_cost_pct(file_type: str, kv_type: str, spec: ModelSpec | None = None) -> float:
     """llama.cpp's quality cost of a file type and cache type, through its stand-in where the table has no row."""
-    return rules.quality_cost_pct(QUALITY_STAND_IN.get(file_type, file_type)
-                                  if file_type not in rules.FILE_TYPE_DELTA_PPL else file_type, kv_type)
+    return rules.quality_cost_pct(stand_in(file_type, spec), kv_type)
 
 
-def engine_constants(hw: HardwareProfile, file_types=(), kv_types=()) -> dict:
+def engine_constants(hw: HardwareProfile, file_types=(), kv_types=(), spec: ModelSpec | None = None) -> dict:
     """rules.constants for these file and cache types, a stand-in's quality row in place of a file type the
     perplexity table lacks, each stand-in named as the assumption it is."""
-    listed = tuple(dict.fromkeys(t if t in rules.FILE_TYPE_DELTA_PPL else QUALITY_STAND_IN[t] for t in file_types))
+    listed = tuple(dict.fromkeys(stand_in(t, spec) for t in file_types))
     out = rules.constants(hw.name, hw.overheads.cuda_context_bytes if hw.has_gpu else 0, listed, kv_types,
                           has_gpu=hw.has_gpu)
     for t in file_types:
         if t not in rules.FILE_TYPE_DELTA_PPL:
-            out[f"quality_stand_in_{t}"] = EngineConstant(QUALITY_STAND_IN[t], f"{t} has no row in the perplexity "
-                                                          "table: the quality cost of this listed type of its size "
-                                                          "(planner/engines/llamacpp.py QUALITY_STAND_IN)",
+            why = rules.NO_PERPLEXITY_ROW.get(t, "")
+            out[f"quality_stand_in_{t}"] = EngineConstant(stand_in(t, spec), f"{t} has no row in the perplexity "
+                                                          "table: the quality cost of this listed type "
+                                                          + ("(the experts are stored MXFP4 in the checkpoint: only "
+                                                             "the rest changes, to Q8_0)" if stand_in(t, spec) == "Q8_0"
+                                                             else "of its size") + (f" ({why})" if why else "")
+                                                          + " (planner/engines/llamacpp.py QUALITY_STAND_IN)",
                                                           assumption=True)
     return out
 
@@ -302,7 +315,7 @@ def candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str, server: Serve
     p = placement or closest
     choice, mem = _choice(spec, hw, fp, p), _breakdown(hw, fp, p)
     base = dict(weight_quant=model.file_type, kv_dtype=kv_type,
-                quality_cost_pct=quality_cost_pct(model.file_type, kv_type), choice=choice, memory=mem,
+                quality_cost_pct=quality_cost_pct(model.file_type, kv_type, spec), choice=choice, memory=mem,
                 max_context_tokens=max_resident_context(spec, hw, req, model, kv_type, server) if contexts else 0)
     if placement is None:
         return Candidate(**base, fits=False, reason=_overflow_reason(fp, p, req.gpu_layers))
@@ -434,7 +447,13 @@ class LlamaCppEngine:
         return self.server or llama_server(req)
 
     def file_types(self, spec: ModelSpec, req: Request) -> tuple[str, ...]:
-        return req.quant or rules.PLANNED_FILE_TYPES
+        if spec.gguf is not None:
+            return gguf_file_types(spec, req)
+        if req.quant:
+            return req.quant
+        if stored_expert_type(spec) is not None:  # gpt-oss: the file as published (experts MXFP4, the rest 16-bit)
+            return ("F16", "MXFP4_MOE", *rules.PLANNED_FILE_TYPES)
+        return rules.PLANNED_FILE_TYPES
 
     def caches(self, req: Request) -> tuple[str, ...]:
         return req.kv_dtype or LLAMA_CPP_KV_DTYPES
@@ -458,7 +477,8 @@ class LlamaCppEngine:
                                      self.server_for(req))
 
     def engine_constants(self, spec: ModelSpec, hw: HardwareProfile, req: Request) -> dict[str, EngineConstant]:
-        return {**engine_constants(hw, self.file_types(spec, req), self.caches(req)), **self.server_for(req).constants}
+        return {**engine_constants(hw, self.file_types(spec, req), self.caches(req), spec),
+                **self.server_for(req).constants}
 
     def constants(self, spec, hw, req, cands) -> dict:
         return {k: c.for_plan() for k, c in self.engine_constants(spec, hw, req).items()}
@@ -492,8 +512,22 @@ def plan_llamacpp(spec: ModelSpec, hw: HardwareProfile, req: Request, server: Se
 
 # ---------------------------------------------------------------- the command
 def gguf_file_name(spec: ModelSpec, file_type: str) -> str:
-    """The GGUF file an export suggests writing: a safe file name made from the model's (common.file_stem)."""
+    """The GGUF file an export suggests writing: a safe file name made from the model's (common.file_stem); the file
+    itself where the model was read from one."""
+    if spec.gguf is not None:
+        return spec.location
     return f"{file_stem(spec.name)}-{file_type}.gguf"
+
+
+def gguf_file_types(spec: ModelSpec, req: Request) -> tuple[str, ...]:
+    """The file type of the GGUF file the model was read from: the only one its plans take (another would be another
+    file); a forced other --quant is refused in one line."""
+    have = spec.gguf.file_type
+    other = [q for q in req.quant if q != have]
+    if other:
+        raise PlanError(f"{spec.location} is a {have} GGUF file: --quant {','.join(other)} would be another file "
+                        "(plan the model it was converted from to choose a file type)")
+    return (have,)
 
 
 def llama_server_command(spec: ModelSpec, p: Plan) -> list[str]:
@@ -526,7 +560,8 @@ def prompt_cache_mib(p: Plan) -> int:
 
 def export_from_llamacpp_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, extra_notes=()) -> Export:
     """The llama-server command for a plan made by llama.cpp's rules."""
-    consts = engine_constants(hw, (p.choice.weight_quant,) if p.fits else (), (p.choice.kv_dtype,) if p.fits else ())
+    consts = engine_constants(hw, (p.choice.weight_quant,) if p.fits else (), (p.choice.kv_dtype,) if p.fits else (),
+                              spec)
     if not p.fits:
         text = commented([*extra_notes, f"llama.cpp: {p.reasons[0]}"], "# no llama-server command: nothing fits")
         return Export(engine=ENGINE, fits=False, text=text, notes=tuple([*extra_notes, *p.reasons]), constants=consts)
@@ -534,12 +569,18 @@ def export_from_llamacpp_plan(spec: ModelSpec, hw: HardwareProfile, p: Plan, ext
     name = gguf_file_name(spec, c.weight_quant)
     repo = GGUF_REPO_CONVENTION.format(name=file_stem(spec.name))
     checkpoint = shell_quote(spec.location) if is_local(spec) else f"<the {spec.name} checkpoint directory>"
-    notes = [*extra_notes,
-             f"GGUF {c.weight_quant}: {name}, {gguf_file_bytes(spec, c.weight_quant):,} B "
-             f"({format_bytes(gguf_file_bytes(spec, c.weight_quant))}; planner/gguf.py: llama-quantize's tensor types)",
-             f"where to get it: GGUF repositories are conventionally named like {repo} (a naming convention, not a "
-             f"promise that it exists), or convert: convert_hf_to_gguf.py {checkpoint}, then llama-quantize <f16.gguf> "
-             f"{name} {c.weight_quant}",
+    if spec.gguf is not None:
+        about = [f"GGUF {c.weight_quant}: {name}, {spec.gguf.file_bytes:,} B ({format_bytes(spec.gguf.file_bytes)}"
+                 f"{f' in {spec.gguf.splits} parts' if spec.gguf.splits > 1 else ''}; its own tensors' types and "
+                 "bytes, read from its header)"]
+    else:
+        about = [f"GGUF {c.weight_quant}: {name}, {gguf_file_bytes(spec, c.weight_quant):,} B "
+                 f"({format_bytes(gguf_file_bytes(spec, c.weight_quant))}; planner/gguf.py: llama-quantize's tensor "
+                 "types)",
+                 f"where to get it: GGUF repositories are conventionally named like {repo} (a naming convention, not "
+                 f"a promise that it exists), or convert: convert_hf_to_gguf.py {checkpoint}, then llama-quantize "
+                 f"<f16.gguf> {name} {c.weight_quant}"]
+    notes = [*extra_notes, *about,
              p.chosen.reason,
              "-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); "
              "the plan sized the cache with it"]

@@ -62,21 +62,52 @@ FIT_TARGET_MARGIN_BYTES = 1024 * MiB
 # Physical batch of a prompt-processing step: common_params::n_ubatch = 512 (`-ub`); the compute buffers are
 # reserved for a graph of this many tokens.
 N_UBATCH = 512
-# The GGUF file types a llama.cpp plan chooses among, best quality first.
-PLANNED_FILE_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M", "Q2_K")
+# The GGUF file types a llama.cpp plan chooses among, best quality first (by FILE_TYPE_DELTA_PPL): every one with a
+# perplexity row but the legacy Q4_0/Q4_1/Q5_0/Q5_1 and the _S/_L K-quant siblings a listed type of its size beats,
+# and IQ4_NL (IQ4_XS is as good and smaller). TQ1_0, TQ2_0 and MXFP4_MOE have no row (NO_PERPLEXITY_ROW): not planned.
+PLANNED_FILE_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M", "IQ3_M", "IQ3_S", "IQ3_XS", "IQ3_XXS",
+                      "IQ2_M", "Q2_K_S", "IQ2_S", "Q2_K", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S")
 # -ctk / -ctv types (common/arg.cpp kv_cache_types holds these and more) -> ggml type whose block layout sizes a row.
 KV_GGML_TYPES = {name: GGML_TYPES[name.upper()] for name in LLAMA_CPP_KV_DTYPES}
 
 # Perplexity increase of each file type over F16 on Llama-3-8B (PERPLEXITY_README): delta PPL over the F16
-# PPL 6.231634 (= q8_0's 6.234284 - 0.002650); the rows quantized without an importance matrix ("imatrix None"). The
-# table has IQ4_NL and IQ4_XS only with one ("WT 10m"): those two rows are with it. The same table, unchanged, is in
-# tools/perplexity/README.md of the tree vramplan's llama.cpp rules follow (MEASURED_COMMIT).
+# PPL 6.231634 (= q8_0's 6.234284 - 0.002650); the rows quantized without an importance matrix ("imatrix None") where
+# the table has one. The IQ rows and Q2_K_S are in it only with one (FILE_TYPE_PPL_IMATRIX): those rows are with it,
+# as llama-quantize makes those files (planner/gguf.py: IQ1-IQ2, IQ3_XXS, IQ3_XS and Q2_K_S require one). The same
+# table, unchanged, is in tools/perplexity/README.md of the tree vramplan's llama.cpp rules follow (MEASURED_COMMIT).
 LLAMA3_8B_F16_PPL = 6.231634
 FILE_TYPE_DELTA_PPL = {"BF16": 0.0, "F16": 0.0, "Q8_0": 0.002650, "Q6_K": 0.021748, "Q5_K_M": 0.056974,
                        "Q5_K_S": 0.104964, "Q5_1": 0.106223, "Q5_0": 0.131591, "Q4_K_M": 0.175482,
                        "Q4_K_S": 0.268895, "Q4_1": 0.451103, "Q4_0": 0.468514, "IQ4_NL": 0.223959,
-                       "IQ4_XS": 0.228071, "Q3_K_L": 0.556242, "Q3_K_M": 0.656864, "Q3_K_S": 1.632152,
-                       "Q2_K": 3.519934}
+                       "IQ4_XS": 0.228071, "Q3_K_L": 0.556242, "Q3_K_M": 0.656864, "IQ3_M": 0.666694,
+                       "IQ3_S": 0.733867, "IQ3_XS": 0.931409, "IQ3_XXS": 1.226803, "Q3_K_S": 1.632152,
+                       "IQ2_M": 2.369166, "Q2_K_S": 3.092145, "IQ2_S": 3.419148, "Q2_K": 3.519934,
+                       "IQ2_XS": 4.529791, "IQ2_XXS": 7.860148, "IQ1_M": 19.262089, "IQ1_S": 54.462959}
+# The rows of FILE_TYPE_DELTA_PPL measured with an importance matrix, and which (the table's "imatrix" column: "WT 10m",
+# 10 million wikitext tokens; q2_K_S and iq1_S have rows for 1k-10m tokens, the 10m ones are taken as for the others).
+FILE_TYPE_PPL_IMATRIX = {t: "WT 10m" for t in ("IQ4_NL", "IQ4_XS", "IQ3_M", "IQ3_S", "IQ3_XS", "IQ3_XXS", "IQ2_M",
+                                               "Q2_K_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S")}
+# The file types planner/gguf.py sizes that have no perplexity row, and why: no public number for them on Llama-3-8B
+# (or any model whose weights are not already in their format) was found. Not planned; asked for by name, they need a
+# stand-in or an unknown cost.
+NO_PERPLEXITY_ROW = {
+    "TQ1_0": "ternary (1.69 bpw): made for ternary-trained models (BitNet b1.58, TriLM); its perplexity was published "
+             "for those only, not for ternarizing a model trained in 16 bits",
+    "TQ2_0": "ternary (2.06 bpw): made for ternary-trained models (BitNet b1.58, TriLM); its perplexity was published "
+             "for those only, not for ternarizing a model trained in 16 bits",
+    "MXFP4_MOE": "MXFP4 routed experts, Q8_0 elsewhere: on a dense model (Llama-3-8B) its file is Q8_0's, tensor for "
+                 "tensor, so the scoreboard's q8_0 row measures nothing of MXFP4; no perplexity of MXFP4 experts "
+                 "quantized from 16 bits was found (for gpt-oss, whose checkpoint stores its experts MXFP4, the "
+                 "experts are unchanged and the rest is Q8_0)",
+}
+# A file type the perplexity table lacks, asked for by name (--quant Q4_0), borrows the row of the listed type of its
+# size (an assumption, said so). The ternary types (NO_PERPLEXITY_ROW) store the same ternary values in two packings:
+# both borrow the table's lowest row (IQ1_S), as a bound, not a measurement; MXFP4_MOE (4.25 bpw experts, Q8_0
+# elsewhere) the 4-bit row of the listed types, except where the checkpoint stores its experts MXFP4
+# (planner/engines/llamacpp.py stand_in).
+QUALITY_STAND_IN = {"Q4_0": "Q4_K_M", "Q4_1": "Q4_K_M", "Q4_K_S": "Q4_K_M", "IQ4_NL": "IQ4_XS", "Q5_0": "Q5_K_M",
+                    "Q5_1": "Q5_K_M", "Q5_K_S": "Q5_K_M", "Q3_K_L": "Q3_K_M", "Q3_K_S": "Q3_K_M",
+                    "TQ1_0": "IQ1_S", "TQ2_0": "IQ1_S", "MXFP4_MOE": "Q4_K_M"}
 # KV cache quantization's perplexity cost: no measured table was found in llama.cpp's docs: ASSUMED values,
 # said so in every plan that uses them.
 KV_QUALITY_PCT_ASSUMED = {"f16": 0.0, "q8_0": 0.1, "q4_0": 1.0}
@@ -448,8 +479,11 @@ class LlamaCppFootprint:
         return sum(d.weights + d.kv + d.compute + self.cuda_context_bytes for d in devices)
 
     def ram_for(self, p: LlamaCppPlacement) -> int:
-        """The RAM the host side of `p` may take: all of it, or on unified memory what the GPU side leaves."""
-        return self.cap.ram_left(self.gpu_total(p)) if self.cap.unified else self.cap.ram_bytes
+        """The RAM the host side of `p` may take: all of it, or on unified memory what the GPU side leaves, the
+        margin --fit keeps free on each device it uses counted with the GPU side (it is the same pool)."""
+        if not self.cap.unified:
+            return self.cap.ram_bytes
+        return self.cap.ram_left(self.gpu_total(p) + self.margin_bytes * len(p.per_device or ()))
 
     def fits_host(self, p: LlamaCppPlacement) -> bool:
         return self.host_total(p) <= self.ram_for(p)

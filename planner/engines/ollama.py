@@ -212,9 +212,12 @@ class OllamaEngine(llamacpp.LlamaCppEngine):
         super().__init__(None)
 
     def file_types(self, spec: ModelSpec, req: Request) -> tuple[str, ...]:
+        if spec.gguf is not None:
+            return llamacpp.gguf_file_types(spec, req)
         if req.quant:  # the largest published quant of at most each size asked for
             return tuple(dict.fromkeys(published_file_types(spec, q)[0] for q in req.quant))
-        return tuple(ft for ft in rules.PLANNED_FILE_TYPES if ft in published_file_types(spec, ft))
+        return (tuple(ft for ft in rules.PLANNED_FILE_TYPES if ft in published_file_types(spec, ft))
+                or published_file_types(spec, rules.PLANNED_FILE_TYPES[0]))  # a model published in one format
 
     def caches(self, req: Request) -> tuple[str, ...]:
         return req.kv_dtype or KV_CACHE_TYPES
@@ -244,7 +247,7 @@ class OllamaEngine(llamacpp.LlamaCppEngine):
                                              rules.gguf_model(spec, ft), chosen.kv_dtype, launch.server(hw.has_gpu))
 
     def engine_constants(self, spec: ModelSpec, hw: HardwareProfile, req: Request) -> dict[str, EngineConstant]:
-        return {**llamacpp.engine_constants(hw, self.file_types(spec, req), self.caches(req)), **constants()}
+        return {**llamacpp.engine_constants(hw, self.file_types(spec, req), self.caches(req), spec), **constants()}
 
     def explain(self, spec, hw, req, chosen: Candidate) -> Outcome:
         out = super().explain(spec, hw, req, chosen)
@@ -273,6 +276,11 @@ TAG_FILE_TYPE = {"fp16": "F16", **{v: k for k, v in QUANT_TAG.items() if v != "f
 FULL_QUANTS = ("fp16", "q8_0", "q6_K", "q5_1", "q5_K_M", "q5_K_S", "q5_0", "q4_1", "q4_K_M", "q4_K_S", "q4_0",
                "q3_K_L", "q3_K_M", "q3_K_S", "q2_K")
 FEW_QUANTS = ("fp16", "q8_0", "q4_K_M")
+# Models the library holds only as published, in one tag without a quant suffix: gpt-oss's tags are its checkpoint
+# as OpenAI ships it, routed experts MXFP4 and the rest BF16 (ollama.com/library/gpt-oss, 2025-08: gpt-oss:20b 14 GB,
+# gpt-oss:120b 65 GB): the F16 file convert_hf_to_gguf.py writes from that checkpoint (planner/gguf.py keeps stored
+# MXFP4 experts as they are: 13.79 and 65.36 GB).
+AS_PUBLISHED = "as-published"
 # Hub id -> (library name, tag stem, published quants); stems as on ollama.com/library. The export names the model
 # that was planned: a base (pretrained) checkpoint maps to the library's base ("text") tags, an instruct / chat one to
 # its instruct tags, never one to the other. The base tags used here are all listed in an ollama.com/library tag
@@ -327,6 +335,8 @@ LIBRARY = {
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B": ("deepseek-r1", "32b-qwen-distill", FEW_QUANTS),
     "deepseek-ai/DeepSeek-R1": ("deepseek-r1", "671b", FEW_QUANTS),
     "deepseek-ai/DeepSeek-V3": ("deepseek-v3", "671b", FEW_QUANTS),
+    "openai/gpt-oss-20b": ("gpt-oss", "20b", (AS_PUBLISHED,)),
+    "openai/gpt-oss-120b": ("gpt-oss", "120b", (AS_PUBLISHED,)),
 }
 # Base checkpoints whose library name publishes only the instruct model (no base tag in the listing above: the qwen2.5
 # library has no -base / -text tag, mistral's -text tags name no v0.3): exported as their own GGUF, and the note says
@@ -344,8 +354,12 @@ UNQUANTIZED_FILE_TYPES = ("F16", "BF16")
 QUANT_ORDER = ("fp16", "q8_0", "q6_K", "q5_1", "q5_K_M", "q5_K_S", "q5_0", "q4_1", "q4_K_M", "q4_K_S", "q4_0",
                "q3_K_L", "q3_K_M", "q3_K_S", "q2_K")
 # The GGUF file types the library does not publish, and its largest quant of at most their size (same scoreboard:
-# iq4_NL 4.35 GiB >= q4_0 4.34, iq4_XS 4.14 >= q3_K_L 4.03).
-LARGEST_AT_MOST = {"IQ4_NL": "q4_0", "IQ4_XS": "q3_K_L"}
+# iq4_NL 4.35 GiB >= q4_0 4.34, iq4_XS 4.14 >= q3_K_L 4.03; the others by planner/gguf.py's Llama-3.1-8B files:
+# MXFP4_MOE 7.95 GiB (a dense model's is Q8_0's), IQ3_M 3.52 and IQ3_S 3.43 >= q3_K_S, IQ3_XS 3.28 and IQ3_XXS 3.05 >=
+# q2_K; None: smaller than q2_K, the library's smallest quant is the nearest).
+LARGEST_AT_MOST = {"IQ4_NL": "q4_0", "IQ4_XS": "q3_K_L", "MXFP4_MOE": "q8_0", "IQ3_M": "q3_K_S", "IQ3_S": "q3_K_S",
+                   "IQ3_XS": "q2_K", "IQ3_XXS": "q2_K", "Q2_K_S": None, "IQ2_M": None, "IQ2_S": None, "IQ2_XS": None,
+                   "TQ2_0": None, "IQ2_XXS": None, "TQ1_0": None, "IQ1_M": None, "IQ1_S": None}
 
 
 def published_file_types(spec: ModelSpec, file_type: str) -> tuple[str, ...]:
@@ -356,8 +370,10 @@ def published_file_types(spec: ModelSpec, file_type: str) -> tuple[str, ...]:
     if entry is None:
         return (file_type,)
     published = entry[2]
+    if published == (AS_PUBLISHED,):
+        return ("F16",)
     wanted = QUANT_TAG.get(file_type) or LARGEST_AT_MOST[file_type]
-    at_most = [q for q in QUANT_ORDER[QUANT_ORDER.index(wanted):] if q in published]
+    at_most = [q for q in QUANT_ORDER[QUANT_ORDER.index(wanted):] if q in published] if wanted else []
     return tuple(TAG_FILE_TYPE[q] for q in (at_most or [published[-1]]))
 
 
@@ -365,6 +381,8 @@ def ollama_tag(spec: ModelSpec, file_type: str) -> tuple[str | None, str]:
     """The library tag of the planned model for a GGUF file type it publishes, and what to say about it; None (with how
     to build the GGUF from the planned checkpoint) when the library has no tag for this very model."""
     entry = LIBRARY.get(spec.name)
+    if spec.gguf is not None:
+        return None, f"FROM the GGUF file it was planned from ({spec.location})"
     if entry is None:
         name = llamacpp.gguf_file_name(spec, file_type)
         f16 = llamacpp.gguf_file_name(spec, "F16")
@@ -377,7 +395,10 @@ def ollama_tag(spec: ModelSpec, file_type: str) -> tuple[str | None, str]:
                  f"{convert} f16 --outfile {f16}, then llama-quantize {f16} {name} {file_type}")
         return None, (f"{why}: FROM the GGUF converted from the planned checkpoint (./{name}); build it with "
                       f"llama.cpp: {build}")
-    name, stem, _ = entry
+    name, stem, published = entry
+    if published == (AS_PUBLISHED,):
+        return (f"{name}:{stem}", f"Ollama's {name}:{stem} holds {spec.name} as published (routed experts MXFP4, the "
+                "rest BF16: GGUF F16 with the experts as stored); tag as listed on ollama.com/library/gpt-oss")
     quant = QUANT_TAG[file_type]
     return (f"{name}:{stem}-{quant}", f"Ollama quant {quant} (GGUF {file_type}); tag by ollama.com/library's naming "
             "convention: check it is published")
@@ -412,7 +433,7 @@ def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
     launch = ollama_launch(spec, hw, req, ft)
     tag, said = ollama_tag(spec, ft)
     notes.append(said)
-    gguf = tag or "./" + llamacpp.gguf_file_name(spec, ft)
+    gguf = tag or (spec.location if spec.gguf is not None else "./" + llamacpp.gguf_file_name(spec, ft))
     argv = launch.argv(f"<{gguf} blob>" if tag else gguf, kv)
     if hw.has_gpu:
         notes.append(f"{q.chosen.reason} (by llama.cpp's rules; --fit chooses -ngl" + (
@@ -441,7 +462,8 @@ def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
                  f"{rules.PROMPT_CACHE_DEFAULT_MIB} MiB: Ollama passes no --cache-ram, so the plan counts it in RAM")
     notes += [w for w in q.warnings if not w.startswith("assumption: ")]
     notes += assumption_notes(consts)
-    pull = f"ollama pull {tag}" if tag else f"(no library tag: build {llamacpp.gguf_file_name(spec, ft)}, see above)"
+    pull = (f"ollama pull {tag}" if tag else "(the GGUF file itself: nothing to pull)" if spec.gguf is not None
+            else f"(no library tag: build {llamacpp.gguf_file_name(spec, ft)}, see above)")
     body = "\n".join([f"# {one_line(pull)}", f"FROM {modelfile_value(gguf)}", f"PARAMETER num_ctx {req.context}"])
     return Export(engine=ENGINE, fits=True, text=commented(notes, body), notes=tuple(notes), constants=consts,
                   details={"ollama_version": OLLAMA_VERSION, "tag": tag, "gguf_file_type": ft, "kv_cache_type": kv,
