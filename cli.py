@@ -97,10 +97,13 @@ def models_cmd(as_json: JsonOpt = False) -> None:
 def inspect_cmd(model: ModelOpt, revision: RevisionOpt = None, as_json: JsonOpt = False) -> None:
     """A model's exact facts: parameters by role, bytes per dtype, KV cache per token."""
     _, spec = resolve_model(model, revision)
+    from vramplan.planner.published_scheme import published_summary
+
+    facts = {**spec.summary(), **published_summary(spec)}
     if as_json:
-        out.data(spec.summary())
+        out.data(facts)
     else:
-        render.inspect(spec.summary(), list(spec.notes))
+        render.inspect(facts, list(spec.notes))
 
 
 # ---------------------------------------------------------------- hardware commands
@@ -496,6 +499,10 @@ def run_cmd(
     if gguf is not None or llama_server is not None:
         raise UsageError("--gguf and --llama-server go with --engine llama.cpp")
     source, spec = resolve_model(model, revision)
+    from vramplan.planner.published_scheme import PUBLISHED_BACKEND, loaders_note, published_scheme
+
+    if (ps := published_scheme(spec)) is not None and ps.backend == PUBLISHED_BACKEND:
+        raise UsageError(f"vramplan's runtime does not load {ps.name} checkpoints: {loaders_note(spec)}")
     if not source.has_weights and not dummy_weights:
         raise UsageError(f"{source.id} has no weights here ({source.origin}); add --dummy-weights to measure its "
                          "speed and memory with random weights")
@@ -552,6 +559,8 @@ def _run_llamacpp(model, revision, plan_file, planning: dict, hardware, gguf, ll
     """`run --engine llama.cpp`: llama.cpp's plan for the GGUF file's type, run by llama-server; the report."""
     from vramplan.runtime.llamacpp_run import check_gguf_paths, find_llama_server, plan_for_file, run_llamacpp
 
+    if gguf is None and model.lower().endswith(".gguf"):
+        gguf = model  # --model FILE.gguf: that file
     if gguf is None:
         raise UsageError("--engine llama.cpp runs a GGUF file: pass --gguf PATH (convert_hf_to_gguf.py's output)")
     check_gguf_paths([gguf])  # a regular file: a FIFO would block the header's read

@@ -340,6 +340,10 @@ def inspect(facts: dict, notes: list[str]) -> None:
         ["KV cache bf16 / token", f"{facts['kv_bytes_per_token']:,} B ({format_bytes(facts['kv_bytes_per_token'])}; "
                                   f"{format_bytes(kv_layers[0])} per layer)"],
     ]
+    if "published" in facts:
+        pub = facts["published"]
+        rows.append([f"weights as stored ({pub['format']})",
+                     f"{pub['stored_bytes']:,} B ({format_bytes(pub['stored_bytes'])}): {pub['description']}"])
     if "checkpoint" in facts["weight_bytes"]:
         rows.append(["checkpoint on disk", f"{facts['weight_bytes']['checkpoint']:,} B (safetensors headers)"])
     if "moe" in facts:

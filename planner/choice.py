@@ -10,6 +10,7 @@ from enum import Enum
 
 from .record import record
 from .errors import PlanError
+from .published import is_published_name
 from .quant import KV_SCHEMES, SCHEMES
 
 
@@ -63,7 +64,7 @@ class Choice:
     expert_layers_in_ram: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.weight_quant not in SCHEMES:
+        if self.weight_quant not in SCHEMES and not is_published_name(self.weight_quant):
             raise PlanError(f"choice.weight_quant: unknown scheme {self.weight_quant!r}; one of {', '.join(SCHEMES)}")
         if self.kv_dtype not in KV_SCHEMES:
             raise PlanError(f"choice.kv_dtype: unknown KV dtype {self.kv_dtype!r}; one of {', '.join(KV_SCHEMES)}")

@@ -24,6 +24,7 @@ from .constant import Constant, constants
 from .engine import Outcome, nothing_fits_reasons, plan_with
 from .plan import Alternative, Candidate, Plan
 from .preference import choose_by_preference  # noqa: F401 - the --prefer rule, one for every engine
+from .published_scheme import PUBLISHED_BACKEND, loaders_note, scheme_named, speed_stand_in, weight_schemes
 from .quant import KV_SCHEMES, SCHEMES, KVScheme, WeightScheme
 from .request import COMPILE_SCHEMES, RUNTIME_BASE_RAM_BYTES, Request, compile_schemes
 from .speed import SpeedEstimate, compiled_scheme, estimate, speed_constants
@@ -233,7 +234,7 @@ def speed_scheme(req: Request, scheme: WeightScheme) -> WeightScheme:
     """The scheme whose constants price the decode: with --compile, a compiled decode of the same bytes (its fitted
     constants, no eager dispatch); else the scheme itself. (On a CPU the quanto schemes price as themselves:
     speed.efficiency scales their per-layer cost by COMPILED_CPU_PER_LAYER_FACTOR.)"""
-    return compiled_scheme(16) if req.compiled and scheme.name in COMPILE_SCHEMES else scheme
+    return compiled_scheme(16) if req.compiled and scheme.name in COMPILE_SCHEMES else speed_stand_in(scheme)
 
 
 def overflow_reason(mem: MemoryBreakdown, c: Choice) -> str:
@@ -501,9 +502,10 @@ def assess(spec: ModelSpec, hw: HardwareProfile, req: Request, c: Choice) -> tup
     """The bytes and the speed of one given choice under `req` (a run's own prompt and context), without a search:
     the same placement, so a run is compared with the plan it runs."""
     req = _measured_runtime(hw, req)
-    scheme, kv = SCHEMES[c.weight_quant], KV_SCHEMES[c.kv_dtype]
+    scheme, kv = scheme_named(spec, c.weight_quant), KV_SCHEMES[c.kv_dtype]
     fp = footprint(spec, hw, req, scheme, kv, weight_costs(spec, scheme, not hw.has_gpu))
-    return fp.breakdown(c), estimate(spec, hw, req, speed_scheme(req, scheme), kv, c, fp.costs)
+    return fp.breakdown(c), estimate(spec, hw, req, speed_scheme(req, scheme), kv, c, fp.costs,
+                                     read_bytes_per_layer(spec, scheme, req.batch))
 
 
 class VramplanEngine:
@@ -519,7 +521,7 @@ class VramplanEngine:
 
     def candidates(self, spec: ModelSpec, hw: HardwareProfile, req: Request, *, contexts: bool = True
                    ) -> list[Candidate]:
-        schemes = [SCHEMES[q] for q in req.quant] if req.quant else list(SCHEMES.values())
+        schemes = weight_schemes(spec, req.quant)
         kvs = [KV_SCHEMES[k] for k in req.kv_dtype] if req.kv_dtype else list(KV_SCHEMES.values())
         cands = []
         for s in schemes:
@@ -528,7 +530,7 @@ class VramplanEngine:
         return cands
 
     def resident_context(self, spec: ModelSpec, hw: HardwareProfile, req: Request, chosen: Candidate) -> int:
-        s = SCHEMES[chosen.weight_quant]
+        s = scheme_named(spec, chosen.weight_quant)
         return max_resident_context(spec, hw, req, s, KV_SCHEMES[chosen.kv_dtype], weight_costs(spec, s,
                                                                                                    not hw.has_gpu))
 
@@ -549,7 +551,7 @@ class VramplanEngine:
 
     def explain(self, spec: ModelSpec, hw: HardwareProfile, req: Request, chosen: Candidate) -> Outcome:
         c = chosen.choice
-        out = Outcome(constants=speed_constants(hw, speed_scheme(req, SCHEMES[c.weight_quant]),
+        out = Outcome(constants=speed_constants(hw, speed_scheme(req, scheme_named(spec, c.weight_quant)),
                                                 "gpu" if c.on_gpu else "cpu", req.compiled))
         if req.compiled:
             out.reasons.append("decode compiled (--compile: a static cache and torch.compile, CUDA graphs on a GPU), "
@@ -569,7 +571,11 @@ class VramplanEngine:
                                 "plan by more than the cache saves (measured: a quanto-int4 cache peaked at or above "
                                 "bf16's; bench/results/malloc-cpu-dev.md); leave headroom, or use bf16 KV where it "
                                 "fits")
-        if SCHEMES[c.weight_quant].backend == "bnb" and c.compute_device is ComputeDevice.CPU:
+        if (said := loaders_note(spec)) and scheme_named(spec, c.weight_quant).backend == PUBLISHED_BACKEND:
+            out.warnings.append(f"{said}; vramplan's runtime does not load this format (`vramplan run` refuses it): "
+                                f"the speed above is {speed_stand_in(scheme_named(spec, c.weight_quant)).name}'s "
+                                "eager constants over these bytes, a stand-in")
+        if scheme_named(spec, c.weight_quant).backend == "bnb" and c.compute_device is ComputeDevice.CPU:
             out.warnings.append("bitsandbytes runs on the CPU only slowly; quanto schemes are the CPU-capable backend")
         return out
 

@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .published import owner_of, published, stored_bytes
 from .record import record
 from .architectures import BUILDERS, spec_from_config
 from .architectures.config import check_rope, weight_block_size
@@ -508,6 +509,9 @@ def apply_headers(spec: ModelSpec, headers: Iterable[HeaderTensor], where: str) 
     fetched from the hub)."""
     header = normalized_headers(headers)
     prequantized = "quantization_config" in spec.config
+    pub = published(spec.config, where) if prequantized else None
+    if pub is not None and pub.scheme is None:
+        return _apply_stored_headers(spec, pub, header, where)
     tensors = []
     matched = 0
     bytes_by_dtype: dict[str, int] = {}
@@ -535,4 +539,42 @@ def apply_headers(spec: ModelSpec, headers: Iterable[HeaderTensor], where: str) 
                      "builds")
     dtype = max(bytes_by_dtype, key=bytes_by_dtype.get) if bytes_by_dtype else spec.dtype
     return replace(spec, tensors=tuple(tensors), notes=tuple(notes), dtype=dtype,
+                   checkpoint_bytes=sum(h.nbytes for h in header.values()))
+
+
+def _apply_stored_headers(spec: ModelSpec, pub, header: dict[str, HeaderTensor], where: str) -> ModelSpec:
+    """A pre-quantized checkpoint's headers against its format's rule (planner/published.py), parameter by parameter:
+    each parameter's stored tensors (owner_of) summed; where they hold other bytes than the rule says, the headers'
+    bytes are what the plan counts, and the note says how many differed."""
+    owned: dict[str, list[HeaderTensor]] = {}
+    for name, h in header.items():
+        owned.setdefault(owner_of(name), []).append(h)
+    tensors, matched, differ, first = [], 0, 0, ""
+    for t in spec.tensors:
+        hs = owned.pop(t.name, None)
+        if hs is None:
+            tensors.append(t)
+            continue
+        matched += 1
+        have = sum(h.nbytes for h in hs)
+        if have != stored_bytes(pub, t):
+            differ += 1
+            first = first or (f"{t.name}: {have:,} B in the headers, {stored_bytes(pub, t):,} B by the {pub.name} "
+                              "rule")
+            t = replace(t, stored_bytes=have)
+        tensors.append(t)
+    notes = list(spec.notes)
+    if differ:
+        notes.append(f"checkpoint: {differ} of {matched} parameters hold other bytes than the {pub.name} layout "
+                     f"rule (the headers' bytes are counted; first: {first})")
+    else:
+        notes.append(f"checkpoint: the safetensors headers hold the {pub.name} layout as counted, parameter for "
+                     f"parameter ({matched} parameters)")
+    if missing := len(spec.tensors) - matched:
+        notes.append(f"checkpoint: {missing} of {len(spec.tensors)} tensors the config implies are not in the "
+                     "safetensors files")
+    if owned:
+        notes.append(f"checkpoint: {sum(map(len, owned.values()))} tensors in the safetensors files are not part of "
+                     "the model transformers builds")
+    return replace(spec, tensors=tuple(tensors), notes=tuple(notes),
                    checkpoint_bytes=sum(h.nbytes for h in header.values()))

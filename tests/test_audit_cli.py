@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from cli_helpers import assert_one_line_error, isolate, run_cli
 from conftest import run_profile
+from vramplan.planner.errors import PlanError
+from vramplan.planner.published_scheme import published_scheme
 from vramplan.planner.modelspec import Role
 from vramplan.planner.profiles import list_profiles, resolve_profile
 from vramplan.planner.request import Request
@@ -73,6 +75,10 @@ def test_no_transformers_plan_fits_over_ram_with_bitsandbytes_offload(model, pro
 
     spec, hw = model_spec(model), resolve_profile(profile)[0]
     if quant and hw.accelerator != "cuda":  # bitsandbytes runs on CUDA here: a forced bnb scheme elsewhere is refused
+        return
+    if quant and published_scheme(spec) is not None:  # a published checkpoint keeps its format: another is refused
+        with pytest.raises(PlanError, match="planned as stored"):
+            transformers_plan(spec, hw, Request(context=context, quant=(quant,), engine="transformers"))
         return
     p = transformers_plan(spec, hw, Request(context=context, quant=(quant,) if quant else (), engine="transformers",
                                             allow_context_overflow=True))

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vramplan.planner.published_scheme import published_scheme
 from vramplan.planner.errors import PlanError
 from vramplan.planner.profile_yaml import profile_from_dict
 from vramplan.planner.profiles import list_profiles, resolve_profile
@@ -37,6 +38,10 @@ def test_no_candidate_fits_over_any_capacity(model, profile, context, batch, qua
     req = Request(context=context, batch=batch, quant=(quant,) if quant else (), kv_dtype=(kv,) if kv else (),
                   allow_context_overflow=True)  # capacity, not the model's trained length, is under test
     hw = resolve_profile(profile)[0]
+    if quant and published_scheme(model_spec(model)) is not None:  # a published checkpoint keeps its format
+        with pytest.raises(PlanError, match="planned as stored"):
+            plan(model_spec(model), hw, req)
+        return
     if quant and (hw.accelerator or "cpu") not in SCHEMES[quant].devices:  # a scheme that cannot run there: bad input
         with pytest.raises(PlanError, match="does not run on"):
             plan(model_spec(model), hw, req)

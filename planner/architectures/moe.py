@@ -140,10 +140,7 @@ def build_gpt_oss(c: Cfg, name: str) -> ModelSpec:
                           transposed=True, bias=True)
         return True
 
-    notes = []
-    if isinstance(c.d.get("quantization_config"), dict):
-        notes.append("the published checkpoint stores the experts quantized (quantization_config); this inventory "
-                     "counts the model transformers builds from the config, experts in the load dtype")
+    notes = []  # a checkpoint storing the experts MXFP4 is counted as stored by planner/published_scheme.py
     attn = mha(c, head_dim_default=64, bias=c.bool("attention_bias", True), sinks=True)
     return build_decoder(c, name, arch="GptOssForCausalLM", attn=attn, ffn=ffn, window_rule=sliding_unless_every(2),
                          moe=moe, notes=notes)

@@ -22,6 +22,8 @@ from ..hardware import HardwareProfile
 from ..memory import ram_capacity, weight_costs
 from ..plan import Plan
 from ..request import Request
+from ..published_scheme import (PUBLISHED_BACKEND, loaders_note, published_scheme, scheme_named, speed_stand_in,
+                                weight_schemes)
 from ..quant import KV_SCHEMES, SCHEMES
 from ..units import format_bytes
 from ..quoting import python_fstring, python_str
@@ -40,7 +42,7 @@ def bnb_cpu_ram_bytes(spec: ModelSpec, c: Choice, ram: int) -> int:
     it), with every module mapped to the CPU at the load dtype where bitsandbytes quantizes
     (`llm_int8_enable_fp32_cpu_offload=True` leaves them unquantized: the CPU-mapped layers, and the routed experts
     kept in RAM)."""
-    s = SCHEMES[c.weight_quant]
+    s = scheme_named(spec, c.weight_quant)
     if s.backend != "bnb" or not c.on_gpu:
         return ram
     quantized, plain = weight_costs(spec, s), weight_costs(spec, SCHEMES[LOAD_SCHEME[s.compute_dtype]])
@@ -57,7 +59,7 @@ LOAD_SCHEME = {"bfloat16": "bf16", "float16": "fp16"}
 def _split_refusal(spec: ModelSpec, c: Choice, mem, capacity: int) -> str | None:
     """Why transformers cannot run a split placement that vramplan's counting fits: quanto refuses a device_map with
     CPU entries; bitsandbytes keeps CPU-mapped modules unquantized (their RAM over `capacity`)."""
-    s = SCHEMES[c.weight_quant]
+    s = scheme_named(spec, c.weight_quant)
     if s.backend == "quanto":
         return "transformers' quanto loader refuses a device_map with CPU entries"
     need = bnb_cpu_ram_bytes(spec, c, mem.cpu.total_bytes)
@@ -91,8 +93,8 @@ def transformers_candidates(spec: ModelSpec, hw: HardwareProfile, req: Request, 
     from ..speed import estimate
     from ..work import read_bytes_per_layer
 
-    schemes = [SCHEMES[q] for q in req.quant] if req.quant else [s for s in SCHEMES.values()
-                                                                 if s.activation_bits == 16]
+    schemes = weight_schemes(spec, req.quant) if req.quant or published_scheme(spec) else [
+        s for s in SCHEMES.values() if s.activation_bits == 16]
     kvs = [KV_SCHEMES[k] for k in req.kv_dtype] if req.kv_dtype else list(KV_SCHEMES.values())
     L, cap = spec.num_layers, ram_capacity(hw, req)
     out = []
@@ -137,7 +139,7 @@ def _best_of(spec, hw, req, s, k, fp, tries, base, cap, read, make_choice, overf
             reason = refused
             continue
         if c.on_gpu and not split:
-            speed = estimate(spec, hw, req, s, k, c, fp.costs, read)
+            speed = estimate(spec, hw, req, speed_stand_in(s), k, c, fp.costs, read)
             return Candidate(**base, fits=True, choice=c, memory=mem, speed=speed,
                              reason=f"every layer on the GPU: {RESIDENT_PRICED}")
         how = SPLIT_UNPRICED if split else CPU_UNPRICED
@@ -272,13 +274,16 @@ def export_transformers(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export
         notes.append(f"transformers: {q.reasons[0]}; no snippet")
         return Export(engine=ENGINE, fits=False, text=commented(notes, "# no snippet"), notes=tuple(notes))
     c = q.choice
-    s = SCHEMES[c.weight_quant]
+    s = scheme_named(spec, c.weight_quant)
     dtype = "torch.float16" if s.compute_dtype == "float16" else "torch.bfloat16"
+    stored = s.backend == PUBLISHED_BACKEND or (s.quantized and published_scheme(spec) is s)
+    if stored:  # the checkpoint's own quantization_config loads it: no second one
+        notes.append(loaders_note(spec))
     offloads = _offloads(c)
     imports = ["AutoModelForCausalLM"]
     body = []
     notes.append(f"{c.weight_quant} + {c.kv_dtype} KV: {q.chosen.reason}")
-    if s.quantized:
+    if s.quantized and not stored:
         name, config = _quantization(c.weight_quant)
         imports.append(name)
         if (offloads or c.expert_layers_on_cpu) and s.backend == "bnb":
@@ -295,7 +300,7 @@ def export_transformers(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export
                      "(no prefetch), where vramplan's runtime streams them with prefetch or computes them on the CPU")
     body += _device_map(spec, q)
     args = [f"    {python_str(model_location(spec))},"]
-    if s.quantized:
+    if s.quantized and not stored:
         args.append("    quantization_config=quantization_config,")
     args += ["    device_map=device_map,", f"    dtype={dtype},"]
     body += ["model = AutoModelForCausalLM.from_pretrained(", *args, ")", *_cache_lines(c.kv_dtype)]

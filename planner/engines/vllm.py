@@ -383,14 +383,17 @@ def _quality(spec: ModelSpec, fmt: WeightFormat, kv_cache: str) -> float:
     """Perplexity over bf16 (planner.formats): a pre-quantized checkpoint is the model as published (0)."""
     from ..formats import KV, WEIGHTS, format_of
 
-    weights = 0.0 if fmt.name.startswith("checkpoint") else format_of(ENGINE, WEIGHTS, fmt.name).quality_cost_pct
+    weights = (fmt.stored.quality.ppl_increase_pct if fmt.stored is not None else 0.0 if fmt.name.startswith(
+        "checkpoint") else format_of(ENGINE, WEIGHTS, fmt.name).quality_cost_pct)
     return weights + format_of(ENGINE, KV, kv_cache).quality_cost_pct
 
 
 def _price(spec: ModelSpec, hw: HardwareProfile, req: Request, fmt: WeightFormat, lay: Layout):
     """(speed, where it comes from): a compiled decode of the same bits where vLLM runs on one GPU and the profile has
     fitted compiled constants (the defaults would price CUDA graphs below eager decode); else (None, why not)."""
-    bits = COMPILED_BITS.get(fmt.name)
+    bits = COMPILED_BITS.get(fmt.name) or ((min(fmt.stored.bits, 8), fmt.stored.group_size if fmt.stored.bits == 4
+                                            else None) if fmt.stored is not None and fmt.stored.bits in (4, 8)
+                                           else None)
     if bits is None:
         return None, f"not predicted: no compiled decode of {fmt.name}"
     if lay.tp * lay.pp * lay.nodes > 1 or lay.cpu_offload_bytes:

@@ -19,6 +19,7 @@ import math
 from ..record import record
 from ..architectures.config import weight_block_size
 from ..hardware import GPUSpec
+from ..published import Published, is_quantized, published, stored_bytes
 from ..modelspec import Kind, ModelSpec, Role, TensorSpec
 from ..units import GiB
 
@@ -113,6 +114,11 @@ MIN_CAPABILITY = {"fp8_per_tensor": 75, "mxfp4": 75, "checkpoint-fp8": 75, "chec
 # MXFP4: 4-bit values, two per byte, and one e8m0 scale byte per block of 32 along the input (ONLINE_MXFP4
 # MXFP4_BLOCK_SIZE, mxfp4_quantize); fp8_per_tensor: one byte per weight and one fp32 scale per tensor.
 MXFP4_BLOCK = 32
+# Pre-quantized checkpoints vLLM loads as they are, counted as stored (planner/published.py), and the least compute
+# capability of the slowest kernel vLLM has for each (x10: each QuantizationConfig's get_min_capability, as read in
+# vLLM's tree before 0.33.0 and not rechecked there: awq 75, gptq 60, fbgemm_fp8 80, compressed-tensors 70; the Marlin
+# kernels vLLM prefers need 80).
+STORED_CAPABILITY = {"awq": 75, "gptq": 60, "fbgemm_fp8": 80, "compressed-tensors": 70}
 FP8_SCALE_BYTES = 4
 # Models whose max_position_embeddings is already the scaled length (CONFIG_MODEL _get_and_verify_max_len: rope
 # scaling of these types leaves it as is; gemma3's is never scaled again); any other rope type multiplies it by factor.
@@ -237,6 +243,7 @@ class WeightFormat:
     fp8_block: tuple[int, int] | None = None
     min_capability: int | None = None
     note: str = ""
+    stored: Published | None = None  # encoding "stored": a published checkpoint, counted as planner/published.py does
 
     @property
     def online(self) -> bool:
@@ -244,6 +251,8 @@ class WeightFormat:
         return self.name in ONLINE_QUANTIZATION
 
     def tensor_bytes(self, t: TensorSpec) -> int:
+        if self.stored is not None:  # vLLM repacks some layouts (Marlin) at load: the same bytes, reordered
+            return stored_bytes(self.stored, t) if is_quantized(self.stored, t) else t.numel * 2
         if self.encoding is None or t.layer is None or t.kind not in self.quantized_kinds:
             return t.numel * 2  # the model dtype: bf16 or fp16
         out, inp = t.matrix_shape
@@ -277,6 +286,10 @@ def checkpoint_format(spec: ModelSpec) -> WeightFormat | None:
     if method == "mxfp4":
         return WeightFormat("checkpoint-mxfp4", (), "mxfp4", quantized_kinds=(Kind.EXPERTS,),
                             min_capability=MIN_CAPABILITY["checkpoint-mxfp4"])
+    if method in STORED_CAPABILITY:
+        pub = published(spec.config, spec.source or spec.name)
+        return WeightFormat(f"checkpoint-{pub.name}", (), "stored", stored=pub,
+                            min_capability=STORED_CAPABILITY[method])
     return None
 
 
