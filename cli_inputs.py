@@ -128,31 +128,43 @@ def resolve_model(model: str, revision: str | None):
     from vramplan.runtime.hub import resolve
     from vramplan.runtime.inventory import load_spec
 
+    from vramplan.runtime.hub_gguf import is_hub_gguf
+
     if model.lower().endswith(".gguf"):
         return gguf_model_source(model)
+    if is_hub_gguf(model) and not os.path.exists(model):
+        return gguf_model_source(model, revision=revision)
     source = resolve(model, revision=revision)
     if source.note:
         out.info(source.note)
     return source, load_spec(source)
 
 
-def gguf_model_source(path: str):
-    """--model FILE.gguf: the model its metadata describes (planner/gguf_model.py), with the file's own tensors, which
-    llama.cpp's and Ollama's plans take as they are (the other engines plan the model the file was converted from)."""
-    import os
+def gguf_model_source(path: str, *, revision: str | None = None):
+    """--model FILE.gguf, or org/repo:TYPE on the hub (runtime/hub_gguf.py): the model its metadata describes
+    (planner/gguf_model.py), with the file's own tensors, which llama.cpp's and Ollama's plans take as they are (the
+    other engines plan the model the file was converted from). A hub file's location is `hf.co/org/repo:TYPE`, as
+    Ollama names it (llama.cpp's -hf takes it without the host)."""
     from dataclasses import replace
 
     from vramplan.planner.gguf_model import load_gguf_model
     from vramplan.planner.sources import ModelSource, spec_from_config
+    from vramplan.runtime.hub_gguf import HUB_GGUF_PREFIX, hub_gguf_model, is_hub_gguf
 
-    m = load_gguf_model(os.path.expanduser(path))
+    if is_hub_gguf(path) and not path.lower().endswith(".gguf"):
+        m, where = hub_gguf_model(path, revision)
+        location = HUB_GGUF_PREFIX + path
+    else:
+        if revision is not None:
+            raise UsageError("--revision applies to a hub id, not to a local GGUF file")
+        m = load_gguf_model(os.path.expanduser(path))
+        where = location = os.path.abspath(os.path.expanduser(path))
     if m.file_type is None:
         raise UsageError(f"{path}: its general.file_type is none vramplan names: llama.cpp's plans need the file type")
-    where = os.path.abspath(os.path.expanduser(path))
     spec = spec_from_config(m.config, name=m.path_name, source=f"GGUF file {where}", where=where)
     note = (f"{m.path_name}: a {m.file_type} GGUF file ({m.architecture}), {m.file_bytes:,} B; llama.cpp and Ollama "
             "plan it as it is, the other engines the model it was converted from")
-    spec = replace(spec, gguf=m, location=where, notes=(*spec.notes, *m.notes, note))
+    spec = replace(spec, gguf=m, location=location, notes=(*spec.notes, *m.notes, note))
     out.info(note)
     return ModelSource(kind="gguf", id=m.path_name, config=m.config, origin=where), spec
 

@@ -54,6 +54,9 @@ SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors
 SPLIT_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 # A part given as a local path, or as (read(offset, n), size, name) for bytes read elsewhere (a hub range reader).
+# A plan's location for a GGUF file on the hub: Ollama's name for it, hf.co/org/repo:TYPE (llama.cpp's -hf drops the
+# host).
+HUB_GGUF_PREFIX = "hf.co/"
 GGUFSource = Union[str, "os.PathLike[str]", tuple[ReadAt, int, str]]
 
 

@@ -319,10 +319,12 @@ def _refuse_other_weights(repo: str, files: list[str]) -> None:
     if gguf or pickle:
         kinds = " and ".join(k for k, fs in (("GGUF", gguf), ("pickle (.bin/.pt)", pickle)) if fs)
         named = ", ".join((gguf + pickle)[:3]) + (", ..." if len(gguf + pickle) > 3 else "")
+        hint = "plan the safetensors repo it was converted from"
+        if gguf:
+            hint = f"name one of its GGUF files by its type, as llama.cpp's -hf does (--model {repo}:Q4_K_M), or {hint}"
         raise CheckpointError(
             f"{repo} has only {kinds} weight files ({named}), no safetensors: vramplan counts a model from "
-            "config.json and safetensors headers and never downloads weights; plan the safetensors repo it was "
-            "converted from")
+            f"config.json and safetensors headers and never downloads weights; {hint}")
 
 
 def fetch_headers(repo: str, commit: str, files: list[str], endpoint: str) -> dict[str, list[HeaderTensor]]:

@@ -15,6 +15,7 @@ from ..record import record
 from ..choice import Choice, ComputeDevice, OffloadMode, experts_in_ram_text
 from ..errors import PlanError
 from ..gguf import GGUF_FILE_TYPES, gguf_file_bytes, stored_expert_type
+from ..gguf_model import HUB_GGUF_PREFIX
 from ..hardware import CalibrationEntry, HardwareProfile
 from ..capacity import capacity
 from ..memory import CPUMemory, GPUMemory, LayerCosts, MemoryBreakdown
@@ -532,7 +533,10 @@ def gguf_file_types(spec: ModelSpec, req: Request) -> tuple[str, ...]:
 
 def llama_server_command(spec: ModelSpec, p: Plan) -> list[str]:
     c, r = p.choice, p.request
-    argv = ["llama-server", "-m", gguf_file_name(spec, c.weight_quant), "-c", str(r.context * r.batch)]
+    name = gguf_file_name(spec, c.weight_quant)
+    hub = spec.gguf is not None and name.startswith(HUB_GGUF_PREFIX)  # llama-server fetches it: -hf org/repo:TYPE
+    argv = ["llama-server", *(("-hf", name.removeprefix(HUB_GGUF_PREFIX)) if hub else ("-m", name)), "-c",
+            str(r.context * r.batch)]
     slots = list(c.gpu_layers_per_device)
     if c.on_gpu:
         last = max((i for i, n in enumerate(slots) if n), default=0)

@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from ..record import record
 from ..gguf import gguf_file_bytes
+from ..gguf_model import HUB_GGUF_PREFIX
 from ..hardware import HardwareProfile
 from ..memory import gpu_capacity
 from ..modelspec import ModelSpec
@@ -462,8 +463,10 @@ def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
                  f"{rules.PROMPT_CACHE_DEFAULT_MIB} MiB: Ollama passes no --cache-ram, so the plan counts it in RAM")
     notes += [w for w in q.warnings if not w.startswith("assumption: ")]
     notes += assumption_notes(consts)
-    pull = (f"ollama pull {tag}" if tag else "(the GGUF file itself: nothing to pull)" if spec.gguf is not None
-            else f"(no library tag: build {llamacpp.gguf_file_name(spec, ft)}, see above)")
+    hub_file = spec.gguf is not None and spec.location.startswith(HUB_GGUF_PREFIX)
+    pull = (f"ollama pull {tag}" if tag else f"ollama pull {spec.location}" if hub_file else
+            "(the GGUF file itself: nothing to pull)" if spec.gguf is not None else
+            f"(no library tag: build {llamacpp.gguf_file_name(spec, ft)}, see above)")
     body = "\n".join([f"# {one_line(pull)}", f"FROM {modelfile_value(gguf)}", f"PARAMETER num_ctx {req.context}"])
     return Export(engine=ENGINE, fits=True, text=commented(notes, body), notes=tuple(notes), constants=consts,
                   details={"ollama_version": OLLAMA_VERSION, "tag": tag, "gguf_file_type": ft, "kv_cache_type": kv,
