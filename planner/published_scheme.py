@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .errors import PlanError
+from .formats import WEIGHTS, nearest
 from .modelspec import ModelSpec, TensorSpec, dtype_bytes
 from .published import Published, is_quantized, published, stored_bytes
 from .quant import SCHEMES, WeightScheme
@@ -65,6 +66,8 @@ def weight_schemes(spec: ModelSpec, quant: tuple[str, ...]) -> list[WeightScheme
     """The weight schemes a plan of `spec` tries: the published format alone (refusing any other --quant), else the
     forced ones, else every scheme."""
     ps = published_scheme(spec)
+    if ps is None and spec.gguf is not None and not quant:  # a GGUF file: vramplan's scheme nearest its type
+        return [SCHEMES[nearest(spec.gguf.file_type, WEIGHTS, "llama.cpp", "vramplan")]]
     if ps is None:
         return [SCHEMES[q] for q in quant] if quant else list(SCHEMES.values())
     other = [q for q in quant if q != ps.name]
@@ -85,6 +88,16 @@ def speed_stand_in(scheme: WeightScheme) -> WeightScheme:
     if isinstance(scheme, PublishedScheme):
         return replace(SCHEMES[scheme.pub.stand_in])
     return scheme
+
+
+def gguf_note(spec: ModelSpec) -> str | None:
+    """What vramplan's plan of a model read from a GGUF file is; None for any other model."""
+    if spec.gguf is None:
+        return None
+    name = nearest(spec.gguf.file_type, WEIGHTS, "llama.cpp", "vramplan")
+    return (f"planned from a {spec.gguf.file_type} GGUF file: vramplan's runtime loads the model's safetensors "
+            f"checkpoint, not the GGUF, so this plan is its scheme nearest {spec.gguf.file_type} ({name}); llama.cpp's "
+            "and Ollama's rows plan the file itself")
 
 
 def loaders_note(spec: ModelSpec) -> str | None:

@@ -24,7 +24,8 @@ from .constant import Constant, constants
 from .engine import Outcome, nothing_fits_reasons, plan_with
 from .plan import Alternative, Candidate, Plan
 from .preference import choose_by_preference  # noqa: F401 - the --prefer rule, one for every engine
-from .published_scheme import PUBLISHED_BACKEND, loaders_note, scheme_named, speed_stand_in, weight_schemes
+from .published_scheme import (PUBLISHED_BACKEND, gguf_note, loaders_note, scheme_named, speed_stand_in,
+                               weight_schemes)
 from .quant import KV_SCHEMES, SCHEMES, KVScheme, WeightScheme
 from .request import COMPILE_SCHEMES, RUNTIME_BASE_RAM_BYTES, Request, compile_schemes
 from .speed import SpeedEstimate, compiled_scheme, estimate, speed_constants
@@ -571,6 +572,8 @@ class VramplanEngine:
                                 "plan by more than the cache saves (measured: a quanto-int4 cache peaked at or above "
                                 "bf16's; bench/results/malloc-cpu-dev.md); leave headroom, or use bf16 KV where it "
                                 "fits")
+        if said := gguf_note(spec):
+            out.warnings.append(said)
         if (said := loaders_note(spec)) and scheme_named(spec, c.weight_quant).backend == PUBLISHED_BACKEND:
             out.warnings.append(f"{said}; vramplan's runtime does not load this format (`vramplan run` refuses it): "
                                 f"the speed above is {speed_stand_in(scheme_named(spec, c.weight_quant)).name}'s "

@@ -51,8 +51,11 @@ def test_the_exports_name_the_file_quoted(capsys, gguf):
 def test_the_engine_table_plans_the_file_for_llamacpp_and_ollama(capsys, gguf):
     code, out, err = run_cli(capsys, "plan", "--model", gguf, "-H", "rtx-4090", "--context", "1k", "--json")
     assert code == 0, err
-    rows = {e["engine"]: e["weight_quant"] for e in json.loads(out)["engines"]}
+    d = json.loads(out)
+    rows = {e["engine"]: e["weight_quant"] for e in d["engines"]}
     assert rows["llama.cpp"] == rows["ollama"] == "Q4_K_M"
+    assert rows["vramplan"] == "bnb-nf4"  # its scheme nearest Q4_K_M on a CUDA GPU, and the plan says why
+    assert any("vramplan's runtime loads the model's safetensors checkpoint, not the GGUF" in w for w in d["warnings"])
 
 
 def test_another_file_type_is_another_file(capsys, gguf):
