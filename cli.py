@@ -17,7 +17,7 @@ from vramplan.planner.quant import KV_SCHEMES, SCHEMES
 from vramplan.render import out
 from vramplan.cli_inputs import (UsageError, build_request, fit_default_context, given_files, hardware_files,
                                  model_files, named_profile, not_empty, output_format, prompt_text, resolve_hardware,
-                                 resolve_model, run_hardware, save_path, split_list)
+                                 resolve_model, run_hardware, save_path, split_list, with_gpus)
 
 from vramplan.cli_errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOTHING_FITS,  # noqa: F401 - the
                         RUNTIME_PACKAGES, error_table, exit_code, on_sigterm)  # codes and table, as cli.py's docstring
@@ -30,10 +30,29 @@ profiles_app = typer.Typer(help="Hardware profiles: the shipped ones, yours ($VR
 app.add_typer(profiles_app, name="profiles")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("vramplan")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            v = "unknown (not installed)"
+        out.raw(f"vramplan {v}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version_: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                 help="Print vramplan's version and exit.")] = False) -> None:
+    """Will this LLM run on my machine, how, and how fast?"""
+
+
 # ---------------------------------------------------------------- shared options
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="A local model directory (config.json), a Hugging Face "
-                                       "id in the local cache, a catalog name (see `vramplan models`), or any hub id "
-                                       "(org/name: config.json and safetensors headers only, never weights).")]
+                                       "id in the local cache, a catalog name (see `vramplan models`), any hub id "
+                                       "(org/name: config.json and safetensors headers only, never weights), a GGUF "
+                                       "file (PATH.gguf) or a GGUF on the hub by its type (org/repo:Q4_K_M).")]
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="The hub revision (branch, tag or commit) of "
                                                     "--model org/name.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
@@ -78,6 +97,8 @@ CompileOpt = Annotated[bool, typer.Option("--compile", help="Decode compiled (a 
                       "GPU also quanto-int8/int4/w8a8 (dense models); priced without the eager dispatch.")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help="Machines of this profile an engine that scales out "
                      "may use (vLLM over Ray; default 1).")]
+GpusOpt = Annotated[Optional[int], typer.Option("--gpus", help="Plan N of the profile's GPU (two 3090s: -H rtx-3090 "
+                    "--gpus 2), instead of the count the profile has.")]
 
 
 # ---------------------------------------------------------------- model commands
@@ -236,6 +257,7 @@ def plan_cmd(
     emit: EmitOpt = None,
     engine: EngineOpt = None,
     nodes: NodesOpt = None,
+    gpus: GpusOpt = None,
     allow_context_overflow: OverflowOpt = False,
     compiled: CompileOpt = False,
     as_json: JsonOpt = False,
@@ -274,7 +296,7 @@ def plan_cmd(
         check_emit(target, req.engine)
     _, spec = resolve_model(model, revision)
     req = fit_default_context(req, context, spec)
-    hw = resolve_hardware(hardware)
+    hw = with_gpus(resolve_hardware(hardware), gpus)
     p = plan_for_engine(spec, hw, req)
     export = write_for(target, spec, hw, p) if target is not None else None
     d = p.to_dict()

@@ -169,6 +169,24 @@ def gguf_model_source(path: str, *, revision: str | None = None):
     return ModelSource(kind="gguf", id=m.path_name, config=m.config, origin=where), spec
 
 
+MAX_GPUS = 64  # --gpus: more than any one machine holds
+
+
+def with_gpus(hw, gpus: int | None):
+    """--gpus N: the profile with N of its GPU (its first kind), named so (rtx-3090-x2); the profile itself without."""
+    if gpus is None:
+        return hw
+    from dataclasses import replace
+
+    if not 1 <= gpus <= MAX_GPUS:
+        raise UsageError(f"--gpus must be a whole number from 1 to {MAX_GPUS}, got {gpus}")
+    if not hw.gpus:
+        raise UsageError(f"--gpus {gpus}: hardware {hw.name!r} has no GPU to count")
+    if len(hw.gpus) > 1:
+        raise UsageError(f"--gpus {gpus}: hardware {hw.name!r} has GPUs of {len(hw.gpus)} kinds; edit the profile")
+    return hw.replace(name=f"{hw.name}-x{gpus}", gpus=(replace(hw.gpus[0], count=gpus),))
+
+
 def resolve_hardware(hardware: str | None):
     """The profile named or at a path; without --hardware, this machine's cached quick probe."""
     if hardware is not None:

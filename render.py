@@ -29,7 +29,8 @@ from vramplan.planner.choice import experts_in_ram_text
 from vramplan.planner.errors import VramplanError
 from vramplan.planner.modelspec import INVENTORY_HAND_WRITTEN
 from vramplan.planner.quoting import one_line
-from vramplan.planner.units import format_bandwidth, format_bytes, format_count, format_flops, format_tokens
+from vramplan.planner.units import (format_bandwidth, format_bytes, format_count, format_duration, format_flops,
+                                    format_tokens)
 
 
 # Work predicted to take less than this gets no progress bar (it would only flash); work with no prediction, or
@@ -497,7 +498,8 @@ def plan(d: dict, *, full: bool = False) -> None:
                     else "")
                  + _experts_where(c))
         pr = d["predicted"]
-        out.line(styled(("plan:", "bold green"), f" {c['weight_quant']} weights + {c['kv_dtype']} KV cache, {where}"))
+        verdict = ("plan:", "bold green") if d.get("usable", True) else ("plan (fits, too slow to use):", "bold yellow")
+        out.line(styled(verdict, f" {c['weight_quant']} weights + {c['kv_dtype']} KV cache, {where}"))
         if pr["decode_tokens_per_s"] is None:
             out.line(f"  predicted: {d['reason'].split('; ', 1)[-1]}")
         else:
@@ -534,7 +536,7 @@ def plan(d: dict, *, full: bool = False) -> None:
 
 def _predicted_line(d: dict, pr: dict, r: dict) -> None:
     out.line(f"  predicted: decode {pr['decode_tokens_per_s']:.2f} tok/s (at full context "
-             f"{pr['decode_tokens_per_s_full_context']:.2f}), TTFT {pr['ttft_s']:.2f} s for "
+             f"{pr['decode_tokens_per_s_full_context']:.2f}), TTFT {format_duration(pr['ttft_s'])} for "
              f"{r['prompt_tokens'] or r['context']} prompt tokens; ceiling (bandwidth roofline) "
              f"{d['ceiling']['decode_tokens_per_s']:.2f} tok/s; efficiencies: "
              f"{d['speed_terms']['efficiency_source']}")
@@ -561,11 +563,11 @@ def _engines(d: dict, full: bool) -> None:
         speed = "-" if e.get("decode_tokens_per_s") is None else f"{e['decode_tokens_per_s']:.2f}" + (
             f" ({e['decode_vs_plan']:.2f}x)" if e.get("decode_vs_plan") and e["engine"] != mine else "")
         table.append([e["engine"], f"{e['weight_quant']} + {e['kv_dtype']}", "yes", speed,
-                      "-" if e.get("ttft_s") is None else f"{e['ttft_s']:.2f}",
+                      "-" if e.get("ttft_s") is None else format_duration(e["ttft_s"]),
                       format_tokens(e["max_context_tokens"]) if e.get("max_context_tokens") else "-", e["placement"],
                       how])
     out.table("the same request by each engine's own rules", ["engine", "weights + KV", "fits", "decode tok/s",
-              "TTFT s", "ctx on GPU", "placement", "command"], table, right={3, 4, 5}, compact=True)
+              "TTFT", "ctx on GPU", "placement", "command"], table, right={3, 4, 5}, compact=True)
     if full:
         for e in rows:
             if e["fits"] and e.get("speed_from"):

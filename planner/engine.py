@@ -80,7 +80,25 @@ def plan_with(engine: Engine, spec: ModelSpec, hw: HardwareProfile, req: Request
         common["candidates"] = cands
     out = engine.explain(spec, hw, req, chosen)
     consts.update(out.constants)
-    return Plan(**common, chosen=chosen, reasons=[*reasons, *out.reasons], warnings=[*warnings, *out.warnings])
+    p = Plan(**common, chosen=chosen, reasons=[*reasons, *out.reasons], warnings=[*warnings, *out.warnings])
+    return replace(p, warnings=[*p.warnings, *verdict_warnings(p)])
+
+
+def verdict_warnings(p: Plan) -> list[str]:
+    """What a person must know of a plan that fits: that it is too slow to use (Plan.unusable), and a quality past
+    the floor (as --prefer speed or a forced format may choose)."""
+    out = []
+    if p.unusable:
+        out.append(f"this plan fits but is not usable as it stands: {'; '.join(p.unusable)} (the request's "
+                   "usable_min_decode_tok_s / usable_max_ttft_s; a shorter context or prompt, or a smaller format, "
+                   "changes it)")
+    c, floor = p.chosen, p.request.balanced_max_quality_cost_pct
+    if c.quality_cost_pct > floor:
+        out.append(f"{c.weight_quant} + {c.kv_dtype} adds ~{c.quality_cost_pct:.1f} % perplexity over bf16, past the "
+                   f"{floor:g} % quality floor: its output may be much worse than the model's"
+                   + (" (--prefer speed ranks speed first; --prefer balanced keeps the floor)"
+                      if getattr(p.request.prefer, "value", p.request.prefer) == "speed" else ""))
+    return out
 
 
 def nothing_fits_reasons(cands: list[Candidate], rules: str = "") -> list[str]:

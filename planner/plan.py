@@ -17,6 +17,7 @@ from .memory import MemoryBreakdown
 from .modelspec import INVENTORY_HAND_WRITTEN, ModelSpec
 from .request import Request
 from .speed import SpeedEstimate
+from .units import format_duration
 
 if TYPE_CHECKING:
     from .engines.common import EngineAnswer, FastestEngine
@@ -240,6 +241,21 @@ class Plan:
     def predicted(self) -> SpeedEstimate | None:
         return self.chosen.speed if self.chosen is not None else None
 
+    @property
+    def unusable(self) -> list[str]:
+        """Why a plan that fits is not usable by the request's thresholds (Request.usable_*): [] when it is, or when
+        nothing is predicted to judge by."""
+        s, r = self.predicted, self.request
+        if s is None:
+            return []
+        out = []
+        if s.decode_tokens_per_s < r.usable_min_decode_tok_s:
+            out.append(f"decode {s.decode_tokens_per_s:.2f} tok/s is under {r.usable_min_decode_tok_s:g} tok/s")
+        if s.ttft_s > r.usable_max_ttft_s:
+            out.append(f"the first token comes after {format_duration(s.ttft_s)}, over "
+                       f"{format_duration(r.usable_max_ttft_s)}")
+        return out
+
     def to_dict(self) -> dict:
         c = self.chosen
         return {
@@ -256,6 +272,8 @@ class Plan:
             "speed_terms": dict(self.predicted.terms) if self.predicted is not None else None,
             "max_context_tokens": c.max_context_tokens if c else 0,
             "quality_cost_pct": c.quality_cost_pct if c else None,
+            "usable": (not self.unusable) if c else False,
+            "unusable_because": self.unusable,
             "reason": c.reason if c else None,
             # the long list before the short ones: a file cut short inside it lacks the keys after it
             "candidates": [x.to_dict() for x in self.candidates],

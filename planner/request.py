@@ -36,6 +36,11 @@ BALANCED_SPEED_FRACTION = 0.5
 # bnb-fp4 at 6.0 % + quanto-int4 KV at 1.0 %, planner/quant.py; GGUF IQ4_XS + q4_0 at 4.7 %,
 # planner/engines/llamacpp_rules.py) and leaves out GGUF Q3_K_M (10.5 %), Q2_K (56 %) and a 2-bit KV cache (10 %).
 BALANCED_MAX_QUALITY_COST_PCT = 8.0
+# What a plan must reach to be called usable, not only possible (a product decision, overridable per request): a
+# decode at least as fast as a slow reader (1 token a second is about 45 words a minute), and a first token within
+# ten minutes of the prompt. A plan that fits below them says so in its verdict and its JSON ("usable").
+USABLE_MIN_DECODE_TOK_S = 1.0
+USABLE_MAX_TTFT_S = 600.0
 # RSS of a Python process with torch + transformers imported, before any weight is loaded.
 # Measured on the CPU dev machine (torch 2.13, transformers 5.23): ~0.6-0.8 GiB; a CUDA build adds
 # its libraries. The calibration may replace it.
@@ -90,6 +95,8 @@ class Request:
     runtime_base_ram_bytes: int = RUNTIME_BASE_RAM_BYTES
     balanced_speed_fraction: float = BALANCED_SPEED_FRACTION
     balanced_max_quality_cost_pct: float = BALANCED_MAX_QUALITY_COST_PCT
+    usable_min_decode_tok_s: float = USABLE_MIN_DECODE_TOK_S
+    usable_max_ttft_s: float = USABLE_MAX_TTFT_S
     nodes: int = 1  # machines of the profile's type available to an engine that scales out (vLLM over Ray)
     engine: str = "vramplan"  # whose memory rules the plan follows: one of PLANNING_ENGINES
     allow_context_overflow: bool = False  # plan a context beyond what the model is made for (see context_limit)
@@ -149,6 +156,11 @@ class Request:
         q = self.balanced_max_quality_cost_pct
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q < float("inf"):
             raise PlanError("the balanced quality floor (most perplexity cost, %) must be a finite number >= 0")
+        for name, what in (("usable_min_decode_tok_s", "the least usable decode speed (tok/s)"),
+                           ("usable_max_ttft_s", "the longest usable time to first token (s)")):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+                raise PlanError(f"{what} must be a finite number >= 0, got {v!r}")
 
     @property
     def prompt(self) -> int:

@@ -301,3 +301,13 @@ def format_tokens(n: int | None) -> str:
     if n >= 1024 and n % 1024 == 0:
         return f"{n // 1024}k"
     return str(n)
+
+
+def format_duration(seconds: float) -> str:
+    """A time as a person reads it: seconds under a minute ("14.12 s"), then minutes, hours or days ("2.2 h")."""
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    raise AssertionError(seconds)

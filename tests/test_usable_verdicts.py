@@ -1,0 +1,81 @@
+"""Verdicts that tell usable from possible (issue 40): a plan that fits but decodes under the request's
+usable_min_decode_tok_s, or whose first token comes after usable_max_ttft_s, says so in its verdict and its JSON;
+times over a minute read in minutes, hours or days; a quality past the floor is warned about."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cli_helpers import isolate, run_cli
+from vramplan.planner.errors import PlanError
+from vramplan.planner.profiles import resolve_profile
+from vramplan.planner.request import Request
+from vramplan.planner.search import plan
+from vramplan.planner.sources import model_spec
+from vramplan.planner.units import format_duration
+
+SLOW = ("--model", "llama-3.1-70b", "-H", "rtx-3090", "--context", "128k", "--prefer", "quality")
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    isolate(tmp_path, monkeypatch, offline_hub=True)
+
+
+def test_a_plan_too_slow_to_use_says_so(capsys):
+    code, out, err = run_cli(capsys, "plan", *SLOW, "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["fits"] and d["usable"] is False
+    assert any("tok/s is under 1 tok/s" in w for w in d["unusable_because"])
+    assert any(w.startswith("this plan fits but is not usable as it stands") for w in d["warnings"])
+    code, out, err = run_cli(capsys, "plan", *SLOW)
+    assert "plan (fits, too slow to use):" in out and " min for 131072 prompt tokens" in out
+
+
+def test_the_thresholds_are_the_requests():
+    spec, hw = model_spec("llama-3.1-70b"), resolve_profile("rtx-3090")[0]
+    req = Request(context=131072, prefer="quality", usable_min_decode_tok_s=0.01, usable_max_ttft_s=1e6)
+    p = plan(spec, hw, req)
+    assert p.fits and p.unusable == [] and p.to_dict()["usable"] is True
+    with pytest.raises(PlanError, match="least usable decode speed"):
+        Request(context=8192, usable_min_decode_tok_s=-1)
+
+
+def test_a_usable_plan_stays_quiet(capsys):
+    code, out, err = run_cli(capsys, "plan", "--model", "llama-3.1-8b", "-H", "rtx-4090", "--context", "8k", "--json")
+    d = json.loads(out)
+    assert d["usable"] is True and d["unusable_because"] == []
+    assert not any("not usable" in w or "quality floor" in w for w in d["warnings"])
+
+
+def test_prefer_speed_past_the_quality_floor_is_warned_about(capsys):
+    code, out, err = run_cli(capsys, "plan", "--model", "llama-3.1-70b", "-H", "rtx-4090", "--context", "32k",
+                             "--engine", "llama.cpp", "--prefer", "speed", "--json")
+    d = json.loads(out)
+    assert d["quality_cost_pct"] > 8
+    assert any("past the 8 % quality floor" in w and "--prefer balanced keeps the floor" in w for w in d["warnings"])
+
+
+@pytest.mark.parametrize("s,text", [(14.123, "14.12 s"), (59.99, "59.99 s"), (90, "1.5 min"), (7845.12, "2.2 h"),
+                                    (573867.14, "6.6 days")])
+def test_durations_read_as_people_read_them(s, text):
+    assert format_duration(s) == text
+
+
+def test_version(capsys):
+    code, out, err = run_cli(capsys, "--version")
+    assert code == 0 and out.startswith("vramplan ") and len(out.splitlines()) == 1
+
+
+def test_gpus_plans_n_of_the_profiles_gpu(capsys):
+    code, out, err = run_cli(capsys, "plan", "--model", "llama-3.1-70b", "-H", "rtx-3090", "--gpus", "2", "--context",
+                             "32k", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["hardware"]["name"] == "rtx-3090-x2" and len(d["memory"]["gpus"]) == 2
+    for bad in (("-H", "cpu-epyc-server", "--gpus", "2"), ("-H", "rtx-3090", "--gpus", "0")):
+        code, out, err = run_cli(capsys, "plan", "--model", "llama-3.1-8b", *bad)
+        assert code == 2 and err.count("error:") == 1 and "--gpus" in err
