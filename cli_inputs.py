@@ -5,6 +5,7 @@ cli.py's commands call these; one-line UsageErrors (exit 2) say what is wrong be
 """
 
 import os
+import re
 import sys
 
 from vramplan.planner.errors import VramplanError
@@ -84,6 +85,19 @@ def model_files(model: str) -> list[str]:
     return given_files(os.path.join(path, "config.json") if os.path.isdir(path) else path)
 
 
+def _budget(text: str | None, flag: str) -> int | None:
+    """A budget's bytes; one written in decimal units (24GB) is read as such, and said so, since most people who
+    write GB mean the GiB their tools print."""
+    if text is None:
+        return None
+    from vramplan.planner.units import format_bytes, parse_bytes
+
+    n = parse_bytes(text, what=flag)
+    if re.search(r"\d\s*[kKmMgGtTpP][bB]\s*$", text.strip()):
+        out.info(f"{flag} {text.strip()} read as decimal units: {format_bytes(n)} ({n:,} B; write GiB for binary)")
+    return n
+
+
 def build_request(context: str | None, batch: int | None, prompt_tokens: int | None, prefer: str | None,
                   quant: str | None, kv_dtype: str | None, gpu_layers: int | None, offload: str | None,
                   vram_budget: str | None, ram_budget: str | None, headroom: str | None, prefill_chunk: int | None,
@@ -100,8 +114,8 @@ def build_request(context: str | None, batch: int | None, prompt_tokens: int | N
         prompt_tokens=prompt_tokens, prefer=(prefer or "balanced").lower(), quant=split_list(quant, "--quant"),
         kv_dtype=split_list(kv_dtype, "--kv-dtype"), gpu_layers=gpu_layers,
         offload=offload.lower() if offload else None,
-        vram_budget_bytes=parse_bytes(vram_budget, what="--vram-budget") if vram_budget is not None else None,
-        ram_budget_bytes=parse_bytes(ram_budget, what="--ram-budget") if ram_budget is not None else None,
+        vram_budget_bytes=_budget(vram_budget, "--vram-budget"),
+        ram_budget_bytes=_budget(ram_budget, "--ram-budget"),
         headroom_bytes=parse_bytes(headroom, what="--headroom") if headroom is not None else DEFAULT_HEADROOM_BYTES,
         prefill_chunk=prefill_chunk if prefill_chunk is not None else DEFAULT_PREFILL_CHUNK,
         nodes=1 if nodes is None else nodes, engine=(engine or "vramplan").lower(),

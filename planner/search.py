@@ -465,12 +465,30 @@ def check_request(hw: HardwareProfile, req: Request) -> None:
         raise PlanError(f"stream offload needs a host-GPU link; hardware {hw.name!r} has unified memory "
                         "(offloaded layers can only run on the CPU)")
     largest = max((g.memory_bytes for g in hw.gpus), default=0)
-    if req.vram_budget_bytes is not None and hw.gpus and req.vram_budget_bytes > largest:
+    if req.vram_budget_bytes is not None and hw.gpus and req.vram_budget_bytes > largest * BUDGET_SLACK:
         raise PlanError(f"the GPU memory budget {format_bytes(req.vram_budget_bytes)} exceeds the GPU's "
                         f"{format_bytes(largest)}")
-    if req.ram_budget_bytes is not None and req.ram_budget_bytes > hw.host.ram_bytes:
+    if req.ram_budget_bytes is not None and req.ram_budget_bytes > hw.host.ram_bytes * BUDGET_SLACK:
         raise PlanError(f"the RAM budget {format_bytes(req.ram_budget_bytes)} exceeds the host's "
                         f"{format_bytes(hw.host.ram_bytes)} (profile {hw.name!r})")
+
+
+# A budget at most this much over the hardware is what it has, as a person writes it (24GiB for a 4090's 23.99 GiB):
+# planned at capacity (planner/capacity.py takes the smaller of the two), with a note (budget_notes).
+BUDGET_SLACK = 1.01
+
+
+def budget_notes(hw: HardwareProfile, req: Request) -> list[str]:
+    """What check_request let through as the hardware's own size: a budget over it by at most BUDGET_SLACK."""
+    out = []
+    largest = max((g.memory_bytes for g in hw.gpus), default=0)
+    if req.vram_budget_bytes is not None and hw.gpus and req.vram_budget_bytes > largest:
+        out.append(f"the GPU memory budget {format_bytes(req.vram_budget_bytes)} is the GPU's own "
+                   f"{format_bytes(largest)} as written: planned at that")
+    if req.ram_budget_bytes is not None and req.ram_budget_bytes > hw.host.ram_bytes:
+        out.append(f"the RAM budget {format_bytes(req.ram_budget_bytes)} is the host's own "
+                   f"{format_bytes(hw.host.ram_bytes)} as written: planned at that")
+    return out
 
 
 def check_context(spec: ModelSpec, req: Request) -> list[str]:
@@ -518,7 +536,7 @@ class VramplanEngine:
     def check(self, spec: ModelSpec, hw: HardwareProfile, req: Request) -> tuple[Request, list[str]]:
         check_request(hw, req)
         check_experts(spec, req)
-        return _measured_runtime(hw, req), check_context(spec, req)
+        return _measured_runtime(hw, req), [*budget_notes(hw, req), *check_context(spec, req)]
 
     def candidates(self, spec: ModelSpec, hw: HardwareProfile, req: Request, *, contexts: bool = True
                    ) -> list[Candidate]:

@@ -79,3 +79,17 @@ def test_gpus_plans_n_of_the_profiles_gpu(capsys):
     for bad in (("-H", "cpu-epyc-server", "--gpus", "2"), ("-H", "rtx-3090", "--gpus", "0")):
         code, out, err = run_cli(capsys, "plan", "--model", "llama-3.1-8b", *bad)
         assert code == 2 and err.count("error:") == 1 and "--gpus" in err
+
+
+def test_budgets_as_people_write_them(capsys):
+    """A 4090 owner types 24GiB (the card has 23.99): planned at the card's size, with a note; 24GB is read as
+    decimal gigabytes and said so; past 1 % over, it is refused."""
+    base = ("plan", "--model", "qwen2.5-32b", "--context", "32k", "-H", "rtx-4090", "--json")
+    code, out, err = run_cli(capsys, *base, "--vram-budget", "24GiB")
+    d = json.loads(out)
+    assert code == 0 and any("is the GPU's own 23.99 GiB as written" in w for w in d["warnings"])
+    assert d["memory"]["gpus"][0]["capacity_bytes"] == 24564 * 2**20
+    code, out, err = run_cli(capsys, *base, "--vram-budget", "24GB")
+    assert code == 0 and "--vram-budget 24GB read as decimal units: 22.35 GiB" in err
+    code, out, err = run_cli(capsys, *base, "--vram-budget", "24.5GiB")
+    assert code == 2 and "exceeds the GPU's 23.99 GiB" in err
