@@ -156,14 +156,28 @@ class Output:
 
     # --- results for people
     def table(self, title: str | None, columns: list[str], rows: list[list[Any]], *, right: set[int] = frozenset(),
-              stderr: bool = False, compact: bool = False) -> None:
-        """A table; `compact`: no borders, one line per row (what fits under a report that must stay short)."""
+              stderr: bool = False, compact: bool = False, drop: tuple[int, ...] = ()) -> None:
+        """A table; `compact`: no borders, one line per row (what fits under a report that must stay short); `drop`:
+        the columns to leave out, first ones first, while the table is wider than the console (the JSON has them).
+        A cell never ends in "…": what does not fit folds onto the next line."""
+        width = (self.err if stderr else self.out).width
+        keep = list(range(len(columns)))
+        cells = [["-" if v is None else str(v) for v in r] for r in rows]
+
+        def needed() -> int:
+            per, edge = (2, 0) if compact else (3, 1)  # the gap between columns, or a border and its padding
+            return sum(max(len(x) for x in [columns[i], *(r[i] for r in cells)]) for i in keep) + per * len(keep) + edge
+
+        for i in drop:
+            if needed() <= width:
+                break
+            keep.remove(i)
         kw = {"box": None, "pad_edge": False, "show_edge": False} if compact else {}
         t = Table(title=_text(title) if title is not None else None, title_justify="left", header_style="bold", **kw)
-        for i, c in enumerate(columns):
-            t.add_column(c, justify="right" if i in right else "left", no_wrap=compact)
+        for i in keep:
+            t.add_column(columns[i], justify="right" if i in right else "left", no_wrap=compact, overflow="fold")
         for r in rows:
-            t.add_row(*[_text("-" if v is None else v) for v in r])
+            t.add_row(*[_text("-" if r[i] is None else r[i]) for i in keep])
         if stderr:
             self.err.print(t)
             return
@@ -566,8 +580,18 @@ def _engines(d: dict, full: bool) -> None:
                       "-" if e.get("ttft_s") is None else format_duration(e["ttft_s"]),
                       format_tokens(e["max_context_tokens"]) if e.get("max_context_tokens") else "-", e["placement"],
                       how])
-    out.table("the same request by each engine's own rules", ["engine", "weights + KV", "fits", "decode tok/s",
-              "TTFT", "ctx on GPU", "placement", "command"], table, right={3, 4, 5}, compact=True)
+    columns = ["engine", "weights + KV", "fits", "decode tok/s", "TTFT", "ctx on GPU", "placement", "command"]
+    wide = sum(max(len(str(r[i])) for r in [columns, *table]) for i in range(len(columns))) + 2 * (len(columns) - 1)
+    if wide <= out.out.width:
+        out.table("the same request by each engine's own rules", columns, table, right={3, 4, 5}, compact=True)
+    else:  # narrower than the table: one block per engine, nothing cut, the command on its own line
+        out.line(styled(("the same request by each engine's own rules", "bold")))
+        for r in table:
+            facts = (f"{r[1]}, fits, decode {r[3]} tok/s, TTFT {r[4]}, context on the GPU {r[5]}" if r[2] == "yes"
+                     else f"{r[1]}, does not fit")
+            out.line(styled((f"{r[0]}:", "bold"), f" {facts}"))
+            out.line(f"    {r[6]}")
+            out.line(f"    {r[7]}")
     if full:
         for e in rows:
             if e["fits"] and e.get("speed_from"):
@@ -671,8 +695,8 @@ def _candidates(cands: list[dict], chosen: dict | None, title: str) -> None:
                      f"{ceiling:.2f}" if ceiling else "-",
                      f"{pr['decode_tokens_per_s']:.2f}" if pr["decode_tokens_per_s"] else "-",
                      format_tokens(x["max_context_tokens"]), f"{x['quality_cost_pct']:.1f}"])
-    out.table(title, ["", "weights", "KV", "fits", "GPU layers", "VRAM", "RAM", "ceiling tok/s", "predicted tok/s",
-                      "max ctx resident", "ppl +%"], rows, right={5, 6, 7, 8, 9, 10})
+    out.table(title, ["", "weights", "KV", "fits", "GPU layers", "VRAM", "RAM", "ceiling", "tok/s", "max ctx",
+                      "ppl +%"], rows, right={5, 6, 7, 8, 9, 10}, drop=(7, 9, 6, 3))
 
 
 # ---------------------------------------------------------------- run
