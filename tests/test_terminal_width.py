@@ -25,6 +25,7 @@ def test_a_terminals_width_keeps_names_and_commands_whole(width, monkeypatch, ca
     lines = out.splitlines()
     for engine in ENGINES:
         assert any(line.split(":")[0].split()[0] == engine for line in lines if line.strip()), engine
-    for command in ("plan --engine llama.cpp", "plan --engine ollama", "plan --emit vllm", "plan --engine transformers"):
+    for command in ("plan --engine llama.cpp", "plan --engine ollama", "plan --emit vllm",
+                    "plan --engine transformers"):
         assert any(command in line for line in lines), command
     assert all(len(line) <= width for line in lines if line.startswith(("┃", "│", "┏", "└")))
