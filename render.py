@@ -565,9 +565,10 @@ def _engines(d: dict, full: bool) -> None:
     rows = d.get("engines") or []
     if not rows:
         return
-    table = []
+    table, whole = [], []  # whole: each row's placement or reason uncut (the narrow layout shows all of it)
     mine = (d.get("request") or {}).get("engine", "vramplan")
     for e in rows:
+        whole.append(e.get("reason", "") if not e["fits"] else e["placement"])
         how = "this plan" if e["engine"] == mine else e.get("how", "-").removeprefix("vramplan ")
         if not e["fits"]:
             reason = e.get("reason", "")
@@ -586,11 +587,11 @@ def _engines(d: dict, full: bool) -> None:
         out.table("the same request by each engine's own rules", columns, table, right={3, 4, 5}, compact=True)
     else:  # narrower than the table: one block per engine, nothing cut, the command on its own line
         out.line(styled(("the same request by each engine's own rules", "bold")))
-        for r in table:
+        for r, placement in zip(table, whole):
             facts = (f"{r[1]}, fits, decode {r[3]} tok/s, TTFT {r[4]}, context on the GPU {r[5]}" if r[2] == "yes"
                      else f"{r[1]}, does not fit")
             out.line(styled((f"{r[0]}:", "bold"), f" {facts}"))
-            out.line(f"    {r[6]}")
+            out.line(f"    {placement}")
             out.line(f"    {r[7]}")
     if full:
         for e in rows:
