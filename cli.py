@@ -216,21 +216,28 @@ def profiles_show_cmd(
 
 @profiles_app.command("validate")
 def profiles_validate_cmd(
-    paths: Annotated[list[str], typer.Argument(help="Profile YAML files to check.")],
+    paths: Annotated[Optional[list[str]], typer.Argument(
+        help="Profile YAML files, or profile names, to check; none: every profile file of the search directories "
+             "($VRAMPLAN_PROFILES, yours, the shipped set).")] = None,
 ) -> None:
-    """Check profile files strictly; exit 1 if any is invalid (one message per bad file)."""
+    """Check profile files strictly; exit 1 if any is invalid (one message per bad file, every file checked)."""
     from vramplan.planner.errors import ProfileError
     from vramplan.planner.profile_yaml import load_profile
+    from vramplan.planner.profiles import looks_like_path, profile_files, resolve_profile
 
+    targets = list(paths) if paths else [str(f) for f in profile_files()]
     bad = 0
-    for p in paths:
+    for p in targets:
         try:
-            prof = load_profile(p)
+            if looks_like_path(p):
+                prof, path = load_profile(p), p
+            else:  # a profile's name: the file it finds
+                prof, path = resolve_profile(p, load_profile)
         except ProfileError as e:
             bad += 1
             out.labelled("invalid:", "bold red", str(e))
             continue
-        out.line(f"ok: {p} ({prof.name})")
+        out.line(f"ok: {p} ({prof.name})" + (f" = {path}" if str(path) != p else ""))
     if bad:
         raise typer.Exit(1)
 

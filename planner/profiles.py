@@ -90,7 +90,7 @@ def _profile_files(directory: Path) -> list[Path]:
         return []
 
 
-def _looks_like_path(text: str) -> bool:
+def looks_like_path(text: str) -> bool:
     return os.sep in text or "/" in text or text.lower().endswith(PROFILE_SUFFIXES)
 
 
@@ -102,7 +102,7 @@ def resolve_profile(name_or_path: str | os.PathLike[str], load: Loader = load_pr
     text = os.fspath(name_or_path)
     if not text.strip():
         raise ProfileError("the hardware profile name is empty")
-    bare = not _looks_like_path(text)
+    bare = not looks_like_path(text)
     dirs = search_dirs() if bare else []
     found = _named(text.strip().lower(), dirs)
     if found:
@@ -142,7 +142,7 @@ def name_shadows(name_or_path: str | os.PathLike[str]) -> list[tuple[Path, str]]
     """The files a profile name finds but does not use (path, origin): later ones of the same name in the search
     order, and a file of that name in the current directory; none for a path, or a name no profile has."""
     text = os.fspath(name_or_path)
-    if not text.strip() or _looks_like_path(text):
+    if not text.strip() or looks_like_path(text):
         return []
     found = _named(text.strip().lower(), search_dirs())
     if not found:
@@ -150,6 +150,11 @@ def name_shadows(name_or_path: str | os.PathLike[str]) -> list[tuple[Path, str]]
     local = Path(text)
     here = [(local.absolute(), f"the current directory; `./{text}` reads it")] if os.path.lexists(local) else []
     return found[1:] + here
+
+
+def profile_files() -> list[Path]:
+    """Every profile file of the search directories, in lookup order (shadowed ones too: each is checked)."""
+    return [f for directory, _origin in search_dirs() for f in _profile_files(directory)]
 
 
 def list_profiles(load: Loader = load_profile) -> list[ProfileEntry]:

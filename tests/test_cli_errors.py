@@ -27,7 +27,7 @@ def _isolated(tmp_path, monkeypatch):
     ["plan"],  # no --model
     ["plan", "--model", "llama-3.1-8b", "--bogus"],
     ["nosuchcmd"],
-    ["profiles", "validate"],  # no file
+    ["profiles", "validate", "--bogus"],
     ["plan", "--model", "llama-3.1-8b", "--batch", "x"],
     ["plan", "--model", "llama-3.1-8b", "--emit", "x"],
 ])

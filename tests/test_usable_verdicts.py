@@ -93,3 +93,14 @@ def test_budgets_as_people_write_them(capsys):
     assert code == 0 and "--vram-budget 24GB read as decimal units: 22.35 GiB" in err
     code, out, err = run_cli(capsys, *base, "--vram-budget", "24.5GiB")
     assert code == 2 and "exceeds the GPU's 23.99 GiB" in err
+
+
+def test_profiles_validate_by_name_and_over_every_directory(capsys, tmp_path, monkeypatch):
+    code, out, err = run_cli(capsys, "profiles", "validate", "rtx-4090")
+    assert code == 0 and out.startswith("ok: rtx-4090 (rtx-4090) = ")
+    mine = tmp_path / "team"
+    mine.mkdir()
+    (mine / "broken.yaml").write_text("schema_version: 1\nname: broken\n")
+    monkeypatch.setenv("VRAMPLAN_PROFILES", str(mine))
+    code, out, err = run_cli(capsys, "profiles", "validate")  # no argument: every file of the search directories
+    assert code == 1 and "broken.yaml" in err and "ok: " in out and "rtx-4090.yaml" in out
