@@ -138,9 +138,6 @@ def probe_cmd(
 ) -> None:
     """Read and measure this machine, print its hardware profile, and refresh the cached one `plan` uses."""
     _long_command()
-    import re
-    from pathlib import Path
-
     from vramplan.planner.profile_yaml import profile_to_dict
     from vramplan.planner.quoting import shell_quote
     from vramplan.runtime.files import save_profile
@@ -157,8 +154,7 @@ def probe_cmd(
     else:
         out.info(f"this machine's cached profile not refreshed: {unsaved}")
     if path:
-        stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(path).stem).strip("-.") or profile.name
-        profile = profile.replace(name=stem)
+        profile = named_after(profile, path)
         out.info(f"saved {save_profile(profile, path)} (use it with --hardware {shell_quote(path)})")
     if as_json:
         out.data({"profile": profile_to_dict(profile), "readings": result.readings,
@@ -240,6 +236,16 @@ def profiles_validate_cmd(
         out.line(f"ok: {p} ({prof.name})" + (f" = {path}" if str(path) != p else ""))
     if bad:
         raise typer.Exit(1)
+
+
+def named_after(profile, path: str):
+    """A profile to be saved at `path`, named after the file (its stem, made a safe name), as `--hardware NAME` finds
+    it; its own name where the stem has nothing usable."""
+    import re
+    from pathlib import Path
+
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(path).stem).strip("-.")
+    return profile.replace(name=stem or profile.name)
 
 
 # ---------------------------------------------------------------- plan / calibrate / run
@@ -407,9 +413,9 @@ def calibrate_cmd(
     if runs_path:
         save_data(runs_path, {"runs": [r.to_dict() for r in result.records]}, default="json")
         out.info(f"runs saved to {runs_path}")
-    if path:
-        save_profile(result.profile, path)
-        out.info(f"calibrated profile saved to {path}")
+    if path:  # named after its file, as probe --save names it: two team profiles never share a name
+        save_profile(named_after(result.profile, path), path)
+        out.info(f"calibrated profile saved to {path} (name {named_after(result.profile, path).name})")
     if as_json:
         out.data({"profile": profile_to_dict(result.profile), "warnings": list(result.warnings),
                   "runs": [r.to_dict() for r in result.records]})
@@ -443,9 +449,9 @@ def _calibrate_llamacpp(hw, here, models, ggufs, llama_server, prompts, new_toke
     if runs_path:
         save_data(runs_path, {"llama_cpp": result.commit, "runs": result.runs}, default="json")
         out.info(f"runs saved to {runs_path}")
-    if path:
-        save_profile(result.profile, path)
-        out.info(f"calibrated profile saved to {path}")
+    if path:  # named after its file, as probe --save names it: two team profiles never share a name
+        save_profile(named_after(result.profile, path), path)
+        out.info(f"calibrated profile saved to {path} (name {named_after(result.profile, path).name})")
     if as_json:
         out.data({"profile": profile_to_dict(result.profile), "warnings": result.warnings, "runs": result.runs,
                   "llama_cpp": result.commit})

@@ -104,3 +104,14 @@ def test_profiles_validate_by_name_and_over_every_directory(capsys, tmp_path, mo
     monkeypatch.setenv("VRAMPLAN_PROFILES", str(mine))
     code, out, err = run_cli(capsys, "profiles", "validate")  # no argument: every file of the search directories
     assert code == 1 and "broken.yaml" in err and "ok: " in out and "rtx-4090.yaml" in out
+
+
+def test_a_saved_profile_is_named_after_its_file():
+    """calibrate --save and probe --save name the profile after the file: two team profiles never share a name."""
+    from vramplan.cli import named_after
+    from vramplan.planner.profiles import resolve_profile
+
+    hw = resolve_profile("rtx-4090")[0]
+    assert named_after(hw, "team/x-calibrated.yaml").name == "x-calibrated"
+    assert named_after(hw, "team/my node!.yaml").name == "my-node"
+    assert named_after(hw, "team/---.yaml").name == "rtx-4090"
