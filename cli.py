@@ -28,6 +28,8 @@ app = typer.Typer(name="vramplan", help="Will this LLM run on my machine, how, a
 profiles_app = typer.Typer(help="Hardware profiles: the shipped ones, yours ($VRAMPLAN_PROFILES, "
                                 "~/.config/vramplan/profiles), and checks.", no_args_is_help=True)
 app.add_typer(profiles_app, name="profiles")
+# The version of the JSON `models --json` and `inspect --json` print (a plan's has its own: PLAN_SCHEMA_VERSION).
+JSON_SCHEMA_VERSION = 1
 
 
 def _version(value: bool) -> None:
@@ -109,7 +111,7 @@ def models_cmd(as_json: JsonOpt = False) -> None:
 
     rows = catalog_rows()
     if as_json:
-        out.data(rows)
+        out.data({"schema_version": JSON_SCHEMA_VERSION, "models": rows})
     else:
         render.models(rows)
 
@@ -120,7 +122,7 @@ def inspect_cmd(model: ModelOpt, revision: RevisionOpt = None, as_json: JsonOpt 
     _, spec = resolve_model(model, revision)
     from vramplan.planner.published_scheme import published_summary
 
-    facts = {**spec.summary(), **published_summary(spec)}
+    facts = {"schema_version": JSON_SCHEMA_VERSION, **spec.summary(), **published_summary(spec)}
     if as_json:
         out.data(facts)
     else:

@@ -174,8 +174,9 @@ def test_inspect_json_has_the_promised_fields():
 
 def test_models_json_lists_the_catalog():
     r = cli("models", "--json")
-    rows = json.loads(r.stdout)
-    assert len(rows) == len(catalog())
+    d = json.loads(r.stdout)
+    rows = d["models"]
+    assert d["schema_version"] == 1 and len(rows) == len(catalog())
     moe = next(r for r in rows if r["id"] == "Qwen/Qwen3-30B-A3B")
     assert moe["params_active"] < moe["params_total"]
 
