@@ -78,6 +78,37 @@ OLLAMA_SERVE_RAM_ASSUMED = 128 * MiB
 # llama.cpp common.h cache_ram_mib). Ollama passes no --cache-ram (startLlamaServer's flags, LLAMA_SERVER_GO), so it
 # may grow to the default as prompts come: counted in the RAM a launch needs, or a busy server runs out of RAM.
 PROMPT_CACHE_BYTES = rules.PROMPT_CACHE_DEFAULT_MIB * MiB
+LLM_SERVER_GO = f"{OLLAMA} llm/server.go @ {OLLAMA_COMMIT}"
+DEVICE_GO = f"{OLLAMA} ml/device.go @ {OLLAMA_COMMIT}"
+# llm/server.go:111-116 (NewLlamaServer), before llama-server starts: a num_ctx above the GGUF's context_length (the
+# model's training context: max_position_embeddings as convert_hf_to_gguf.py writes it, rope scaling not applied) is
+# lowered to it, with the warning "requested context size too large for model". server/sched.go:161-167
+# effectiveContext caps the context PredictServerVRAM is given the same way.
+NUM_CTX_CAP = f"{LLM_SERVER_GO}:111-116 NewLlamaServer"
+# server/sched.go:505-509 (Scheduler.load): "Some architectures are not safe with num_parallel > 1" (ollama/ollama
+# issue 4165): these model families (the GGUF's general.architecture) run with numParallel = 1 whatever
+# OLLAMA_NUM_PARALLEL says, with the warning "model architecture does not currently support parallel requests".
+SINGLE_SLOT_FAMILIES = ("mllama", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen3next", "lfm2", "lfm2moe",
+                        "nemotron_h", "nemotron_h_moe", "nemotron_h_omni")
+SINGLE_SLOT_RULE = f"{SCHED_GO}:505-509 Scheduler.load"
+# transformers model_type -> the general.architecture convert_hf_to_gguf.py writes for it (gguf-py MODEL_ARCH_NAMES:
+# Qwen3VL* -> qwen3vl / qwen3vlmoe, Qwen3_5* -> qwen35 / qwen35moe, Qwen3Next -> qwen3next; NemotronH writes
+# nemotron_h, or nemotron_h_moe with routed experts: both single-slot). A GGUF read as a model keeps its own name.
+OLLAMA_FAMILY = {"mllama": "mllama", "qwen3_vl": "qwen3vl", "qwen3_vl_moe": "qwen3vlmoe", "qwen3_5": "qwen35",
+                 "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next", "lfm2": "lfm2", "lfm2_moe": "lfm2moe",
+                 "nemotron_h": "nemotron_h"}
+# ml/device.go:571-600 (FlashAttentionSupported, cudaFlashAttentionSupported), applied by llm/llama_server.go:596-621
+# (LlamaServerFlashAttention, appendFlashAttentionArgs): a CUDA GPU of compute capability below 6.0, or 7.2 (Jetson
+# Xavier), gets --flash-attn off unless OLLAMA_FLASH_ATTENTION is set (CPU, Metal, ROCm and Vulkan keep auto; a CUDA
+# driver older than 7 too, never seen today: not modelled). llama.cpp then refuses a quantized V cache ("quantized V
+# cache requires flash_attn to be enabled", llama_init_from_model), and Ollama passes OLLAMA_KV_CACHE_TYPE to both
+# --cache-type-k and --cache-type-v (llm/llama_server.go:393-396): only f16 starts.
+FLASH_ATTENTION_RULE = f"{DEVICE_GO}:571-600 FlashAttentionSupported"
+FA_MIN_MAJOR, FA_EXCLUDED_CC = 6, ("7.2",)
+# server/sched.go:822-829, 843-856 automaticGenerationBatch with flash attention off on CUDA: 512, or 256 above an
+# effective context of 4096 where a CUDA GPU has at most 8 GiB (free memory, else total).
+BATCH_CONSTRAINED = 256
+CONSTRAINED_GPU_BYTES = 8 * GiB
 
 
 def constants() -> dict[str, EngineConstant]:
@@ -90,6 +121,9 @@ def constants() -> dict[str, EngineConstant]:
         "single_gpu_pct": EngineConstant(SINGLE_GPU_PCT, f"{SCHED_GO}: bestSingleGPUFit"),
         "ollama_serve_ram_bytes": EngineConstant(OLLAMA_SERVE_RAM_ASSUMED, "the ollama serve process beside "
                                                  "llama-server: unmeasured", assumption=True),
+        "single_slot_families": EngineConstant(",".join(SINGLE_SLOT_FAMILIES), SINGLE_SLOT_RULE),
+        "flash_attention_min_cc": EngineConstant(f"{FA_MIN_MAJOR}.0 (not {', '.join(FA_EXCLUDED_CC)})",
+                                                 FLASH_ATTENTION_RULE),
         "prompt_cache_bytes": EngineConstant(PROMPT_CACHE_BYTES, f"llama-server's --cache-ram default (llama.cpp "
                                              f"common.h cache_ram_mib), which Ollama does not set ({LLAMA_SERVER_GO}: "
                                              "startLlamaServer)"),
@@ -112,9 +146,14 @@ def effective_context(spec: ModelSpec, num_ctx: int, num_parallel: int) -> int:
     return min(num_ctx, train) * max(num_parallel, 1)
 
 
-def auto_num_batch(context: int, predicted: int, available: int) -> int:
-    """automaticGenerationBatch with flash attention not disabled (see BATCH_*). Without a GPU the available memory is
-    0 (the sum over no GPUs), and generationBatchFits takes any batch: the context alone decides."""
+def auto_num_batch(context: int, predicted: int, available: int, no_fa_gpu_bytes: int | None = None) -> int:
+    """automaticGenerationBatch (see BATCH_*). Without a GPU the available memory is 0 (the sum over no GPUs), and
+    generationBatchFits takes any batch: the context alone decides. `no_fa_gpu_bytes`: flash attention is off on CUDA
+    GPUs, the smallest of which has this much free memory: 512, or BATCH_CONSTRAINED above 4096 tokens on a GPU of
+    at most 8 GiB."""
+    if no_fa_gpu_bytes is not None:
+        return (BATCH_CONSTRAINED if context > CONTEXT_FOR_MEDIUM and 0 < no_fa_gpu_bytes <= CONSTRAINED_GPU_BYTES
+                else NUM_BATCH_DEFAULT)
     batch = BATCH_LARGE if context > CONTEXT_FOR_LARGE else BATCH_MEDIUM if context > CONTEXT_FOR_MEDIUM else \
         NUM_BATCH_DEFAULT
 
@@ -128,6 +167,31 @@ def auto_num_batch(context: int, predicted: int, available: int) -> int:
     while batch > NUM_BATCH_DEFAULT and not fits(batch):
         batch = BATCH_MEDIUM if batch > BATCH_MEDIUM else NUM_BATCH_DEFAULT
     return batch
+
+
+def ollama_family(spec: ModelSpec) -> str:
+    """The model family Ollama keys its rules on (the GGUF's general.architecture)."""
+    arch = getattr(spec.gguf, "architecture", None)
+    if arch:
+        return arch
+    return OLLAMA_FAMILY.get(spec.model_type, spec.model_type)
+
+
+def num_parallel(spec: ModelSpec, requested: int) -> int:
+    """Scheduler.load's numParallel: OLLAMA_NUM_PARALLEL (at least 1), 1 for the single-slot families."""
+    return 1 if ollama_family(spec) in SINGLE_SLOT_FAMILIES else max(requested, 1)
+
+
+def flash_attention(hw: HardwareProfile) -> str:
+    """--flash-attn as Ollama passes it for these GPUs (OLLAMA_FLASH_ATTENTION unset): "off" where a CUDA GPU's
+    compute capability is below 6.0 or is 7.2, else "auto". A GPU of unknown compute capability counts as supported."""
+    if hw.accelerator != "cuda":
+        return "auto"
+    for g in hw.gpus:
+        cc = g.compute_capability
+        if cc is not None and (int(cc.split(".")[0]) < FA_MIN_MAJOR or cc in FA_EXCLUDED_CC):
+            return "off"
+    return "auto"
 
 
 def free_memory(hw: HardwareProfile, req: Request, device: int) -> int:
@@ -147,6 +211,7 @@ class OllamaLaunch:
     predicted_vram_bytes: int
     available_bytes: int  # free memory of the GPUs it runs on
     single_gpu_of: int = 0  # the GPUs there were when it picked one (0: it did not)
+    flash_attn: str = "auto"  # --flash-attn: "off" on the CUDA GPUs Ollama deems without flash attention
 
     @property
     def n_ubatch(self) -> int:
@@ -170,7 +235,7 @@ class OllamaLaunch:
                str(self.num_parallel)]
         if kv_type != "f16":
             out += ["--cache-type-k", kv_type, "--cache-type-v", kv_type]
-        out += ["--flash-attn", "auto", "-b", str(self.num_batch), "-ub", str(self.num_batch)]
+        out += ["--flash-attn", self.flash_attn, "-b", str(self.num_batch), "-ub", str(self.num_batch)]
         if self.single_gpu_of:
             out += ["--split-mode", "none", "--main-gpu", "0"]
         return out
@@ -178,8 +243,11 @@ class OllamaLaunch:
 
 def ollama_launch(spec: ModelSpec, hw: HardwareProfile, req: Request, file_type: str) -> OllamaLaunch:
     """Scheduler.load for a Modelfile with num_ctx = req.context and OLLAMA_NUM_PARALLEL = req.batch: the GPUs and the
-    automatic num_batch, both from PredictServerVRAM of the GGUF."""
-    context = effective_context(spec, req.context, req.batch)
+    automatic num_batch, both from PredictServerVRAM of the GGUF; num_ctx capped at the training context and one slot
+    for the single-slot families, as Ollama does before it starts llama-server."""
+    slots = num_parallel(spec, req.batch)
+    num_ctx = min(req.context, spec.max_context) if spec.max_context else req.context
+    context = effective_context(spec, req.context, slots)
     predicted = predicted_server_vram(spec, gguf_file_bytes(spec, file_type), context)
     devices = list(range(len(hw.devices))) if hw.has_gpu else []
     frees = [free_memory(hw, req, d) for d in devices]
@@ -191,9 +259,11 @@ def ollama_launch(spec: ModelSpec, hw: HardwareProfile, req: Request, file_type:
             single, frees = len(devices), [frees[best]]
             used = hw.replace(name=f"{hw.name}-one-gpu", gpus=(replace(hw.devices[best], count=1),))
     available = sum(frees)
-    return OllamaLaunch(hardware=used, num_ctx=req.context, num_parallel=req.batch,
-                        num_batch=auto_num_batch(context, predicted, available),
-                        predicted_vram_bytes=predicted, available_bytes=available, single_gpu_of=single)
+    fa = flash_attention(used) if devices else "auto"
+    no_fa = min(frees) if fa == "off" else None
+    return OllamaLaunch(hardware=used, num_ctx=num_ctx, num_parallel=slots,
+                        num_batch=auto_num_batch(context, predicted, available, no_fa),
+                        predicted_vram_bytes=predicted, available_bytes=available, single_gpu_of=single, flash_attn=fa)
 
 
 # OLLAMA_KV_CACHE_TYPE takes these (envconfig/config.go KvCacheType; llama.cpp's cache types), f16 when unset.
@@ -229,7 +299,34 @@ class OllamaEngine(llamacpp.LlamaCppEngine):
         if forced:
             raise PlanError(f"{', '.join(forced)}: Ollama places layers by llama.cpp's --fit itself (a Modelfile's "
                             "num_gpu is not planned)")
-        return super().check(spec, hw, req)
+        req, warnings = super().check(spec, hw, req)
+        train = spec.max_context
+        if train and req.context > train:
+            warnings.append(f"num_ctx {req.context} capped at {train}: Ollama lowers a num_ctx above the model's "
+                            f"training context (the GGUF's context_length) to it before it starts llama-server ("
+                            f"llm/server.go NewLlamaServer: \"requested context size too large for model\"), so "
+                            f"this plan is for {train} tokens")
+            req = replace(req, context=train)
+        family = ollama_family(spec)
+        if req.batch > 1 and family in SINGLE_SLOT_FAMILIES:
+            warnings.append(f"one slot: Ollama runs the {family} family with num_parallel 1 whatever "
+                            f"OLLAMA_NUM_PARALLEL says (server/sched.go Scheduler.load: \"model architecture does not "
+                            f"currently support parallel requests\"), so {req.batch} sequences share it in turn")
+            req = replace(req, batch=1)
+        if hw.has_gpu and flash_attention(hw) == "off":
+            ccs = ", ".join(sorted({g.compute_capability for g in hw.gpus if g.compute_capability}))
+            quantized = [k for k in req.kv_dtype if k != "f16"]
+            if req.kv_dtype and len(quantized) == len(req.kv_dtype):
+                raise PlanError(f"--kv-dtype {','.join(quantized)}: Ollama starts llama-server with --flash-attn off "
+                                f"on compute capability {ccs} (ml/device.go FlashAttentionSupported), and llama.cpp "
+                                "refuses a quantized V cache without flash attention: only f16 runs there")
+            warnings.append(f"--flash-attn off: Ollama deems flash attention unsupported on compute capability {ccs} "
+                            "(ml/device.go FlashAttentionSupported: CUDA below 6.0, or 7.2), so llama.cpp refuses "
+                            "a quantized V cache: only the f16 cache is planned; the compute buffer is still "
+                            "estimated as with flash attention (without it llama.cpp also holds the KQ matrix)")
+            if quantized:
+                req = replace(req, kv_dtype=tuple(k for k in req.kv_dtype if k == "f16"))
+        return req, warnings
 
     def candidates(self, spec: ModelSpec, hw: HardwareProfile, req: Request, *, contexts: bool = True
                    ) -> list[Candidate]:
@@ -238,7 +335,7 @@ class OllamaEngine(llamacpp.LlamaCppEngine):
             launch = ollama_launch(spec, hw, req, ft)
             server, model, at = launch.server(hw.has_gpu), rules.gguf_model(spec, ft), replace(req, quant=(ft,))
             out += [llamacpp.candidate(spec, launch.hardware, at, model, kv, server, contexts)
-                    for kv in self.caches(req)]
+                    for kv in self.caches(req) if launch.flash_attn != "off" or kv == "f16"]
         return out
 
     def resident_context(self, spec: ModelSpec, hw: HardwareProfile, req: Request, chosen: Candidate) -> int:
@@ -444,10 +541,15 @@ def export_ollama(spec: ModelSpec, hw: HardwareProfile, p: Plan) -> Export:
                      "to it (common/fit.cpp: \"n_gpu_layers already set by user\")")
     else:
         notes.append(q.chosen.reason)
-    memory = (f"predicted VRAM {format_bytes(launch.predicted_vram_bytes)} of {format_bytes(launch.available_bytes)} "
+    memory = ("flash attention off on CUDA: 512, or 256 beyond 4096 tokens on a GPU of at most 8 GiB"
+              if launch.flash_attn == "off" else
+              f"predicted VRAM {format_bytes(launch.predicted_vram_bytes)} of {format_bytes(launch.available_bytes)} "
               "free" if hw.has_gpu else "no GPU: the context alone decides")
     notes.append(f"num_batch {launch.num_batch}: Ollama's automatic choice for {launch.num_ctx * launch.num_parallel} "
                  f"tokens of context (server/sched.go automaticGenerationBatch: {memory})")
+    if launch.flash_attn == "off":
+        notes.append(f"--flash-attn off: Ollama's rule for these GPUs ({FLASH_ATTENTION_RULE}); "
+                     "OLLAMA_FLASH_ATTENTION=1 would force it on")
     if launch.single_gpu_of:
         notes.append(f"one GPU of {launch.single_gpu_of}: Ollama runs a model on the GPU with the most free memory "
                      f"when its predicted VRAM is at most {SINGLE_GPU_PCT} % of it (OLLAMA_SCHED_SPREAD=1: all GPUs)")

@@ -153,8 +153,9 @@ def max_in_flight_tokens(pp: int, batched_tokens: int) -> int:
 def tp_sizes(spec: ModelSpec, gpus: int) -> list[int]:
     """TP sizes vLLM accepts on `gpus` GPUs: they divide the attention heads (CONFIG_MODEL
     verify_with_parallel_config), the KV heads or are a multiple of them (LINEAR_PY QKVParallelLinear: divide(tp, kv)
-    or divide(kv, tp), an assertion), and every MLP width: the dense intermediate size (MergedColumnParallelLinear /
-    RowParallelLinear divide it) and the routed experts' (FUSED_MOE_CONFIG: intermediate_size % tp_size == 0)."""
+    or divide(kv, tp), an assertion), every MLP width: the dense intermediate size (MergedColumnParallelLinear /
+    RowParallelLinear divide it) and the routed experts' (FUSED_MOE_CONFIG: intermediate_size % tp_size == 0), and the
+    vocabulary padded to a multiple of 64 (VOCAB_PY: see vocab_sizes)."""
     return [t for t in range(1, gpus + 1) if not tp_refusal(spec, t)]
 
 
@@ -169,7 +170,27 @@ def tp_refusal(spec: ModelSpec, tp: int) -> str:
     for w in sorted(mlp_widths(spec)):
         if w % tp:
             return f"MLP width {w} is not divisible by {tp}"
+    for vocab in sorted(vocab_sizes(spec)):
+        padded = padded_vocab(vocab)
+        if padded % tp:
+            return (f"the vocabulary ({vocab}, padded to {padded}) is not divisible by {tp}: vLLM pads it to a "
+                    f"multiple of {VOCAB_PADDING} only, then shards it evenly")
     return ""
+
+
+def padded_vocab(vocab: int) -> int:
+    """VOCAB_PY pad_vocab_size (lines 95-97): the vocabulary rounded up to a multiple of VOCAB_PADDING, whatever the TP
+    size."""
+    return math.ceil(vocab / VOCAB_PADDING) * VOCAB_PADDING
+
+
+def vocab_sizes(spec: ModelSpec) -> set[int]:
+    """The vocabularies vLLM shards over TP (VocabParallelEmbedding, ParallelLMHead): the rows of the embedding and of
+    the LM head. VOCAB_PY VocabParallelEmbedding.__init__ (lines 252-306) pads each to VOCAB_PADDING and takes
+    divide(padded, tp_size), which asserts "... is not divisible by ..." (DIST_UTILS ensure_divisibility, lines 51-55,
+    130-134): a TP size that does not divide the padded vocabulary stops vLLM while it builds the model."""
+    out = {t.shape[0] for t in spec.tensors if t.role in (Role.EMBEDDING, Role.LM_HEAD) and len(t.shape) == 2}
+    return out or ({spec.vocab_size} if spec.vocab_size else set())
 
 
 def mlp_widths(spec: ModelSpec) -> set[int]:
@@ -187,7 +208,7 @@ def tp_fraction(spec: ModelSpec, t: TensorSpec, tp: int) -> float:
     heads (CONFIG_MODEL get_num_kv_heads: max(1, kv_heads // tp)), vocab-parallel embeddings, the rest replicated."""
     if t.role in (Role.EMBEDDING, Role.LM_HEAD) and len(t.shape) == 2:
         vocab = t.shape[0]
-        return (math.ceil(vocab / VOCAB_PADDING) * VOCAB_PADDING / tp) / vocab
+        return (padded_vocab(vocab) / tp) / vocab
     if t.kind not in (Kind.LINEAR, Kind.EXPERTS, Kind.BIAS):
         return 1.0
     kv = spec.attention[t.layer].num_kv_heads if t.layer is not None else 0
