@@ -117,8 +117,8 @@ def attention_layouts(config: dict, where: str) -> tuple[AttentionLayout, ...]:
     kv = heads if flag and c.d.get(flag) else kv_heads(c, heads)
     slides = c.has("sliding_window") and c.d.get("use_sliding_window") is not False
     rule = (lambda i: SLIDING) if slides else (lambda i: CHUNKED) if c.has("attention_chunk_size") else None
-    return tuple(AttentionLayout(kind="mha", num_heads=heads, num_kv_heads=kv, head_dim=head_dim, window=w)
-                 for w in window_per_layer(c, n, rule))
+    return tuple(AttentionLayout(kind="mha", num_heads=heads, num_kv_heads=kv, head_dim=head_dim, window=w, chunked=ch)
+                 for w, ch in window_per_layer(c, n, rule))
 
 
 # Attention projections by module name: K and V apart, K and V fused, or Q, K and V fused.

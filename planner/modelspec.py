@@ -163,6 +163,7 @@ class AttentionLayout:
     num_kv_heads: int
     head_dim: int  # K/V head dim for mha; for mla the q/k head dim (nope + rope)
     window: int | None = None  # sliding window: the cache never holds more tokens
+    chunked: bool = False  # the window is llama4's attention chunk (a token sees its chunk only), not a sliding one
     mla_cache_dim: int | None = None  # mla: kv_lora_rank + qk_rope_head_dim
     mla_rope_dim: int | None = None  # mla: qk_rope_head_dim (the part of K shared by every head, cached as is)
     v_head_dim: int | None = None  # mla: V's head dim (K's is head_dim = qk_nope + qk_rope)

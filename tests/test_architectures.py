@@ -313,6 +313,7 @@ def test_window_rule_is_the_config_class_rule(case):
 def test_llama4_chunked_layers_keep_one_chunk():
     spec = spec_from_config(tiny_config("llama4_text"), name="llama4")
     assert [a.window for a in spec.attention] == [32, 32, 32, None]  # every 4th layer is NoPE, full attention
+    assert [a.chunked for a in spec.attention] == [True, True, True, False]  # chunks, not sliding windows
     assert spec.kv_cache_elements(1000) == (3 * 32 + 1000) * 2 * 2 * 16
 
 

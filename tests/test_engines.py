@@ -111,7 +111,8 @@ GOLDEN = {
          "vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.95 x 23.49 GiB (CUDA's total) = weights 14.96 GiB + "
          "profile-run peak 506.50 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 5.70 GiB; the rest "
          "holds the CUDA context 500.00 MiB and your headroom 512.00 MiB",
-         'the KV pool is cut in 16-token blocks; 4.00 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 1',
+         'the KV pool is cut in 16-token blocks (FLASH_ATTN, the attention backend vLLM picks on compute capability '
+         '8.9 with this cache); 4.00 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 1',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
          'above are estimates (see the assumptions)']),
     ('dense-8b-24gb', 'llama.cpp'): (
@@ -184,8 +185,8 @@ model = AutoModelForCausalLM.from_pretrained(
          "vLLM 0.33.0 per GPU (1 TP x 3 PP on 3 node(s)): 0.91 x 23.49 GiB (CUDA's total) = weights 13.39 GiB + "
          "profile-run peak 504.00 MiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 5.94 GiB; the rest "
          "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
-         'the KV pool is cut in 16-token blocks; 865.69 MiB hold 1 sequence(s) of 8192 tokens; the pool holds about '
-         '7',
+         'the KV pool is cut in 16-token blocks (FLASH_ATTN, the attention backend vLLM picks on compute capability '
+         '8.9 with this cache); 865.69 MiB hold 1 sequence(s) of 8192 tokens; the pool holds about 7',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
          'above are estimates (see the assumptions)',
          "vLLM 0.33.0 has no bitsandbytes and no quanto: mxfp4 maps to --quantization mxfp4 (MXFP4 weights quantized "
@@ -293,7 +294,8 @@ cache = QuantizedCache(backend="quanto", config=model.config, nbits=4, q_group_s
          "vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.95 x 23.49 GiB (CUDA's total) = weights 18.87 GiB + "
          "profile-run peak 420.75 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 1.87 GiB; the rest "
          "holds the CUDA context 500.00 MiB and your headroom 512.00 MiB",
-         'the KV pool is cut in 16-token blocks; 1.50 GiB hold 1 sequence(s) of 16384 tokens; the pool holds about 1',
+         'the KV pool is cut in 16-token blocks (FLASH_ATTN, the attention backend vLLM picks on compute capability '
+         '8.9 with this cache); 1.50 GiB hold 1 sequence(s) of 16384 tokens; the pool holds about 1',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
          'above are estimates (see the assumptions)']),
     ('moe-experts-in-ram', 'llama.cpp'): (
@@ -387,8 +389,8 @@ model = AutoModelForCausalLM.from_pretrained(
          "vLLM 0.33.0 per GPU (2 TP x 2 PP on 2 node(s)): 0.91 x 23.49 GiB (CUDA's total) = weights 16.92 GiB + "
          "profile-run peak 566.50 MiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 2.35 GiB; the rest "
          "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
-         'the KV pool is cut in 16-token blocks; 641.25 MiB hold 1 sequence(s) of 8192 tokens; the pool holds about '
-         '3',
+         'the KV pool is cut in 16-token blocks (FLASH_ATTN, the attention backend vLLM picks on compute capability '
+         '8.9 with this cache); 641.25 MiB hold 1 sequence(s) of 8192 tokens; the pool holds about 3',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
          'above are estimates (see the assumptions)',
          'vLLM 0.33.0 has no bitsandbytes and no quanto: fp8_per_tensor maps to --quantization fp8_per_tensor (FP8 '
@@ -528,8 +530,8 @@ model = AutoModelForCausalLM.from_pretrained(
          "vLLM 0.33.0 per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.15 GiB (CUDA's total) = weights 47.25 GiB + "
          "profile-run peak 2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 25.65 GiB; the rest "
          "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
-         'the KV pool is cut in 16-token blocks; 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds '
-         'about 26',
+         'the KV pool is cut in 16-token blocks (FLASH_ATTN, the attention backend vLLM picks on compute capability '
+         '9.0 with this cache); 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds about 26',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
          'above are estimates (see the assumptions)']),
     ('405b-one-node', 'vllm'): (
@@ -546,7 +548,8 @@ model = AutoModelForCausalLM.from_pretrained(
          "vLLM 0.33.0 per GPU (2 TP x 3 PP on 1 node(s)): 0.97 x 79.15 GiB (CUDA's total) = weights 64.30 GiB + "
          "profile-run peak 3.34 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 7.58 GiB; the rest holds "
          "the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
-         'the KV pool is cut in 16-token blocks; 2.63 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 2',
+         'the KV pool is cut in 16-token blocks (FLASH_ATTN, the attention backend vLLM picks on compute capability '
+         '9.0 with this cache); 2.63 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 2',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
          'above are estimates (see the assumptions)',
          'vLLM 0.33.0 has no bitsandbytes and no quanto: fp8_per_tensor maps to --quantization fp8_per_tensor (FP8 '

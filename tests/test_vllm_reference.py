@@ -34,7 +34,8 @@ from vramplan.planner.engines.vllm import VLLMModel, weight_format  # noqa: E402
 from vramplan.planner.profiles import resolve_profile  # noqa: E402
 from vramplan.planner.request import Request  # noqa: E402
 from vramplan.planner.sources import model_spec  # noqa: E402
-from test_vllm_rules import FLAG_CASES, export  # noqa: E402
+from vramplan.planner.architectures import spec_from_config  # noqa: E402
+from test_vllm_rules import FLAG_CASES, SCOUT, export  # noqa: E402
 
 
 class StandInCuda(Platform):
@@ -140,21 +141,22 @@ def test_derived_max_model_len_is_vllms(name):
 
 
 # ---------------------------------------------------------------- the KV cache
-def _vllm_specs(spec, tp: int, kv_dtype):
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
+def _vllm_specs(spec, tp: int, kv_dtype, block: int):
+    from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, FullAttentionSpec, MLAAttentionSpec,
+                                            SlidingWindowSpec)
 
     out = {}
     for i, a in enumerate(spec.attention):
         name = f"model.layers.{i}.self_attn.attn"
+        heads = dict(num_kv_heads=max(1, a.num_kv_heads // tp), head_size=a.head_dim, dtype=kv_dtype)
         if a.kind == "mla":
-            out[name] = MLAAttentionSpec(block_size=rules.BLOCK_SIZE_MLA, num_kv_heads=1, head_size=a.mla_cache_dim,
-                                         dtype=kv_dtype)
+            out[name] = MLAAttentionSpec(block_size=block, num_kv_heads=1, head_size=a.mla_cache_dim, dtype=kv_dtype)
+        elif a.chunked:
+            out[name] = ChunkedLocalAttentionSpec(block_size=block, attention_chunk_size=a.window, **heads)
         elif a.window is not None:
-            out[name] = SlidingWindowSpec(block_size=rules.BLOCK_SIZE, num_kv_heads=max(1, a.num_kv_heads // tp),
-                                          head_size=a.head_dim, dtype=kv_dtype, sliding_window=a.window)
+            out[name] = SlidingWindowSpec(block_size=block, sliding_window=a.window, **heads)
         else:
-            out[name] = FullAttentionSpec(block_size=rules.BLOCK_SIZE, num_kv_heads=max(1, a.num_kv_heads // tp),
-                                          head_size=a.head_dim, dtype=kv_dtype)
+            out[name] = FullAttentionSpec(block_size=block, **heads)
     return out
 
 
@@ -175,7 +177,8 @@ KV_CASES = [("gemma-2-9b", RTX4090, 8192, 1, 1, "auto"), ("gemma-3-27b", H100, 3
             ("gemma-3-27b", H100, 32768, 2, 2, "fp8"), ("gemma-2-9b", RTX4090, 4096, 1, 3, "auto"),
             ("llama-3.1-8b", RTX4090, 32768, 1, 2, "auto"), ("microsoft/Phi-3-mini-4k-instruct", RTX4090, 4096, 1, 1,
                                                              "auto"),
-            ("gpt-oss-20b", H100, 65536, 1, 1, "auto"), ("deepseek-v3", H100, 32768, 8, 2, "auto")]
+            ("gpt-oss-20b", H100, 65536, 1, 1, "auto"), ("deepseek-v3", H100, 32768, 8, 2, "auto"),
+            ("deepseek-v3", H100, 32768, 8, 2, "fp8"), ("llama-4-scout-text", H100, 131072, 2, 1, "auto")]
 
 
 @pytest.mark.parametrize("name, hw, ctx, tp, pp, kv", KV_CASES, ids=lambda x: getattr(x, "name", str(x)))
@@ -184,11 +187,11 @@ def test_kv_bytes_per_request_are_vllms(name, hw, ctx, tp, pp, kv, monkeypatch):
     from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
 
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    spec = model_spec(name)
+    spec = spec_from_config(SCOUT, name=name) if name == "llama-4-scout-text" else model_spec(name)
     m = VLLMModel(spec, hw, Request(context=ctx), weight_format("bf16"), kv)
     vc = _vllm_config(ctx, m.tokens, pp)
     assert vc.max_in_flight_tokens == rules.max_in_flight_tokens(pp, m.tokens)
-    specs = _vllm_specs(spec, tp, torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16)
+    specs = _vllm_specs(spec, tp, torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16, m.attention_backend()[1])
     groups = planning.get_global_kv_cache_groups(vc, [specs])
     ours = rules.kv_groups(m.layer_kv(tp))
     assert sorted(len(g.layer_names) for g in groups) == sorted(len(g.layers) for g in ours)
@@ -202,3 +205,40 @@ def test_kv_bytes_per_request_are_vllms(name, hw, ctx, tp, pp, kv, monkeypatch):
         theirs = (planning._max_memory_usage_bytes_from_groups(builder, vc, projected),
                   planning._pool_bytes_per_block_from_builder(builder, vc, projected))
         assert rules.kv_request_bytes(ours, stage, ctx, vc.max_in_flight_tokens) == theirs
+
+
+# ---------------------------------------------------------------- the attention backend and the MoE padding
+@pytest.mark.parametrize("cc, mla, kv, nope", [((9, 0), True, "auto", 128), ((9, 0), True, "fp8", 128),
+                                               ((10, 0), True, "auto", 128), ((8, 0), True, "fp8", 128),
+                                               ((12, 0), True, "auto", 128), ((8, 9), False, "auto", None),
+                                               ((9, 0), False, "fp8", None)])
+def test_attention_backend_is_vllms_first_valid_one(cc, mla, kv, nope):
+    """The first backend of vLLM's priority list that takes this capability and cache dtype, and its preferred block
+    (what update_block_size_for_backend sets from DEFAULT_BLOCK_SIZE)."""
+    from vllm.platforms.cuda import _get_backend_priorities
+    from vllm.platforms.interface import DeviceCapability
+
+    cap = DeviceCapability(*cc)
+    for backend in _get_backend_priorities(mla, cap, kv_cache_dtype=None if kv == "auto" else kv):
+        try:
+            cls = backend.get_class()
+        except Exception:  # a backend whose kernels this machine lacks is not vLLM's pick on a GPU either: next
+            continue
+        dense = "SPARSE" not in backend.name
+        if dense and cls.supports_compute_capability(cap) and kv in cls.supported_kv_cache_dtypes:
+            break
+    gpu = replace(H100.gpu, compute_capability=f"{cc[0]}.{cc[1]}")
+    assert rules.attention_backend(gpu, mla, kv, nope) == (backend.name, cls.get_preferred_block_size(16))
+
+
+@pytest.mark.parametrize("backend, cc", [("TRITON", "9.0"), ("MARLIN", "8.0"),
+                                         ("FLASHINFER_TRTLLM_MXFP4_BF16", "10.0")])
+def test_mxfp4_padding_is_vllms(backend, cc):
+    from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
+
+    gpu = replace(H100.gpu, compute_capability=cc)
+    name, inter_multiple, hidden_multiple = rules.mxfp4_moe_backend(gpu)
+    assert name == backend
+    for inter in (2880, 1440, 720, 360):
+        assert oracle.mxfp4_round_up_hidden_size_and_intermediate_size(oracle.Mxfp4MoeBackend[name], 2880, inter) == \
+            (rules.round_up(2880, hidden_multiple), rules.round_up(inter, inter_multiple))

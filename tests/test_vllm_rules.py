@@ -18,6 +18,7 @@ from vramplan.planner.engines.vllm import (CUDA_HIDDEN_BYTES_ASSUMED, CUDAGRAPH_
                                   NON_TORCH_DISTRIBUTED_BYTES_ASSUMED)
 from vramplan.planner.engines.vllm import constants
 from vramplan.planner.memory import CPUMemory, MemoryBreakdown
+from vramplan.planner.modelspec import Kind
 from vramplan.planner.plan import Candidate, Plan, hardware_ref, model_ref
 from vramplan.planner.profiles import resolve_profile
 from vramplan.planner.quant import SCHEMES
@@ -224,6 +225,86 @@ def test_kv_groups_split_padded_and_projected_per_stage():
     # a smaller page is unified by a larger block: 50 B per 16 tokens becomes 100 B per 32
     mixed = rules.kv_groups([slide, rules.LayerKV(None, 50, 16)])
     assert {g.spec for g in mixed} == {slide, rules.LayerKV(None, 100, 32)}
+
+
+# Llama-4-Scout's text config (meta-llama/Llama-4-Scout-17B-16E-Instruct config.json, text_config): 48 layers, every
+# 4th NoPE with full attention, the others attending in chunks of 8192.
+SCOUT = dict(model_type="llama4_text", hidden_size=5120, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+             num_hidden_layers=48, attention_chunk_size=8192, num_local_experts=16, num_experts_per_tok=1,
+             intermediate_size=8192, intermediate_size_mlp=16384, vocab_size=202048, interleave_moe_layer_step=1,
+             max_position_embeddings=10485760, tie_word_embeddings=False, torch_dtype="bfloat16")
+
+
+def test_chunked_local_attention_keeps_one_chunk_and_the_tokens_in_flight():
+    """ChunkedLocalAttentionSpec.max_admission_blocks_per_request (kv_cache_interface.py 861-888): min(chunk + in-flight
+    tokens, max_model_len) in blocks, with no extra block: not a sliding window of the same size."""
+    chunk, slide = rules.LayerKV(8192, 65536, 16, True), rules.LayerKV(8192, 65536, 16)
+    assert chunk.blocks(131072, 16384) == (8192 + 16384) // 16 == 1536
+    assert slide.blocks(131072, 16384) == math.ceil((8191 + 16384) / 16) + 1 == 1537
+    assert chunk.blocks(4096, 16384) == 4096 // 16  # never more than max_model_len
+    assert len(rules.kv_groups([chunk, slide])) == 2  # a chunk and a window of one size are two specs
+    from vramplan.planner.architectures import spec_from_config
+    from vramplan.planner.engines.vllm import VLLMModel, weight_format
+    spec = spec_from_config(SCOUT, name="llama-4-scout-text")
+    m = VLLMModel(spec, H100, Request(context=131072), weight_format("bf16"), "auto")
+    layers = m.layer_kv(1)
+    assert [x.chunked for x in layers] == [(i + 1) % 4 != 0 for i in range(48)]
+    page = 2 * 16 * 8 * 128 * 2
+    assert layers[0] == rules.LayerKV(8192, page, 16, True) and layers[3] == rules.LayerKV(None, page, 16)
+    # 36 chunked layers in 3 groups of 12 beside the 12 full ones: 8192 full blocks + 3 x (8192 + 16384) / 16
+    groups = rules.kv_groups(layers)
+    assert sorted(len(g.layers) for g in groups) == [12, 12, 12, 12]
+    per_seq, per_block = rules.kv_request_bytes(groups, range(48), 131072, rules.max_in_flight_tokens(1, m.tokens))
+    assert m.tokens == 8192 and per_block == 12 * page and per_seq == (8192 + 3 * 1536) * 12 * page
+
+
+def test_attention_backend_and_its_block_follow_the_gpu_and_the_cache():
+    """platforms/cuda.py _get_backend_priorities and each backend's kernel blocks: MLA on Hopper takes FlashAttention
+    MLA's 16 with a bf16 cache and FlashMLA's 64 with fp8; Blackwell FlashInfer MLA's 32 (CUTLASS MLA's 128 for other
+    head dims); Ampere and consumer Blackwell Triton MLA's 16; standard attention 16 everywhere."""
+    gpu = H100.gpu
+    b200 = replace(gpu, name="NVIDIA B200", compute_capability="10.0")
+    assert rules.attention_backend(gpu, True, "auto", 128) == ("FLASH_ATTN_MLA", 16)
+    assert rules.attention_backend(gpu, True, "fp8", 128) == ("FLASHMLA", 64)
+    assert rules.attention_backend(b200, True, "auto", 128) == ("FLASHINFER_MLA", 32)
+    assert rules.attention_backend(b200, True, "fp8", 96) == ("CUTLASS_MLA", 128)
+    assert rules.attention_backend(A100.gpu, True, "fp8", 128) == ("TRITON_MLA", 16)
+    assert rules.attention_backend(RTX4090.gpu, False, "auto") == ("FLASH_ATTN", 16)
+    assert rules.attention_backend(b200, False, "fp8") == ("FLASHINFER", 16)
+    # DeepSeek-V3 at 32k on 8 H200s: one request is 32768 / block blocks of 576 latent elements per token and layer
+    h200 = resolve_profile("h200")[0]
+    h200x8 = h200.replace(name="h200-x8", gpus=(replace(h200.gpu, count=8),))
+    for kv, block in (("bf16", 16), ("fp8", 64)):
+        e = export("deepseek-v3", h200x8, Request(context=32768), kv=kv)
+        assert f"cut in {block}-token blocks" in note(e, "the KV pool is cut")
+        assert "(2 TP x 3 PP on 1 node(s))" in note(e, "vLLM 0.33.0 per GPU")  # the fullest stage: 21 of 61 layers
+        page = block * 576 * (1 if kv == "fp8" else 2) * 21  # the latent row, replicated on every TP rank
+        assert e.details["per_gpu"]["kv_needed_bytes"] == (32768 // block + 1) * page  # + the null block
+
+
+def test_mxfp4_experts_are_padded_as_the_moe_backend_pads_them():
+    """gpt-oss-120b's experts (2880 hidden, 2880 intermediate, 128 experts): the OAI Triton kernels on Hopper pad each
+    rank's intermediate size to 64 only; Marlin (Ampere) and FlashInfer TRT-LLM (Blackwell) pad it to 128 and the
+    hidden size to 256 (fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size)."""
+    spec = model_spec("gpt-oss-120b")
+    up, down = (t for t in spec.layer_tensors(0) if t.kind is Kind.EXPERTS)
+
+    def size(rows, cols):
+        return 128 * (rows * cols // 2 + rows * cols // 32)
+
+    assert rules.mxfp4_expert_rank_bytes(spec, up, 1, H100.gpu) == size(5760, 2880)  # no padding at TP 1
+    assert rules.mxfp4_expert_rank_bytes(spec, down, 1, H100.gpu) == size(2880, 2880)
+    assert rules.mxfp4_expert_rank_bytes(spec, up, 2, H100.gpu) == size(2 * 1472, 2880)  # 1440 -> 1472
+    assert rules.mxfp4_expert_rank_bytes(spec, down, 2, H100.gpu) == size(2880, 1472)
+    assert rules.mxfp4_expert_rank_bytes(spec, up, 1, A100.gpu) == size(2 * 2944, 3072)
+    assert rules.mxfp4_expert_rank_bytes(spec, down, 1, A100.gpu) == size(3072, 2944)
+    assert rules.mxfp4_moe_backend(replace(H100.gpu, compute_capability="10.0"))[0] == "FLASHINFER_TRTLLM_MXFP4_BF16"
+    assert rules.mxfp4_moe_backend(replace(H100.gpu, compute_capability="12.0"))[0] == "MARLIN"
+    # the export's weights follow: 36 layers of padded experts on the A100, 6.0 GiB more than on the H100
+    weights = {hw.name: export("gpt-oss-120b", hw, Request(context=8192)).details["per_gpu"]["weights_bytes"]
+               for hw in (H100, A100)}
+    extra = 36 * (size(2 * 2944, 3072) + size(3072, 2944) - size(5760, 2880) - size(2880, 2880))
+    assert weights[A100.name] - weights[H100.name] == extra
 
 
 # ---------------------------------------------------------------- weights

@@ -91,7 +91,7 @@ def kv_heads(c: Cfg) -> int:
 class AttentionBlock(Protocol):
     def add(self, inv: Inventory, layer: int, prefix: str) -> None: ...
 
-    def layout(self, window: int | None) -> AttentionLayout: ...
+    def layout(self, window: int | None, chunked: bool = False) -> AttentionLayout: ...
 
 
 @record(kw_only=True)
@@ -124,9 +124,9 @@ class MHA:
             inv.norm(f"{p}.q_norm", self.qk_norm[0], layer)
             inv.norm(f"{p}.k_norm", self.qk_norm[1], layer)
 
-    def layout(self, window: int | None) -> AttentionLayout:
+    def layout(self, window: int | None, chunked: bool = False) -> AttentionLayout:
         return AttentionLayout(kind="mha", num_heads=self.heads, num_kv_heads=self.kv_heads, head_dim=self.head_dim,
-                               window=window)
+                               window=window, chunked=chunked and window is not None)
 
 
 def mha(c: Cfg, *, head_dim_default: int | None = None, bias: bool = False,
@@ -179,8 +179,9 @@ def rope_layers(c: Cfg, n_layers: int) -> list[int]:
     return given
 
 
-def window_per_layer(c: Cfg, n_layers: int, rule: LayerTypeRule | None) -> list[int | None]:
-    """Tokens each layer's cache keeps at most (None: all), from `layer_types` or else the architecture's rule.
+def window_per_layer(c: Cfg, n_layers: int, rule: LayerTypeRule | None) -> list[tuple[int | None, bool]]:
+    """Tokens each layer's cache keeps at most (None: all), from `layer_types` or else the architecture's rule, and
+    whether that window is a chunk (chunked_attention) rather than a sliding window.
 
     The rule is what the architecture's config class derives when layer_types is absent; a rule's
     sliding or chunked layer without a window in the config is a full-attention layer.
@@ -189,9 +190,9 @@ def window_per_layer(c: Cfg, n_layers: int, rule: LayerTypeRule | None) -> list[
     explicit = types is not None
     if types is None:
         if rule is None:
-            return [None] * n_layers
+            return [(None, False)] * n_layers
         types = [rule(i) for i in range(n_layers)]
-    out: list[int | None] = []
+    out: list[tuple[int | None, bool]] = []
     for t in types:
         if t not in WINDOW_FIELD:
             raise ConfigError(f"{c.where}: unsupported layer type {t!r} (expected one of {', '.join(WINDOW_FIELD)})")
@@ -199,7 +200,7 @@ def window_per_layer(c: Cfg, n_layers: int, rule: LayerTypeRule | None) -> list[
         window = c.int(field, None) if field is not None else None
         if field is not None and window is None and explicit:
             raise ConfigError(f"{c.where}: layer_types has {t} but no {field}")
-        out.append(window)
+        out.append((window, t == CHUNKED and window is not None))
     return out
 
 
@@ -259,7 +260,7 @@ def build_decoder(c: Cfg, name: str, *, arch: str, attn: AttentionBlock, ffn: FF
         inv.linear("lm_head", c.int("vocab_size"), hidden, Role.LM_HEAD, None, head_bias)
     elif head_bias:  # tying shares the weight only: the bias stays a parameter of its own
         inv.add("lm_head.bias", (c.int("vocab_size"),), Role.LM_HEAD, Kind.BIAS)
-    layouts = tuple(attn.layout(w) for w in window_per_layer(c, n, window_rule))
+    layouts = tuple(attn.layout(w, ch) for w, ch in window_per_layer(c, n, window_rule))
     if moe is not None:
         if moe.experts_per_token > moe.num_experts:
             raise ConfigError(f"{c.where}: num_experts_per_tok {moe.experts_per_token} exceeds the number of experts "

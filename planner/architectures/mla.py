@@ -45,7 +45,7 @@ class MLA:
         inv.linear(f"{p}.kv_b_proj", self.heads * (self.nope + self.v_dim), self.kv_lora, Role.ATTENTION, layer)
         inv.linear(f"{p}.o_proj", self.hidden, self.heads * self.v_dim, Role.ATTENTION, layer, self.bias)
 
-    def layout(self, window: int | None) -> AttentionLayout:
+    def layout(self, window: int | None, chunked: bool = False) -> AttentionLayout:
         return AttentionLayout(kind="mla", num_heads=self.heads, num_kv_heads=self.heads,
                                head_dim=self.nope + self.rope, mla_cache_dim=self.kv_lora + self.rope,
                                mla_rope_dim=self.rope, v_head_dim=self.v_dim)

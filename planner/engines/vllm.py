@@ -20,7 +20,7 @@ from ..choice import OffloadMode
 from ..hardware import HardwareProfile
 from ..capacity import capacity
 from ..memory import gpu_capacity
-from ..modelspec import Kind, ModelSpec, Role, dtype_bytes
+from ..modelspec import Kind, ModelSpec, Role, TensorSpec, dtype_bytes
 from ..plan import Candidate, Plan
 from ..preference import choose_by_preference
 from ..quant import SCHEMES
@@ -30,7 +30,7 @@ from ..units import GiB, MiB, format_bytes
 from . import vllm_rules as rules
 from .common import (EngineAnswer, EngineConstant, Export, assumption_notes, commented, floor_to, gib,
                      model_location, shell_command)
-from .vllm_rules import (BLOCK_SIZE, BLOCK_SIZE_MLA, KV_CACHE_BYTES, VLLM_VERSION, LayerKV, WeightFormat, kv_groups,
+from .vllm_rules import (KV_CACHE_BYTES, VLLM_VERSION, LayerKV, WeightFormat, kv_groups,
                          kv_request_bytes, pp_partitions, tp_fraction, tp_sizes)
 
 ENGINE = "vllm"
@@ -70,7 +70,8 @@ def constants(hw: HardwareProfile, distributed: bool = True) -> dict[str, Engine
         "vllm_version": EngineConstant(VLLM_VERSION, rules.src("vllm/_version.py")),
         "default_gpu_memory_utilization": EngineConstant(rules.DEFAULT_GPU_MEMORY_UTILIZATION,
                                                          f"{rules.CACHE_PY}: CacheConfig"),
-        "block_size": EngineConstant(BLOCK_SIZE, f"{rules.CACHE_PY}: CacheConfig.DEFAULT_BLOCK_SIZE"),
+        "block_size": EngineConstant(rules.BLOCK_SIZE, f"{rules.CACHE_PY}: CacheConfig.DEFAULT_BLOCK_SIZE (an MLA "
+                                     "backend may raise it: vllm_rules.attention_backend)"),
         "vocab_padding": EngineConstant(rules.VOCAB_PADDING, f"{rules.VOCAB_PY}: DEFAULT_VOCAB_PADDING_SIZE"),
         "cuda_context_bytes": EngineConstant(hw.overheads.cuda_context_bytes if hw.has_gpu else 0,
                                              f"profile {hw.name}: overheads.cuda_context"),
@@ -164,13 +165,19 @@ class VLLMModel:
             NCCL_BYTES_ASSUMED if distributed else 0)
         return min(1.0, floor_to((min(self.capacity, self.total) - outside) / self.total, 0.01))
 
+    def _rank_bytes(self, t: TensorSpec, tp: int) -> float:
+        """One TP rank's bytes of a tensor: MXFP4 experts padded as the MoE backend pads them, the rest its share."""
+        if self.fmt.encoding == "mxfp4" and t.kind is Kind.EXPERTS:
+            padded = rules.mxfp4_expert_rank_bytes(self.spec, t, tp, self.hw.gpu)
+            if padded is not None:
+                return padded
+        return self.fmt.tensor_bytes(t) * tp_fraction(self.spec, t, tp)
+
     def _layer_weights(self, tp: int) -> list[float]:
         """Each decoder layer's bytes on one rank at this TP size (computed once per size: the layout search asks for
         every range of layers at every size)."""
         if tp not in self._per_layer:
-            spec = self.spec
-            self._per_layer[tp] = [sum(self.fmt.tensor_bytes(t) * tp_fraction(spec, t, tp) for t in tensors)
-                                   for tensors in self.layer_tensors]
+            self._per_layer[tp] = [sum(self._rank_bytes(t, tp) for t in tensors) for tensors in self.layer_tensors]
         return self._per_layer[tp]
 
     def _rank_weights(self, tp: int, layers: range, first: bool, last: bool) -> int:
@@ -186,8 +193,8 @@ class VLLMModel:
 
     def _rank_expert_weights(self, tp: int, layers: range) -> int:
         """The routed experts' bytes on one rank: what --cpu-offload-params experts can move to RAM."""
-        return int(sum(self.fmt.tensor_bytes(t) * tp_fraction(self.spec, t, tp) for i in layers
-                       for t in self.layer_tensors[i] if t.kind is Kind.EXPERTS))
+        return int(sum(self._rank_bytes(t, tp) for i in layers for t in self.layer_tensors[i]
+                       if t.kind is Kind.EXPERTS))
 
     def _activation(self, tp: int, last: bool) -> int:
         spec, T = self.spec, self.tokens
@@ -200,17 +207,25 @@ class VLLMModel:
             if last else 0
         return int(T * rows * act + logits)
 
+    def attention_backend(self) -> tuple[str, int]:
+        """The attention backend vLLM picks here and its KV block (vllm_rules.attention_backend)."""
+        a = self.spec.attention[0]
+        nope = a.head_dim - a.mla_rope_dim if a.kind == "mla" and a.mla_rope_dim is not None else None
+        return rules.attention_backend(self.hw.gpu, a.kind == "mla", self.kv_cache, nope)
+
     def layer_kv(self, tp: int) -> list[LayerKV]:
         """Each layer's KV spec on one rank (KV_INTERFACE real_page_size_bytes: K and V of max(1, kv_heads // tp)
-        heads per token; MLA one latent row of kv_lora_rank + rope dims, replicated on every rank)."""
+        heads per token; MLA one latent row of kv_lora_rank + rope dims, replicated on every rank), in blocks of the
+        attention backend's size."""
         b = KV_CACHE_BYTES[self.kv_cache]
+        block = self.attention_backend()[1]
         out = []
         for a in self.spec.attention:
             if a.kind == "mla":
-                out.append(LayerKV(None, BLOCK_SIZE_MLA * a.kv_elements_per_token * b, BLOCK_SIZE_MLA))
+                out.append(LayerKV(None, block * a.kv_elements_per_token * b, block))
             else:
-                out.append(LayerKV(a.window, 2 * BLOCK_SIZE * max(1, a.num_kv_heads // tp) * a.head_dim * b,
-                                   BLOCK_SIZE))
+                out.append(LayerKV(a.window, 2 * block * max(1, a.num_kv_heads // tp) * a.head_dim * b, block,
+                                   a.chunked))
         return out
 
     def layout(self, tp: int, pp: int, nodes: int, cpu_offload_bytes: int = 0,
@@ -524,6 +539,8 @@ def _differences(spec, hw, p: Plan, m: VLLMModel, lay: Layout, fmt: WeightFormat
     req = p.request
     nccl = NCCL_BYTES_ASSUMED if lay.tp * lay.pp > 1 else 0
     groups = kv_groups(m.layer_kv(lay.tp))
+    local = ("chunked layers keep one chunk" if any(a.chunked for a in spec.attention)
+             else "sliding-window layers keep window - 1")
     out = [f"vLLM {VLLM_VERSION} per GPU ({lay.tp} TP x {lay.pp} PP on {lay.nodes} node(s)): "
            f"{lay.gpu_memory_utilization:.2f} x {format_bytes(m.total)} (CUDA's total) = weights "
            f"{format_bytes(lay.weights_bytes)} + profile-run peak {format_bytes(lay.activation_bytes)} + non-torch "
@@ -531,9 +548,10 @@ def _differences(spec, hw, p: Plan, m: VLLMModel, lay: Layout, fmt: WeightFormat
            f"{format_bytes(lay.kv_pool_bytes)}; the rest holds the CUDA context "
            f"{format_bytes(hw.overheads.cuda_context_bytes)}" + (f", NCCL {format_bytes(nccl)}" if nccl else "")
            + f" and your headroom {format_bytes(req.headroom_bytes)}",
-           f"the KV pool is cut in {BLOCK_SIZE_MLA if spec.attention[0].kind == 'mla' else BLOCK_SIZE}-token blocks"
-           + (f" over {len(groups)} KV cache groups (sliding-window layers keep window - 1 + "
-              f"{rules.max_in_flight_tokens(lay.pp, m.tokens)} tokens in flight)" if len(groups) > 1 else "")
+           "the KV pool is cut in {1}-token blocks ({0}, the attention backend vLLM picks on compute capability "
+           "{2} with this cache)".format(*m.attention_backend(), hw.gpu.compute_capability or "unknown")
+           + (f" over {len(groups)} KV cache groups ({local} + {rules.max_in_flight_tokens(lay.pp, m.tokens)} tokens "
+              "in flight)" if len(groups) > 1 else "")
            + f"; {format_bytes(lay.kv_needed_bytes)} hold {req.batch} sequence(s) of {req.context} tokens; the pool "
            f"holds about {lay.max_concurrency}",
            "vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures "

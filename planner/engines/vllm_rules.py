@@ -56,6 +56,19 @@ UVA_PY = src("vllm/model_executor/offloader/uva.py")
 KV_INTERFACE = src("vllm/v1/kv_cache_interface.py")
 KV_PLANNING = src("vllm/v1/core/kv_cache_planning.py")
 FLASHMLA_PY = src("vllm/v1/attention/backends/mla/flashmla.py")
+FLASHATTN_MLA_PY = src("vllm/v1/attention/backends/mla/flashattn_mla.py")
+FLASHINFER_MLA_PY = src("vllm/v1/attention/backends/mla/flashinfer_mla.py")
+CUTLASS_MLA_PY = src("vllm/v1/attention/backends/mla/cutlass_mla.py")
+TRITON_MLA_PY = src("vllm/v1/attention/backends/mla/triton_mla.py")
+PLATFORM_CUDA = src("vllm/platforms/cuda.py")
+PLATFORM_INTERFACE = src("vllm/platforms/interface.py")
+ATTENTION_BACKEND_PY = src("vllm/v1/attention/backend.py")
+ENVS = ENVS_PY
+MXFP4_ORACLE = src("vllm/model_executor/layers/fused_moe/oracle/mxfp4.py")
+TRITON_MOE_PY = src("vllm/model_executor/layers/fused_moe/experts/gpt_oss_triton_kernels_moe.py")
+TRTLLM_MXFP4_PY = src("vllm/model_executor/layers/fused_moe/experts/trtllm_mxfp4_moe.py")
+FI_CUTLASS_MOE_PY = src("vllm/model_executor/layers/fused_moe/experts/flashinfer_cutlass_moe.py")
+MARLIN_MOE_PY = src("vllm/model_executor/layers/fused_moe/experts/marlin_moe.py")
 
 # ---------------------------------------------------------------- what `vllm serve` accepts
 # QuantizationMethods (QUANT_INIT): --quantization values 0.33 knows; any other stops vLLM with "Unknown quantization
@@ -94,9 +107,6 @@ ALLOW_LONG_MAX_MODEL_LEN = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 # CacheConfig.DEFAULT_BLOCK_SIZE (CACHE_PY): tokens per KV block for standard attention, sliding-window layers included.
 BLOCK_SIZE = 16
-# MLA models: FlashMLA's kernel block (FLASHMLA_PY get_supported_kernel_block_sizes: [64]), what Hopper selects; other
-# MLA backends differ (CUTLASS MLA 128, Triton MLA 16): only the rounding of the last block changes.
-BLOCK_SIZE_MLA = 64
 # Bytes per KV element: "auto" is the model dtype, "fp8" (= fp8_e4m3) one byte (CACHE_PY CacheDType).
 KV_CACHE_BYTES = {"auto": 2, "fp8": 1}
 # Embeddings and lm_head are vocab-parallel, each rank holding its share of the vocabulary padded to a multiple of
@@ -332,22 +342,109 @@ def online_format(scheme: str, bits: int) -> WeightFormat:
         "FlashInfer's FP4 kernels do not run); its power-of-two scales round more coarsely than NF4's"))
 
 
+# ---------------------------------------------------------------- the attention backend and its KV block
+def _capability(gpu: GPUSpec) -> tuple[int, int] | None:
+    cc = gpu.compute_capability
+    return tuple(int(x) for x in cc.split(".")) if cc else None  # type: ignore[return-value]
+
+
+def attention_backend(gpu: GPUSpec, mla: bool, kv_cache: str, qk_nope_head_dim: int | None = None) -> tuple[str, int]:
+    """The attention backend vLLM picks on this GPU and the KV block size that follows it: (name, tokens per block).
+
+    PLATFORM_CUDA _get_backend_priorities (lines 84-181) lists the backends by compute capability; the first one valid
+    for the model and cache dtype wins, and PLATFORM_INTERFACE update_block_size_for_backend (lines 750-790) sets the
+    block to its preferred size (ATTENTION_BACKEND_PY get_preferred_block_size: DEFAULT_BLOCK_SIZE, 16, where the
+    backend takes it, else its smallest kernel block). MLA:
+      Hopper (9.x): FLASH_ATTN_MLA (FLASHATTN_MLA_PY: capability 9 only, bf16/fp16 caches only, MultipleOf(16)) -> 16;
+        an fp8 cache falls to FLASHMLA (FLASHMLA_PY: capability 9 or 10, kernel block [64]) -> 64.
+      Blackwell (10.x): FLASHINFER_MLA (FLASHINFER_MLA_PY: capability 10, blocks [32, 64], qk_nope_head_dim 64, 128 or
+        192) -> 32; other MLA dims fall to CUTLASS_MLA (CUTLASS_MLA_PY: capability 10, [128]) -> 128.
+      Others (8.x, 12.x, 7.5): TRITON_MLA (TRITON_MLA_PY: any capability, MultipleOf(16)) -> 16.
+    Standard attention takes 16 everywhere (FLASH_ATTN and TRITON_ATTN MultipleOf(16); FLASHINFER [16, 32, 64] first on
+    10.x); the FA4 head-256 page of 128 and the Hopper FA4 fp8 head-512 page of 64 need FA4 on a path vLLM does not
+    pick by default. Unknown capability: Hopper's answer."""
+    major = (_capability(gpu) or (9, 0))[0]
+    if not mla:
+        return ("FLASHINFER" if major == 10 else "FLASH_ATTN" if major >= 8 else "TRITON_ATTN"), BLOCK_SIZE
+    if major == 9:
+        return ("FLASH_ATTN_MLA", 16) if kv_cache == "auto" else ("FLASHMLA", 64)
+    if major == 10:
+        return ("FLASHINFER_MLA", 32) if qk_nope_head_dim in (64, 128, 192) else ("CUTLASS_MLA", 128)
+    return "TRITON_MLA", 16
+
+
+# ---------------------------------------------------------------- the MoE backend of MXFP4 experts
+def mxfp4_moe_backend(gpu: GPUSpec) -> tuple[str, int, int]:
+    """The MoE kernel vLLM runs MXFP4 experts with (bf16 activations, as gpt-oss declares none), and the multiples it
+    pads each rank's intermediate and hidden sizes to: (name, intermediate multiple, hidden multiple).
+
+    MXFP4_ORACLE select_mxfp4_moe_backend takes the first supported of _get_priority_backends_for_gpt_oss (lines
+    402-435; _filter_by_activation keeps the bf16-activation ones): FLASHINFER_TRTLLM_MXFP4_BF16 on the 10.x family
+    (TRTLLM_MXFP4_PY _supports_current_device), the OAI TRITON kernels from 9.0 to 12.x (TRITON_MOE_PY
+    _triton_kernel_moe_supports_current_device) except 12.x, where it is moved behind MARLIN, FLASHINFER_CUTLASS with
+    bf16 activations on 9.0 only (behind TRITON; FI_CUTLASS_MOE_PY _supports_quant_scheme), then MARLIN from 7.5
+    (MARLIN_MOE_PY). mxfp4_round_up_hidden_size_and_intermediate_size (lines 837-916) pads: TRTLLM and MARLIN
+    intermediate to 128 and hidden to 256; any other (TRITON) intermediate to 64."""
+    cc = _capability(gpu) or (9, 0)
+    if cc[0] == 10:
+        return "FLASHINFER_TRTLLM_MXFP4_BF16", 128, 256
+    if (9, 0) <= cc < (12, 0):
+        return "TRITON", 64, 1
+    return "MARLIN", 128, 256
+
+
+def round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def mxfp4_expert_rank_bytes(spec: ModelSpec, t: TensorSpec, tp: int, gpu: GPUSpec) -> int | None:
+    """One TP rank's bytes of an MXFP4 expert tensor as vLLM allocates it: the rank's intermediate size and the hidden
+    size padded to the MoE backend's multiples (mxfp4_moe_backend; Mxfp4MoEMethod.create_weights, MXFP4_PY, allocates
+    the padded shapes and loads the checkpoint into them), 4-bit values and one scale byte per 32 along the input.
+    None where the tensor's dimensions are not the hidden and (a multiple of) the expert intermediate size (w13: gate
+    and up, [k x intermediate, hidden]; w2: down, [hidden, intermediate])."""
+    inter = spec.moe.expert_intermediate_size if spec.moe is not None else None
+    if not inter or inter % tp:
+        return None
+    _, inter_multiple, hidden_multiple = mxfp4_moe_backend(gpu)
+
+    rank_inter = round_up(inter // tp, inter_multiple)
+    rows, cols = t.matrix_shape
+    if any(k in t.name for k in ("down", "w2")):  # [hidden, intermediate]
+        if rows != spec.hidden_size or cols != inter:
+            return None
+        out, inp = round_up(rows, hidden_multiple), rank_inter
+    else:  # gate, up or both fused: [k x intermediate, hidden]
+        if cols != spec.hidden_size or rows % inter:
+            return None
+        out, inp = (rows // inter) * rank_inter, round_up(cols, hidden_multiple)
+    return t.shape[0] * (out * math.ceil(inp / 2) + out * math.ceil(inp / MXFP4_BLOCK))
+
+
 # ---------------------------------------------------------------- the KV cache
 @record
 class LayerKV:
     """One attention layer's KV spec on one rank (KV_INTERFACE FullAttentionSpec / SlidingWindowSpec /
-    MLAAttentionSpec): its window (None: full attention), bytes of one block (page) and tokens per block."""
+    ChunkedLocalAttentionSpec / MLAAttentionSpec): its window (None: full attention), bytes of one block (page),
+    tokens per block, and whether the window is llama4's attention chunk."""
 
     window: int | None
     page_bytes: int
     block_size: int
+    chunked: bool = False
 
     def blocks(self, max_model_len: int, in_flight_tokens: int) -> int:
         """Blocks one max_model_len request holds (KV_INTERFACE max_memory_usage_bytes / page): full attention every
         token; a sliding window its window - 1 plus the tokens in flight, never more than max_model_len, + 1 for a
-        window that starts inside a block (max_admission_blocks_per_request)."""
+        window that starts inside a block (SlidingWindowSpec.max_admission_blocks_per_request); a chunk (llama4) its
+        chunk plus the tokens in flight, never more than max_model_len, without the extra block
+        (ChunkedLocalAttentionSpec.max_admission_blocks_per_request, lines 861-888). The hybrid allocator that keeps
+        chunks apart is on by default: VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults to 1 (ENVS_PY;
+        CONFIG_VLLM would turn it off at 0)."""
         if self.window is None:
             return math.ceil(max_model_len / self.block_size)
+        if self.chunked:
+            return math.ceil(min(self.window + in_flight_tokens, max_model_len) / self.block_size)
         tokens = min(self.window - 1 + in_flight_tokens, max_model_len)
         return math.ceil(tokens / self.block_size) + 1
 
@@ -367,7 +464,7 @@ def kv_groups(layers: list[LayerKV]) -> list[KVGroup]:
     each bucket split into groups of `group_size` layers, the last one padded (_get_kv_cache_groups_uniform_page_size):
     group_size is the smallest bucket, or the largest where it is under 1.5 x the smallest; layer i of a bucket goes to
     its group i mod the bucket's group count."""
-    if len(set(layers)) <= 1 or len({x.window for x in layers}) == 1:
+    if len(set(layers)) <= 1 or len({(x.window, x.chunked) for x in layers}) == 1:
         return [KVGroup(layers[0], tuple(range(len(layers))))] if layers else []
     top = max(x.page_bytes for x in layers)
     unified = []
@@ -375,9 +472,9 @@ def kv_groups(layers: list[LayerKV]) -> list[KVGroup]:
         if x.page_bytes == top:
             unified.append(x)
         elif top % x.page_bytes == 0:
-            unified.append(LayerKV(x.window, top, x.block_size * (top // x.page_bytes)))
+            unified.append(LayerKV(x.window, top, x.block_size * (top // x.page_bytes), x.chunked))
         else:
-            unified.append(LayerKV(x.window, top, x.block_size))
+            unified.append(LayerKV(x.window, top, x.block_size, x.chunked))
     buckets: dict[LayerKV, list[int]] = {}
     for i, x in enumerate(unified):
         buckets.setdefault(x, []).append(i)
