@@ -511,6 +511,7 @@ class _Inventory:
     sources: tuple[_Source, ...]  # in the loader's order
     quantizable: tuple[bool, ...]  # tensor_allows_quantization
     categories: tuple[str, ...]  # tensor_get_category
+    rows: tuple[tuple[int, int], ...]  # (rows: the product of ne[1:], row length ne[0]) of each
 
 
 def _inventory(spec: ModelSpec) -> _Inventory:
@@ -520,7 +521,8 @@ def _inventory(spec: ModelSpec) -> _Inventory:
         return hit[1]
     sources = tuple(sorted(_sources(spec), key=_load_order))
     inv = _Inventory(sources=sources, quantizable=tuple(allows_quantization(s.name, s.shape) for s in sources),
-                     categories=tuple(tensor_category(s.name) for s in sources))
+                     categories=tuple(tensor_category(s.name) for s in sources),
+                     rows=tuple((math.prod(s.shape[1:]), s.shape[0]) for s in sources))
     if len(_INVENTORY_MEMO) >= INVENTORY_MEMO_SIZE:
         _INVENTORY_MEMO.pop(next(iter(_INVENTORY_MEMO)))
     _INVENTORY_MEMO[id(spec)] = (spec, inv)  # the spec held with it: its id cannot be reused while the entry lives
@@ -592,6 +594,31 @@ def gguf_tensors(spec: ModelSpec, file_type: str, *, imatrix: bool | None = None
     hit = _TENSORS_MEMO.get(key)
     if hit is not None and hit[0] is spec:
         return hit[1]
+    inv, types, nbytes = _typed(spec, file_type, imatrix)
+    tensors = tuple(GGUFTensor(name=s.name, hf_name=s.hf_name, ggml_type=ty, shape=s.shape, layer=s.layer, nbytes=n)
+                    for s, ty, n in zip(inv.sources, types, nbytes))
+    if len(_TENSORS_MEMO) >= TENSORS_MEMO_SIZE:
+        _TENSORS_MEMO.pop(next(iter(_TENSORS_MEMO)))
+    _TENSORS_MEMO[key] = (spec, tensors)  # the spec held with it: its id cannot be reused while the entry lives
+    return tensors
+
+
+def gguf_tensor_bytes(spec: ModelSpec, file_type: str) -> tuple[tuple[str, int | None, int], ...]:
+    """(GGUF name, layer, data bytes) of every tensor of the file, in its order: gguf_tensors without building the
+    records, for what only adds bytes up (the llama.cpp planner tries every file type)."""
+    if spec.gguf is not None and spec.gguf.file_type == file_type:
+        return tuple((t.name, t.layer, t.nbytes) for t in spec.gguf.tensors)
+    inv, _, nbytes = _typed(spec, file_type, None)
+    return tuple((s.name, s.layer, n) for s, n in zip(inv.sources, nbytes))
+
+
+def _typed(spec: ModelSpec, file_type: str, imatrix: bool | None) -> tuple[_Inventory, tuple[str, ...],
+                                                                           tuple[int, ...]]:
+    """The inventory, each tensor's ggml type and its data bytes (ggml_nbytes) in the file `file_type`; memoized."""
+    key = (id(spec), file_type, imatrix)
+    hit = _TYPES_MEMO.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
     ft = gguf_file_type(file_type)
     inv = _inventory(spec)
     types = _select_types(spec, inv, ft, bool(imatrix))
@@ -601,15 +628,21 @@ def gguf_tensors(spec: ModelSpec, file_type: str, *, imatrix: bool | None = None
                         f"to write {needed}")
     if needed is not None:
         types = _select_types(spec, inv, ft, True)
-    tensors = tuple(
-        GGUFTensor(name=s.name, hf_name=s.hf_name, ggml_type=ty, shape=s.shape, layer=s.layer,
-                   nbytes=math.prod(s.shape[1:]) * GGML_TYPES[ty].row_bytes(s.shape[0]))
-        for s, ty in zip(inv.sources, types)
-    )
-    if len(_TENSORS_MEMO) >= TENSORS_MEMO_SIZE:
-        _TENSORS_MEMO.pop(next(iter(_TENSORS_MEMO)))
-    _TENSORS_MEMO[key] = (spec, tensors)  # the spec held with it: its id cannot be reused while the entry lives
-    return tensors
+    row_bytes: dict[tuple[str, int], int] = {}
+    nbytes = []
+    for (rows, width), ty in zip(inv.rows, types):
+        rb = row_bytes.get((ty, width))
+        if rb is None:
+            rb = row_bytes[(ty, width)] = GGML_TYPES[ty].row_bytes(width)
+        nbytes.append(rows * rb)
+    out = (inv, tuple(types), tuple(nbytes))
+    if len(_TYPES_MEMO) >= TENSORS_MEMO_SIZE:
+        _TYPES_MEMO.pop(next(iter(_TYPES_MEMO)))
+    _TYPES_MEMO[key] = (spec, out)
+    return out
+
+
+_TYPES_MEMO: dict[tuple[int, str, bool | None], tuple[ModelSpec, tuple]] = {}
 
 
 # One plan asks for the same file's tensors several times (llama.cpp's plan, Ollama's launch and plan, the file
@@ -622,6 +655,7 @@ _TENSORS_MEMO: dict[tuple[int, str, bool | None], tuple[ModelSpec, tuple[GGUFTen
 def forget_tensors() -> None:
     """Empty the memos of gguf_tensors (what a fresh process starts with: bench/plan_speed.py times that)."""
     _TENSORS_MEMO.clear()
+    _TYPES_MEMO.clear()
     _INVENTORY_MEMO.clear()
 
 

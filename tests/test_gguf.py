@@ -370,3 +370,15 @@ def test_gguf_module_imports_only_stdlib_and_planner():
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             imported.add(node.module.split(".")[0])
     assert imported <= set(sys.stdlib_module_names), imported
+
+
+@pytest.mark.parametrize("file_type", ["Q4_K_M", "IQ2_XXS", "Q8_0", "MXFP4_MOE"])
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-30b-a3b"])
+def test_tensor_bytes_without_records_are_the_tensors_bytes(model, file_type):
+    """The planner's fast path (names, layers and bytes, no GGUFTensor records) lists what gguf_tensors lists."""
+    from vramplan.planner.sources import model_spec
+
+    spec = model_spec(model)
+    gguf.forget_tensors()
+    fast = gguf.gguf_tensor_bytes(spec, file_type)
+    assert fast == tuple((t.name, t.layer, t.nbytes) for t in gguf.gguf_tensors(spec, file_type))

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from ..capacity import Capacity
 from ..record import record
-from ..gguf import GGML_TYPES, GGUFTensor, gguf_tensors
+from ..gguf import GGML_TYPES, GGUFTensor, gguf_tensor_bytes
 from ..modelspec import ModelSpec
 from ..request import LLAMA_CPP_KV_DTYPES, Request
 from ..units import MiB
@@ -227,15 +227,15 @@ def gguf_model(spec: ModelSpec, file_type: str) -> GGUFModel:
     experts = [0] * spec.num_layers
     token_embd = output = 0
     tied = True
-    for t in gguf_tensors(spec, file_type):
-        if t.layer is not None:
-            layers[t.layer] += t.nbytes
-            experts[t.layer] += t.nbytes if is_expert_tensor(t) else 0
-        elif t.name == "token_embd.weight":
-            token_embd = t.nbytes
+    for name, layer, nbytes in gguf_tensor_bytes(spec, file_type):
+        if layer is not None:
+            layers[layer] += nbytes
+            experts[layer] += nbytes if "_exps." in name else 0  # is_expert_tensor
+        elif name == "token_embd.weight":
+            token_embd = nbytes
         else:
-            tied = tied and t.name != "output.weight"
-            output += t.nbytes  # output.weight, output_norm, rope_freqs / rope factors
+            tied = tied and name != "output.weight"
+            output += nbytes  # output.weight, output_norm, rope_freqs / rope factors
     copy = token_embd if tied else 0  # llama-model.cpp loads token_embd again (TENSOR_DUPLICATED) as the output
     return GGUFModel(file_type=file_type, layers=tuple(layers), experts=tuple(experts), token_embd_bytes=token_embd,
                      output_bytes=output + copy, tied_copy_bytes=copy)
