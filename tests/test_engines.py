@@ -103,14 +103,16 @@ GOLDEN = {
     ('dense-8b-24gb', 'vllm'): (
         r"""vllm serve meta-llama/Llama-3.1-8B \
   --max-model-len 32768 \
-  --gpu-memory-utilization 0.95 \
+  --gpu-memory-utilization 0.92 \
   --kv-cache-dtype auto""",
         ["vLLM's own choice among 6 formats x caches: no speed is predicted for what runs here: the most of the "
          "model on the GPU among the options that keep the quality floor, then the best quality (~0.0 % perplexity "
          "over bf16)",
-         "vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.95 x 23.49 GiB (CUDA's total) = weights 14.96 GiB + "
-         "profile-run peak 506.50 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 5.70 GiB; the rest "
+         "vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.92 x 23.49 GiB (CUDA's total) = weights 14.96 GiB + "
+         "profile-run peak 506.50 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 5.00 GiB; the rest "
          "holds the CUDA context 500.00 MiB and your headroom 512.00 MiB",
+         "--gpu-memory-utilization 0.92, vLLM's default: the KV pool holds the request; this GPU allows up to 0.95 "
+         "(more pool, more sequences at once)",
          'the KV pool is cut in 16-token blocks (FLASH_ATTN, the attention backend vLLM picks on compute capability '
          '8.9 with this cache); 4.00 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 1',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
@@ -185,6 +187,8 @@ model = AutoModelForCausalLM.from_pretrained(
          "vLLM 0.33.0 per GPU (1 TP x 3 PP on 3 node(s)): 0.91 x 23.49 GiB (CUDA's total) = weights 13.39 GiB + "
          "profile-run peak 504.00 MiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 5.94 GiB; the rest "
          "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
+         "--gpu-memory-utilization 0.91, below vLLM's default 0.92: the CUDA context, NCCL and your headroom leave "
+         "no more",
          'the KV pool is cut in 16-token blocks (FLASH_ATTN, the attention backend vLLM picks on compute capability '
          '8.9 with this cache); 865.69 MiB hold 1 sequence(s) of 8192 tokens; the pool holds about 7',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
@@ -282,7 +286,7 @@ cache = QuantizedCache(backend="quanto", config=model.config, nbits=4, q_group_s
     ('moe-experts-in-ram', 'vllm'): (
         r"""vllm serve Qwen/Qwen3-30B-A3B \
   --max-model-len 16384 \
-  --gpu-memory-utilization 0.95 \
+  --gpu-memory-utilization 0.94 \
   --kv-cache-dtype auto \
   --cpu-offload-gb 38 \
   --cpu-offload-params experts""",
@@ -291,9 +295,11 @@ cache = QuantizedCache(backend="quanto", config=model.config, nbits=4, q_group_s
          "over bf16)",
          'vLLM fits 1 node(s) only with 38 GiB of routed experts per GPU in RAM (--cpu-offload-gb: pinned RAM the '
          'GPU reads over the host link on every forward pass); without offload it needs 4 nodes of rtx-4090',
-         "vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.95 x 23.49 GiB (CUDA's total) = weights 18.87 GiB + "
-         "profile-run peak 420.75 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 1.87 GiB; the rest "
+         "vLLM 0.33.0 per GPU (1 TP x 1 PP on 1 node(s)): 0.94 x 23.49 GiB (CUDA's total) = weights 18.87 GiB + "
+         "profile-run peak 420.75 MiB + non-torch 163.84 MiB + CUDA graphs 1.00 GiB + KV pool 1.64 GiB; the rest "
          "holds the CUDA context 500.00 MiB and your headroom 512.00 MiB",
+         "--gpu-memory-utilization 0.94, above vLLM's default 0.92: at the default the KV pool falls 341.65 MiB "
+         "short of the 1.50 GiB this request needs",
          'the KV pool is cut in 16-token blocks (FLASH_ATTN, the attention backend vLLM picks on compute capability '
          '8.9 with this cache); 1.50 GiB hold 1 sequence(s) of 16384 tokens; the pool holds about 1',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
@@ -389,6 +395,8 @@ model = AutoModelForCausalLM.from_pretrained(
          "vLLM 0.33.0 per GPU (2 TP x 2 PP on 2 node(s)): 0.91 x 23.49 GiB (CUDA's total) = weights 16.92 GiB + "
          "profile-run peak 566.50 MiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 2.35 GiB; the rest "
          "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
+         "--gpu-memory-utilization 0.91, below vLLM's default 0.92: the CUDA context, NCCL and your headroom leave "
+         "no more",
          'the KV pool is cut in 16-token blocks (FLASH_ATTN, the attention backend vLLM picks on compute capability '
          '8.9 with this cache); 641.25 MiB hold 1 sequence(s) of 8192 tokens; the pool holds about 3',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
@@ -517,7 +525,7 @@ model = AutoModelForCausalLM.from_pretrained(
     ('405b-two-nodes', 'vllm'): (
         r"""vllm serve meta-llama/Llama-3.1-405B \
   --max-model-len 32768 \
-  --gpu-memory-utilization 0.97 \
+  --gpu-memory-utilization 0.92 \
   --kv-cache-dtype auto \
   --tensor-parallel-size 8 \
   --pipeline-parallel-size 2 \
@@ -527,29 +535,32 @@ model = AutoModelForCausalLM.from_pretrained(
          "over bf16)",
          'start a Ray cluster over the 2 nodes first (ray start --head on one, ray start --address=<head>:6379 on '
          'the others); TP inside each node, PP across nodes',
-         "vLLM 0.33.0 per GPU (8 TP x 2 PP on 2 node(s)): 0.97 x 79.15 GiB (CUDA's total) = weights 47.25 GiB + "
-         "profile-run peak 2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 25.65 GiB; the rest "
+         "vLLM 0.33.0 per GPU (8 TP x 2 PP on 2 node(s)): 0.92 x 79.15 GiB (CUDA's total) = weights 47.25 GiB + "
+         "profile-run peak 2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 21.70 GiB; the rest "
          "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
+         "--gpu-memory-utilization 0.92, vLLM's default: the KV pool holds the request; this GPU allows up to 0.97 "
+         "(more pool, more sequences at once)",
          'the KV pool is cut in 16-token blocks (FLASH_ATTN, the attention backend vLLM picks on compute capability '
-         '9.0 with this cache); 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds about 26',
+         '9.0 with this cache); 1008.49 MiB hold 1 sequence(s) of 32768 tokens; the pool holds about 22',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
          'above are estimates (see the assumptions)']),
     ('405b-one-node', 'vllm'): (
         r"""vllm serve meta-llama/Llama-3.1-405B \
   --max-model-len 32768 \
-  --gpu-memory-utilization 0.97 \
+  --gpu-memory-utilization 0.92 \
   --kv-cache-dtype auto \
   --quantization fp8_per_tensor \
-  --tensor-parallel-size 2 \
-  --pipeline-parallel-size 3""",
+  --tensor-parallel-size 8""",
         ["vLLM's own choice among 6 formats x caches: no speed is predicted for what runs here: the most of the "
          "model on the GPU among the options that keep the quality floor, then the best quality (~0.5 % perplexity "
          "over bf16)",
-         "vLLM 0.33.0 per GPU (2 TP x 3 PP on 1 node(s)): 0.97 x 79.15 GiB (CUDA's total) = weights 64.30 GiB + "
-         "profile-run peak 3.34 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 7.58 GiB; the rest holds "
-         "the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
+         "vLLM 0.33.0 per GPU (8 TP x 1 PP on 1 node(s)): 0.92 x 79.15 GiB (CUDA's total) = weights 47.74 GiB + "
+         "profile-run peak 2.32 GiB + non-torch 563.20 MiB + CUDA graphs 1.00 GiB + KV pool 21.20 GiB; the rest "
+         "holds the CUDA context 500.00 MiB, NCCL 1.00 GiB and your headroom 512.00 MiB",
+         "--gpu-memory-utilization 0.92, vLLM's default: the KV pool holds the request; this GPU allows up to 0.97 "
+         "(more pool, more sequences at once)",
          'the KV pool is cut in 16-token blocks (FLASH_ATTN, the attention backend vLLM picks on compute capability '
-         '9.0 with this cache); 2.63 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 2',
+         '9.0 with this cache); 1.97 GiB hold 1 sequence(s) of 32768 tokens; the pool holds about 10',
          'vLLM measures the profile-run peak, the non-torch memory and the CUDA graphs at start-up: the figures '
          'above are estimates (see the assumptions)',
          'vLLM 0.33.0 has no bitsandbytes and no quanto: fp8_per_tensor maps to --quantization fp8_per_tensor (FP8 '

@@ -120,11 +120,20 @@ def test_the_flags_written_are_those_of_vllm_serve_033(model, hw, req, quant, kv
 def test_cuda_graphs_come_out_of_the_kv_pool():
     """vLLM 0.33 estimates the CUDA graphs and takes them from the KV pool (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
     defaults to 1): KV = ceil(CUDA's total x utilization) - weights - profile peak - non-torch - graphs. Llama-3.1-8B
-    in bf16 on a 4090: the utilization leaves only the CUDA context and the headroom outside."""
+    in bf16 on a 4090: the utilization stays at vLLM's default 0.92 while its pool holds the request, and goes up to
+    what leaves only the CUDA context and the headroom outside (0.95) when it does not."""
     cuda_total = 24564 * MiB - CUDA_HIDDEN_BYTES_ASSUMED  # what torch.accelerator.get_memory_info reports
+    most = math.floor((cuda_total - 512 * MiB - 500 * MiB) / cuda_total * 100) / 100
+    assert most == 0.95
     e = export("llama-3.1-8b", RTX4090, Request(context=32768))
     u = e.details["gpu_memory_utilization"]
-    assert u == math.floor((cuda_total - 512 * MiB - 500 * MiB) / cuda_total * 100) / 100 == 0.95
+    assert u == rules.DEFAULT_GPU_MEMORY_UTILIZATION == 0.92
+    assert "this GPU allows up to 0.95" in note(e, "--gpu-memory-utilization 0.92, vLLM's default")
+    for ctx, least in ((40960, 0.93), (45056, 0.95)):  # the least utilization whose pool holds the request
+        high = export("llama-3.1-8b", RTX4090, Request(context=ctx))
+        assert high.details["gpu_memory_utilization"] == least and high.fits
+        assert not export("llama-3.1-8b", RTX4090, Request(context=ctx)).details["per_gpu"]["cpu_offload_bytes"]
+        assert "above vLLM's default 0.92" in note(high, f"--gpu-memory-utilization {least:.2f}")
     g = e.details["per_gpu"]
     requested = math.ceil(cuda_total * u)  # vllm/v1/worker/utils.py request_memory
     pool = requested - g["weights_bytes"] - g["activation_bytes"] - g["non_torch_bytes"] - CUDAGRAPH_BYTES_ASSUMED
@@ -146,7 +155,8 @@ def test_nccl_is_outside_the_budget_and_the_distributed_rest_inside():
     assert e.details["tensor_parallel_size"] == 2
     total = 24564 * MiB - CUDA_HIDDEN_BYTES_ASSUMED
     u = e.details["gpu_memory_utilization"]
-    assert u == math.floor((total - 512 * MiB - 500 * MiB - NCCL_BYTES_ASSUMED) / total * 100) / 100
+    assert u == math.floor((total - 512 * MiB - 500 * MiB - NCCL_BYTES_ASSUMED) / total * 100) / 100 == 0.91
+    assert "below vLLM's default 0.92: the CUDA context, NCCL" in note(e, "--gpu-memory-utilization 0.91")
     g = e.details["per_gpu"]
     assert g["non_torch_bytes"] == NON_TORCH_DISTRIBUTED_BYTES_ASSUMED
     assert g["kv_pool_bytes"] == (math.ceil(total * u) - g["weights_bytes"] - g["activation_bytes"]
@@ -277,8 +287,8 @@ def test_attention_backend_and_its_block_follow_the_gpu_and_the_cache():
     for kv, block in (("bf16", 16), ("fp8", 64)):
         e = export("deepseek-v3", h200x8, Request(context=32768), kv=kv)
         assert f"cut in {block}-token blocks" in note(e, "the KV pool is cut")
-        assert "(2 TP x 3 PP on 1 node(s))" in note(e, "vLLM 0.33.0 per GPU")  # the fullest stage: 21 of 61 layers
-        page = block * 576 * (1 if kv == "fp8" else 2) * 21  # the latent row, replicated on every TP rank
+        assert "(8 TP x 1 PP on 1 node(s))" in note(e, "vLLM 0.33.0 per GPU")  # the node's GPUs, as vLLM's guide says
+        page = block * 576 * (1 if kv == "fp8" else 2) * 61  # the latent row of every layer, on every TP rank
         assert e.details["per_gpu"]["kv_needed_bytes"] == (32768 // block + 1) * page  # + the null block
 
 
@@ -373,3 +383,13 @@ def test_max_model_len_past_the_model_needs_the_env():
     linear = replace(spec, config={**spec.config, "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
     assert rules.derived_max_model_len(linear) == (2 * spec.max_context,
                                                    f"max_position_embeddings {spec.max_context} x rope factor 2")
+
+
+def test_layouts_follow_vllms_parallelism_guide():
+    """One GPU where the model fits on one; else TP over every GPU of the node (docs/serving/parallelism_scaling.md):
+    405B on eight H100s is TP 8 on one node, not the six GPUs of TP 2 x PP 3 that also hold it."""
+    h100x8 = H100.replace(name="h100-x8", gpus=(replace(H100.gpu, count=8),))
+    e = export("llama-3.1-405b", h100x8, Request(context=32768), quant="bnb-int8")
+    assert (e.details["tensor_parallel_size"], e.details["pipeline_parallel_size"], e.details["nodes"]) == (8, 1, 1)
+    e = export("llama-3.1-8b", h100x8, Request(context=32768))
+    assert (e.details["tensor_parallel_size"], e.details["pipeline_parallel_size"]) == (1, 1)

@@ -229,12 +229,12 @@ class VLLMModel:
         return out
 
     def layout(self, tp: int, pp: int, nodes: int, cpu_offload_bytes: int = 0,
-               cpu_offload_params: tuple[str, ...] = ()) -> Layout:
-        """The fullest pipeline stage's rank decides."""
+               cpu_offload_params: tuple[str, ...] = (), util: float | None = None) -> Layout:
+        """The fullest pipeline stage's rank decides; at `util`, or at the most the GPU leaves (utilization)."""
         groups = kv_groups(self.layer_kv(tp))
         in_flight = rules.max_in_flight_tokens(pp, self.tokens)
         distributed = tp * pp > 1
-        util = self.utilization(distributed)
+        util = self.utilization(distributed) if util is None else util
         parts = pp_partitions(self.spec.num_layers, pp)
         worst = None
         start = 0
@@ -256,23 +256,49 @@ class VLLMModel:
         return worst
 
 
+def settled(m: VLLMModel, lay: Layout | None) -> Layout | None:
+    """A layout that fits, at vLLM's default --gpu-memory-utilization where its KV pool still holds the request,
+    else at the least utilization (in 0.01 steps) that holds it: what the GPU leaves beyond it stays free for other
+    processes."""
+    if lay is None or not lay.fits or lay.gpu_memory_utilization <= rules.DEFAULT_GPU_MEMORY_UTILIZATION:
+        return lay
+    args = (lay.tp, lay.pp, lay.nodes, lay.cpu_offload_bytes, lay.cpu_offload_params)
+    short = lay.kv_needed_bytes - lay.kv_pool_bytes  # <= 0: what the layout has to spare at its utilization
+    u = max(rules.DEFAULT_GPU_MEMORY_UTILIZATION,
+            math.ceil(round((lay.gpu_memory_utilization * m.total + short) / m.total, 6) * 100) / 100)
+    while u < lay.gpu_memory_utilization:
+        if (tried := m.layout(*args, util=u)).fits:
+            return tried
+        u = round(u + 0.01, 2)
+    return lay
+
+
+# vLLM's guidance for one model replica (docs/serving/parallelism_scaling.md, "Distributed inference strategies for a
+# single-model replica"): one GPU where the model fits on one; else tensor parallel over the node's GPUs; else TP over
+# each node's GPUs and pipeline parallel over the nodes.
+PARALLELISM_GUIDE = "vLLM docs serving/parallelism_scaling.md (single-model replica strategies)"
+
+
 def search(m: VLLMModel, gpus_per_node: int, max_nodes: int = MAX_NODES_SEARCHED) -> Layout | None:
-    """The smallest layout that fits: one node with the fewest GPUs (TP first, then PP inside the node), else TP over
-    each node's GPUs and PP over nodes."""
+    """The layout vLLM's guide gives (PARALLELISM_GUIDE): one GPU if the model fits on it; else every GPU of the node,
+    TP as large as vLLM accepts (tp_sizes) and PP over the rest; else the other single-node layouts, fewest GPUs first;
+    else TP over each node's GPUs and PP over nodes."""
     spec = m.spec
     tps = tp_sizes(spec, gpus_per_node)
-    single = sorted(((tp, pp) for tp in tps for pp in range(1, gpus_per_node // tp + 1)),
-                    key=lambda x: (x[0] * x[1], x[1]))
+    whole_node = [(tp, gpus_per_node // tp) for tp in sorted(tps, reverse=True) if gpus_per_node % tp == 0]
+    single = [(1, 1), *whole_node, *sorted(((tp, pp) for tp in tps for pp in range(1, gpus_per_node // tp + 1)),
+                                           key=lambda x: (x[0] * x[1], x[1]))]
+    single = list(dict.fromkeys(single))
     for tp, pp in single:
         if pp <= spec.num_layers and (lay := m.layout(tp, pp, 1)).fits:
-            return lay
+            return settled(m, lay)
     tp = max(tps)
     for nodes in range(2, max_nodes + 1):
         pp = nodes * (gpus_per_node // tp)
         if pp > spec.num_layers:
             break
         if (lay := m.layout(tp, pp, nodes)).fits:
-            return lay
+            return settled(m, lay)
     return None
 
 
@@ -294,7 +320,7 @@ def offloaded_layout(m: VLLMModel, gpus_per_node: int, nodes: int, ram_bytes: in
     if missing <= 0 or offload >= movable or offload * gpus_per_node > ram_bytes:
         return None
     lay = m.layout(tp, pp, nodes, cpu_offload_bytes=offload, cpu_offload_params=params)
-    return lay if lay.fits else None
+    return settled(m, lay) if lay.fits else None
 
 
 # ---------------------------------------------------------------- the command
@@ -541,6 +567,20 @@ def _differences(spec, hw, p: Plan, m: VLLMModel, lay: Layout, fmt: WeightFormat
     groups = kv_groups(m.layer_kv(lay.tp))
     local = ("chunked layers keep one chunk" if any(a.chunked for a in spec.attention)
              else "sliding-window layers keep window - 1")
+    most = m.utilization(lay.tp * lay.pp > 1)
+    default = rules.DEFAULT_GPU_MEMORY_UTILIZATION
+    if lay.gpu_memory_utilization < default:
+        util = (f"--gpu-memory-utilization {lay.gpu_memory_utilization:.2f}, below vLLM's default {default:.2f}: the "
+                "CUDA context" + (", NCCL" if lay.tp * lay.pp > 1 else "") + " and your headroom leave no more")
+    elif lay.gpu_memory_utilization == default:
+        util = (f"--gpu-memory-utilization {default:.2f}, vLLM's default: the KV pool holds the request"
+                + (f"; this GPU allows up to {most:.2f} (more pool, more sequences at once)" if most > default else ""))
+    else:
+        at_default = m.layout(lay.tp, lay.pp, lay.nodes, lay.cpu_offload_bytes, lay.cpu_offload_params, util=default)
+        util = (f"--gpu-memory-utilization {lay.gpu_memory_utilization:.2f}, above vLLM's default {default:.2f}: "
+                f"at the default the KV pool falls "
+                f"{format_bytes(at_default.kv_needed_bytes - at_default.kv_pool_bytes)} short of the "
+                f"{format_bytes(at_default.kv_needed_bytes)} this request needs")
     out = [f"vLLM {VLLM_VERSION} per GPU ({lay.tp} TP x {lay.pp} PP on {lay.nodes} node(s)): "
            f"{lay.gpu_memory_utilization:.2f} x {format_bytes(m.total)} (CUDA's total) = weights "
            f"{format_bytes(lay.weights_bytes)} + profile-run peak {format_bytes(lay.activation_bytes)} + non-torch "
@@ -548,6 +588,7 @@ def _differences(spec, hw, p: Plan, m: VLLMModel, lay: Layout, fmt: WeightFormat
            f"{format_bytes(lay.kv_pool_bytes)}; the rest holds the CUDA context "
            f"{format_bytes(hw.overheads.cuda_context_bytes)}" + (f", NCCL {format_bytes(nccl)}" if nccl else "")
            + f" and your headroom {format_bytes(req.headroom_bytes)}",
+           util,
            "the KV pool is cut in {1}-token blocks ({0}, the attention backend vLLM picks on compute capability "
            "{2} with this cache)".format(*m.attention_backend(), hw.gpu.compute_capability or "unknown")
            + (f" over {len(groups)} KV cache groups ({local} + {rules.max_in_flight_tokens(lay.pp, m.tokens)} tokens "
