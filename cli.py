@@ -24,7 +24,7 @@ from vramplan.cli_errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED
 # What the runtime extra installs: a command that needs one of these says how to get it.
 
 app = typer.Typer(name="vramplan", help="Will this LLM run on my machine, how, and how fast?",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False)
 profiles_app = typer.Typer(help="Hardware profiles: the shipped ones, yours ($VRAMPLAN_PROFILES, "
                                 "~/.config/vramplan/profiles), and checks.", no_args_is_help=True)
 app.add_typer(profiles_app, name="profiles")
@@ -51,17 +51,34 @@ def _main(version_: Annotated[bool, typer.Option("--version", callback=_version,
 
 
 # ---------------------------------------------------------------- shared options
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="A local model directory (config.json), a Hugging Face "
-                                       "id in the local cache, a catalog name (see `vramplan models`), any hub id "
-                                       "(org/name: config.json and safetensors headers only, never weights), a GGUF "
-                                       "file (PATH.gguf) or a GGUF on the hub by its type (org/repo:Q4_K_M).")]
+def _complete_model(incomplete: str) -> list[str]:
+    """Shell completion of --model: the catalog's names and aliases (a path or a hub id is the shell's to complete)."""
+    from vramplan.planner.sources import catalog
+
+    names = [n for e in catalog() for n in (*e.aliases, *(a for v in e.variants for a in v.aliases))]
+    return [n for n in dict.fromkeys(names) if n.startswith(incomplete.lower())]
+
+
+def _complete_profile(incomplete: str) -> list[str]:
+    """Shell completion of --hardware: every profile usable by name."""
+    from vramplan.planner.profiles import profile_files
+
+    return [n for n in dict.fromkeys(f.stem for f in profile_files()) if n.lower().startswith(incomplete.lower())]
+
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", autocompletion=_complete_model,
+                                       help="A local model directory (config.json), a Hugging Face id in the "
+                                       "local cache, a catalog name (see `vramplan models`), any hub id (org/name: "
+                                       "config.json and safetensors headers only, never weights), a GGUF file "
+                                       "(PATH.gguf) or a GGUF on the hub by its type (org/repo:Q4_K_M).")]
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="The hub revision (branch, tag or commit) of "
                                                     "--model org/name.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 YamlOpt = Annotated[bool, typer.Option("--yaml", help="Print YAML instead of tables.")]
 HardwareOpt = Annotated[Optional[str], typer.Option(
-    "--hardware", "-H", help="A hardware profile: a YAML path or a name from $VRAMPLAN_PROFILES, the user's config "
-    "directory or the shipped profiles/. Default: this machine (quick probe, cached; `vramplan probe` refreshes it).")]
+    "--hardware", "-H", autocompletion=_complete_profile, help="A hardware profile: a YAML path or a name from "
+    "$VRAMPLAN_PROFILES, the user's config directory or the shipped profiles/. Default: this machine (quick probe, "
+    "cached; `vramplan probe` refreshes it).")]
 ContextOpt = Annotated[Optional[str], typer.Option("--context", "-c", help="Target context per sequence: 4096, 32k, "
                                                    "128k, 1m (default 4k).")]
 BatchOpt = Annotated[Optional[int], typer.Option("--batch", help="Concurrent sequences (default 1).")]
