@@ -292,6 +292,12 @@ def plan_cmd(
     gpus: GpusOpt = None,
     allow_context_overflow: OverflowOpt = False,
     compiled: CompileOpt = False,
+    min_tok_s: Annotated[Optional[float], typer.Option(
+        "--min-tok-s", help="The least decode speed (tokens/s) a plan must reach to be called usable (default 1; a "
+        "slower plan that fits is reported as fitting but not usable).")] = None,
+    max_ttft: Annotated[Optional[str], typer.Option(
+        "--max-ttft", help="The longest time to first token a usable plan may take: seconds, or 90s, 10m, 2h "
+        "(default 10m).")] = None,
     as_json: JsonOpt = False,
     as_yaml: YamlOpt = False,
     save: Annotated[Optional[str], typer.Option("--save", help="Write the plan for `vramplan run --plan` (YAML; "
@@ -313,7 +319,7 @@ def plan_cmd(
     req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
                         ram_budget, headroom, prefill_chunk, nodes=nodes, engine=engine,
                         allow_context_overflow=allow_context_overflow, expert_placement=expert_placement,
-                        compiled=compiled)
+                        compiled=compiled, min_tok_s=min_tok_s, max_ttft=max_ttft)
     if emit and len(emit) > 1:
         raise UsageError(f"--emit was given {len(emit)} times ({', '.join(emit)}): one export per plan; run `vramplan "
                          "plan` once per engine")

@@ -102,8 +102,10 @@ def build_request(context: str | None, batch: int | None, prompt_tokens: int | N
                   quant: str | None, kv_dtype: str | None, gpu_layers: int | None, offload: str | None,
                   vram_budget: str | None, ram_budget: str | None, headroom: str | None, prefill_chunk: int | None,
                   *, nodes: int | None = None, engine: str | None = None, allow_context_overflow: bool = False,
-                  expert_placement: str | None = None, compiled: bool = False):
-    from vramplan.planner.request import DEFAULT_HEADROOM_BYTES, DEFAULT_PREFILL_CHUNK, Request
+                  expert_placement: str | None = None, compiled: bool = False, min_tok_s: float | None = None,
+                  max_ttft: str | None = None):
+    from vramplan.planner.request import (DEFAULT_HEADROOM_BYTES, DEFAULT_PREFILL_CHUNK, USABLE_MAX_TTFT_S,
+                                          USABLE_MIN_DECODE_TOK_S, Request)
     from vramplan.planner.units import parse_bytes, parse_context
 
     for flag, given in (("--prefer", prefer), ("--offload", offload), ("--engine", engine),
@@ -120,7 +122,20 @@ def build_request(context: str | None, batch: int | None, prompt_tokens: int | N
         prefill_chunk=prefill_chunk if prefill_chunk is not None else DEFAULT_PREFILL_CHUNK,
         nodes=1 if nodes is None else nodes, engine=(engine or "vramplan").lower(),
         allow_context_overflow=allow_context_overflow, expert_placement=expert_placement, compiled=compiled,
+        usable_min_decode_tok_s=USABLE_MIN_DECODE_TOK_S if min_tok_s is None else min_tok_s,
+        usable_max_ttft_s=USABLE_MAX_TTFT_S if max_ttft is None else parse_duration(max_ttft, "--max-ttft"),
     )
+
+
+DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """Seconds from '90', '90s', '10m', '2h' or '1d'; a UsageError naming the flag otherwise."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", text.lower())
+    if m is None or m.group(2) not in DURATION_UNITS:
+        raise UsageError(f"{flag} {text!r}: give seconds or a duration such as 90s, 10m or 2h")
+    return float(m.group(1)) * DURATION_UNITS[m.group(2)]
 
 
 def fit_default_context(req, context_flag: str | None, spec):

@@ -89,9 +89,8 @@ def verdict_warnings(p: Plan) -> list[str]:
     the floor (as --prefer speed or a forced format may choose)."""
     out = []
     if p.unusable:
-        out.append(f"this plan fits but is not usable as it stands: {'; '.join(p.unusable)} (the request's "
-                   "usable_min_decode_tok_s / usable_max_ttft_s; a shorter context or prompt, or a smaller format, "
-                   "changes it)")
+        out.append(f"this plan fits but is not usable as it stands: {'; '.join(p.unusable)} (the thresholds: "
+                   "--min-tok-s / --max-ttft; a shorter context or prompt, or a smaller format, changes it)")
     c, floor = p.chosen, p.request.balanced_max_quality_cost_pct
     if c.quality_cost_pct > floor:
         out.append(f"{c.weight_quant} + {c.kv_dtype} adds ~{c.quality_cost_pct:.1f} % perplexity over bf16, past the "

@@ -248,8 +248,8 @@ PARAMETER num_ctx 8192""",
          'offload), copying 32.03 GiB of weights from RAM for each of its 16 ubatches: TTFT 62.58 s = GPU 16.72 s + '
          'link 45.86 s at 12 GB/s (pageable: mmapped weights), not the 609.99 s the CPU would take; the KV rows of '
          'layers in RAM crossing the link are not counted',
-         "this plan fits but is not usable as it stands: decode 0.86 tok/s is under 1 tok/s (the request's "
-         "usable_min_decode_tok_s / usable_max_ttft_s; a shorter context or prompt, or a smaller format, changes it)",
+         'this plan fits but is not usable as it stands: decode 0.86 tok/s is under 1 tok/s (the thresholds: '
+         '--min-tok-s / --max-ttft; a shorter context or prompt, or a smaller format, changes it)',
          'ollama pull llama3.1:70b-text-q6_K']),
     ('70b-offloaded', 'transformers'): (
         r"""import torch

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from cli_helpers import isolate, run_cli
+from cli_helpers import assert_one_line_error, isolate, run_cli
 from vramplan.planner.errors import PlanError
 from vramplan.planner.profiles import resolve_profile
 from vramplan.planner.request import Request
@@ -42,6 +42,19 @@ def test_the_thresholds_are_the_requests():
     assert p.fits and p.unusable == [] and p.to_dict()["usable"] is True
     with pytest.raises(PlanError, match="least usable decode speed"):
         Request(context=8192, usable_min_decode_tok_s=-1)
+
+
+def test_the_thresholds_are_flags(capsys):
+    """--min-tok-s and --max-ttft set the request's thresholds; a bad duration is a one-line error."""
+    base = ("plan", "--model", "llama-3.1-8b", "-H", "rtx-4090", "--context", "8k", "--json")
+    code, out, err = run_cli(capsys, *base, "--min-tok-s", "500")
+    d = json.loads(out)
+    assert code == 0 and d["fits"] and d["usable"] is False and "under 500 tok/s" in d["unusable_because"][0]
+    code, out, err = run_cli(capsys, *base, "--max-ttft", "1m", "--min-tok-s", "0.5")
+    d = json.loads(out)
+    assert d["request"]["usable_max_ttft_s"] == 60.0 and d["request"]["usable_min_decode_tok_s"] == 0.5
+    code, out, err = run_cli(capsys, *base, "--max-ttft", "soon")
+    assert "--max-ttft 'soon'" in assert_one_line_error(code, err)
 
 
 def test_a_usable_plan_stays_quiet(capsys):
