@@ -548,10 +548,17 @@ def plan(d: dict, *, full: bool = False) -> None:
                  "add --all (or --json for everything)")
 
 
+def _typical_ttft(d: dict) -> str:
+    t = d.get("typical_prompt_ttft")
+    return (f" (the whole context; {format_duration(t['ttft_s'])} for a typical {t['prompt_tokens']}-token prompt)"
+            if t else "")
+
+
 def _predicted_line(d: dict, pr: dict, r: dict) -> None:
     out.line(f"  predicted: decode {pr['decode_tokens_per_s']:.2f} tok/s (at full context "
              f"{pr['decode_tokens_per_s_full_context']:.2f}), TTFT {format_duration(pr['ttft_s'])} for "
-             f"{r['prompt_tokens'] or r['context']} prompt tokens; ceiling (bandwidth roofline) "
+             f"{r['prompt_tokens'] or r['context']} prompt tokens" + _typical_ttft(d)
+             + "; ceiling (bandwidth roofline) "
              f"{d['ceiling']['decode_tokens_per_s']:.2f} tok/s; efficiencies: "
              f"{d['speed_terms']['efficiency_source']}")
 

@@ -19,7 +19,8 @@ from .hardware import HardwareProfile
 from .modelspec import ModelSpec
 from .plan import Alternative, Candidate, Plan, hardware_ref, model_ref
 from .preference import choose_by_preference
-from .request import Request
+from .errors import VramplanError
+from .request import TYPICAL_PROMPT_TOKENS, Request
 
 
 @dataclass(kw_only=True)
@@ -80,8 +81,29 @@ def plan_with(engine: Engine, spec: ModelSpec, hw: HardwareProfile, req: Request
         common["candidates"] = cands
     out = engine.explain(spec, hw, req, chosen)
     consts.update(out.constants)
-    p = Plan(**common, chosen=chosen, reasons=[*reasons, *out.reasons], warnings=[*warnings, *out.warnings])
+    p = Plan(**common, chosen=chosen, reasons=[*reasons, *out.reasons], warnings=[*warnings, *out.warnings],
+             typical_prompt_ttft=typical_prompt_ttft(engine, spec, hw, req, chosen) if contexts else None)
     return replace(p, warnings=[*p.warnings, *verdict_warnings(p)])
+
+
+def typical_prompt_ttft(engine: Engine, spec: ModelSpec, hw: HardwareProfile, req: Request, chosen: Candidate
+                        ) -> tuple[int, float] | None:
+    """The chosen format's TTFT for a typical prompt (TYPICAL_PROMPT_TOKENS) by the engine's own search, where the
+    request times the whole context by default and the context is longer; None otherwise."""
+    if req.prompt_tokens is not None or req.context <= TYPICAL_PROMPT_TOKENS or chosen.speed is None:
+        return None
+    short = replace(req, prompt_tokens=TYPICAL_PROMPT_TOKENS)
+    try:  # only the chosen format and cache (a published checkpoint's stored format is not a --quant: all of them)
+        short = replace(short, quant=(chosen.weight_quant,), kv_dtype=(chosen.kv_dtype,))
+    except VramplanError:
+        pass
+    try:
+        same = [c for c in engine.candidates(spec, hw, short, contexts=False)
+                if c.fits and c.speed is not None and c.choice == chosen.choice
+                and (c.weight_quant, c.kv_dtype) == (chosen.weight_quant, chosen.kv_dtype)]
+    except VramplanError:
+        return None
+    return (TYPICAL_PROMPT_TOKENS, same[0].speed.ttft_s) if same else None
 
 
 def verdict_warnings(p: Plan) -> list[str]:

@@ -197,6 +197,14 @@ def _ceiling_dict(s: SpeedEstimate | None) -> dict:
     return {"decode_tokens_per_s": s.ceiling_decode_tokens_per_s if s is not None else None}
 
 
+def _typical(d) -> tuple[int, float] | None:
+    if d is None:
+        return None
+    if not isinstance(d, dict) or not isinstance(d.get("prompt_tokens"), int) or not isinstance(d.get("ttft_s"), float):
+        raise PlanError("typical_prompt_ttft must hold prompt_tokens (an integer) and ttft_s (a number)")
+    return d["prompt_tokens"], d["ttft_s"]
+
+
 def _predicted_dict(s: SpeedEstimate | None) -> dict:
     keys = ("decode_tokens_per_s", "decode_tokens_per_s_full_context", "ttft_s", "prefill_tokens_per_s")
     return {k: (getattr(s, k) if s is not None else None) for k in keys}
@@ -219,6 +227,9 @@ class Plan:
     # here by prediction (vramplan's own plan included)
     engines: tuple[EngineAnswer, ...] = ()
     fastest_engine: FastestEngine | None = None
+    # the chosen plan's TTFT for a typical prompt (request.TYPICAL_PROMPT_TOKENS) where the request times the whole
+    # context by default: (prompt tokens, seconds)
+    typical_prompt_ttft: tuple[int, float] | None = None
 
     def __post_init__(self) -> None:
         c = self.chosen
@@ -274,6 +285,8 @@ class Plan:
             "quality_cost_pct": c.quality_cost_pct if c else None,
             "usable": (not self.unusable) if c else False,
             "unusable_because": self.unusable,
+            "typical_prompt_ttft": (dict(zip(("prompt_tokens", "ttft_s"), self.typical_prompt_ttft))
+                                    if self.typical_prompt_ttft else None),
             "reason": c.reason if c else None,
             # the long list before the short ones: a file cut short inside it lacks the keys after it
             "candidates": [x.to_dict() for x in self.candidates],
@@ -316,7 +329,8 @@ class Plan:
                        alternatives=[Alternative.from_dict(a) for a in d.get("alternatives", [])],
                        constants={k: Constant.from_dict(c) for k, c in d.get("constants", {}).items()},
                        engines=tuple(EngineAnswer.from_dict(e) for e in d.get("engines", [])),
-                       fastest_engine=FastestEngine.from_dict(d["fastest_engine"]) if d.get("fastest_engine") else None)
+                       fastest_engine=FastestEngine.from_dict(d["fastest_engine"]) if d.get("fastest_engine") else None,
+                       typical_prompt_ttft=_typical(d.get("typical_prompt_ttft")))
         except PlanError as e:
             raise PlanError(f"plan file: {e}") from None
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:

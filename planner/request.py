@@ -41,6 +41,10 @@ BALANCED_MAX_QUALITY_COST_PCT = 8.0
 # ten minutes of the prompt. A plan that fits below them says so in its verdict and its JSON ("usable").
 USABLE_MIN_DECODE_TOK_S = 1.0
 USABLE_MAX_TTFT_S = 600.0
+# The prompt a plan is timed at by default is the whole context (the worst case, what the context was sized for). Beside
+# it a plan also gives the TTFT of a typical prompt: a chat turn with some history, 1024 tokens (an assumption, not a
+# measurement; --prompt-tokens times the plan at any other).
+TYPICAL_PROMPT_TOKENS = 1024
 # RSS of a Python process with torch + transformers imported, before any weight is loaded.
 # Measured on the CPU dev machine (torch 2.13, transformers 5.23): ~0.6-0.8 GiB; a CUDA build adds
 # its libraries. The calibration may replace it.

@@ -128,3 +128,24 @@ def test_a_saved_profile_is_named_after_its_file():
     assert named_after(hw, "team/x-calibrated.yaml").name == "x-calibrated"
     assert named_after(hw, "team/my node!.yaml").name == "my-node"
     assert named_after(hw, "team/---.yaml").name == "rtx-4090"
+
+
+def test_a_typical_prompts_ttft_beside_the_whole_contexts(capsys):
+    """By default a plan is timed at a prompt of the whole context; beside it, the TTFT of a typical 1024-token prompt
+    (request.TYPICAL_PROMPT_TOKENS), the same as timing that plan at --prompt-tokens 1024."""
+    from vramplan.planner.plan import Plan
+    from vramplan.planner.request import TYPICAL_PROMPT_TOKENS
+
+    base = ("plan", "--model", "llama-3.1-8b", "-H", "rtx-4090", "--context", "32k")
+    code, out, err = run_cli(capsys, *base, "--json")
+    d = json.loads(out)
+    typical = d["typical_prompt_ttft"]
+    assert typical["prompt_tokens"] == TYPICAL_PROMPT_TOKENS == 1024 and typical["ttft_s"] < d["predicted"]["ttft_s"]
+    q, kv = d["choice"]["weight_quant"], d["choice"]["kv_dtype"]
+    code, out, err = run_cli(capsys, *base, "--json", "--prompt-tokens", "1024", "--quant", q, "--kv-dtype", kv)
+    timed = json.loads(out)
+    assert timed["predicted"]["ttft_s"] == pytest.approx(typical["ttft_s"], rel=1e-9)
+    assert timed["typical_prompt_ttft"] is None  # a prompt given: no second one
+    assert Plan.from_dict(d).typical_prompt_ttft == (1024, typical["ttft_s"])
+    code, out, err = run_cli(capsys, *base)
+    assert "prompt tokens (the whole context; " in out and "for a typical 1024-token prompt)" in out
