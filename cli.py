@@ -146,6 +146,20 @@ def inspect_cmd(model: ModelOpt, revision: RevisionOpt = None, as_json: JsonOpt 
         render.inspect(facts, list(spec.notes))
 
 
+SCHEMAS = ("plan", "models", "inspect", "probe", "profiles-list", "profiles-show", "run")
+
+
+@app.command("schema")
+def schema_cmd(name: Annotated[str, typer.Argument(help=f"Whose --json output: {', '.join(SCHEMAS)}.")]) -> None:
+    """Print the JSON Schema (draft 2020-12) of a command's --json output, as shipped with this version."""
+    from importlib import resources
+
+    key = name.strip().lower().replace(" ", "-")
+    if key not in SCHEMAS:
+        raise UsageError(f"no schema named {name!r}: choose one of {', '.join(SCHEMAS)}")
+    out.raw(resources.files("vramplan.planner.schemas").joinpath(f"{key}.schema.json").read_text())
+
+
 # ---------------------------------------------------------------- hardware commands
 @app.command("probe")
 def probe_cmd(
@@ -176,8 +190,8 @@ def probe_cmd(
         profile = named_after(profile, path)
         out.info(f"saved {save_profile(profile, path)} (use it with --hardware {shell_quote(path)})")
     if as_json:
-        out.data({"profile": profile_to_dict(profile), "readings": result.readings,
-                  "elapsed_s": round(result.elapsed_s, 3)})
+        out.data({"schema_version": JSON_SCHEMA_VERSION, "profile": profile_to_dict(profile),
+                  "readings": result.readings, "elapsed_s": round(result.elapsed_s, 3)})
         return
     render.profile(profile)
     out.info(f"{'quick ' if quick else ''}probe took {result.elapsed_s:.1f} s")
@@ -206,7 +220,7 @@ def profiles_list_cmd(as_json: JsonOpt = False) -> None:
                      gpus=[{"name": g.name, "count": g.count, "memory_bytes": g.memory_bytes} for g in p.gpus],
                      measured=p.measured)
         data.append(d)
-    out.data(data)
+    out.data({"schema_version": JSON_SCHEMA_VERSION, "profiles": data})
 
 
 @profiles_app.command("show")
@@ -222,7 +236,7 @@ def profiles_show_cmd(
     fmt = output_format(as_json, as_yaml)
     profile, path = named_profile(name)
     if fmt == "json":
-        out.data({"path": str(path), "profile": profile_to_dict(profile)})
+        out.data({"schema_version": JSON_SCHEMA_VERSION, "path": str(path), "profile": profile_to_dict(profile)})
     elif fmt == "yaml":
         out.raw(dumps_profile(profile))
     else:
@@ -442,7 +456,8 @@ def calibrate_cmd(
         save_profile(named_after(result.profile, path), path)
         out.info(f"calibrated profile saved to {path} (name {named_after(result.profile, path).name})")
     if as_json:
-        out.data({"profile": profile_to_dict(result.profile), "warnings": list(result.warnings),
+        out.data({"schema_version": JSON_SCHEMA_VERSION, "profile": profile_to_dict(result.profile),
+                  "warnings": list(result.warnings),
                   "runs": [r.to_dict() for r in result.records]})
         return
     render.calibration(result.profile.calibration)
@@ -478,8 +493,8 @@ def _calibrate_llamacpp(hw, here, models, ggufs, llama_server, prompts, new_toke
         save_profile(named_after(result.profile, path), path)
         out.info(f"calibrated profile saved to {path} (name {named_after(result.profile, path).name})")
     if as_json:
-        out.data({"profile": profile_to_dict(result.profile), "warnings": result.warnings, "runs": result.runs,
-                  "llama_cpp": result.commit})
+        out.data({"schema_version": JSON_SCHEMA_VERSION, "profile": profile_to_dict(result.profile),
+                  "warnings": result.warnings, "runs": result.runs, "llama_cpp": result.commit})
         return
     render.calibration(result.profile.calibration)
 

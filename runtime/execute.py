@@ -84,6 +84,9 @@ class Measured(Metrics):
     process_cpu_cores: float | None = None  # this process' CPU time / wall time: how many cores it kept busy
 
 
+RUN_SCHEMA_VERSION = 1  # of a run report's JSON (`run --json`, `run --save`)
+
+
 @dataclass(kw_only=True)
 class RunReport:
     plan: Plan  # the plan the last attempt ran (a re-planned one after an OOM)
@@ -104,7 +107,8 @@ class RunReport:
         return {m: _pct(getattr(self.measured, m), getattr(self.predicted, m)) for m in Metrics.COMPARED}
 
     def to_dict(self) -> dict:
-        return {"predicted": self.predicted.to_dict(), "measured": self.measured.to_dict(),
+        return {"schema_version": RUN_SCHEMA_VERSION, "predicted": self.predicted.to_dict(),
+                "measured": self.measured.to_dict(),
                 "error_pct": self.error_pct, "text": self.text, "tokens": list(self.tokens),
                 "prompt_tokens": self.prompt_tokens, "device": self.device, "stopped_reason": self.stopped_reason,
                 "interrupted": self.interrupted, "errors": list(self.errors), "notes": list(self.notes),

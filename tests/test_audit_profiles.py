@@ -301,7 +301,7 @@ def test_profiles_list_shows_a_file_with_a_huge_integer_as_invalid_and_lists_the
     monkeypatch.setenv("VRAMPLAN_PROFILES", str(team))
     code, out, err = main(capsys, "profiles", "list", "--json")
     assert code == 0, err
-    by_name = {e["name"]: e for e in json.loads(out)}
+    by_name = {e["name"]: e for e in json.loads(out)["profiles"]}
     assert not by_name["huge"]["valid"] and "an integer of 5000 digits" in by_name["huge"]["error"]
     assert by_name["good"]["valid"] and by_name["l4"]["valid"]
 

@@ -377,7 +377,7 @@ def _cli(*args, tmp_path, env_extra=None):
 def test_cli_profiles_list_and_show(tmp_path):
     r = _cli("profiles", "list", "--json", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
-    data = {d["name"]: d for d in json.loads(r.stdout)}
+    data = {d["name"]: d for d in json.loads(r.stdout)["profiles"]}
     assert REQUIRED_SHIPPED <= set(data)
     assert data["rtx-4090"]["valid"] and data["rtx-4090"]["gpus"][0]["memory_bytes"] == 24564 * MiB
     r = _cli("profiles", "list", tmp_path=tmp_path)

@@ -238,7 +238,7 @@ def test_profiles_list_marks_shadowed_profiles(capsys, two_dirs):
     a, b = two_dirs
     code, out, err = main(capsys, "profiles", "list", "--json")
     assert code == 0, err
-    entries = {e["name"]: e for e in json.loads(out)}
+    entries = {e["name"]: e for e in json.loads(out)["profiles"]}
     assert entries["node"]["path"] == str(a / "node.yaml")
     assert entries["node"]["shadows"] == [{"path": str(b / "node.yaml"), "origin": "$VRAMPLAN_PROFILES"}]
     assert "shadows" not in entries["other"] and "shadows" not in entries["rtx-4090"]
