@@ -251,21 +251,24 @@ def profiles_validate_cmd(
 ) -> None:
     """Check profile files strictly; exit 1 if any is invalid (one message per bad file, every file checked)."""
     from vramplan.planner.errors import ProfileError
-    from vramplan.planner.profile_yaml import load_profile
+    from vramplan.planner.profile_yaml import load_profile, profile_errors
     from vramplan.planner.profiles import looks_like_path, profile_files, resolve_profile
 
     targets = list(paths) if paths else [str(f) for f in profile_files()]
     bad = 0
     for p in targets:
-        try:
-            if looks_like_path(p):
-                prof, path = load_profile(p), p
-            else:  # a profile's name: the file it finds
-                prof, path = resolve_profile(p, load_profile)
+        try:  # a name: the file it finds (found, not read: profile_errors reads it)
+            path = p if looks_like_path(p) else resolve_profile(p, lambda f: None)[1]
         except ProfileError as e:
+            errors = [str(e)]
+        else:
+            errors = profile_errors(path)
+        if errors:
             bad += 1
-            out.labelled("invalid:", "bold red", str(e))
+            for message in errors:
+                out.labelled("invalid:", "bold red", message)
             continue
+        prof = load_profile(path)
         out.line(f"ok: {p} ({prof.name})" + (f" = {path}" if str(path) != p else ""))
     if bad:
         raise typer.Exit(1)

@@ -13,6 +13,7 @@ import difflib
 import json
 import math
 import os
+import shlex
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -284,15 +285,37 @@ _PROFILE_KEYS = {
 }
 
 
-class _Reader:
-    """Walks a loaded YAML document with a key path, raising ProfileError with file and path."""
+_FAILED = object()  # a value or section whose error a collecting reader has recorded
 
-    def __init__(self, origin: str) -> None:
+
+class _Reader:
+    """Walks a loaded YAML document with a key path, raising ProfileError with file and path; with `collect`, it
+    records each error and reads on (every key of a mapping, every section), so one pass finds them all."""
+
+    def __init__(self, origin: str, collect: bool = False) -> None:
         self.origin = origin
+        self.collect = collect
+        self.errors: list[ProfileError] = []
 
     def fail(self, path: str, message: str) -> ProfileError:
         where = f"{self.origin}: {path}: " if path else f"{self.origin}: "
         return ProfileError(where + message)
+
+    def note(self, e: ProfileError) -> None:
+        """Raise `e`, or record it and read on."""
+        if not self.collect:
+            raise e
+        self.errors.append(e)
+
+    def attempt(self, fn, *args) -> Any:
+        """fn(*args); a collecting reader records its error and gets _FAILED."""
+        try:
+            return fn(*args)
+        except ProfileError as e:
+            if not self.collect:
+                raise
+            self.errors.append(e)
+            return _FAILED
 
     def mapping(self, value: Any, path: str, keys: Mapping[str, tuple[str, Any, Any]]) -> dict[str, Any]:
         what = path or "the top level"
@@ -302,14 +325,12 @@ class _Reader:
             if not isinstance(k, str) or k not in keys:
                 close = difflib.get_close_matches(str(k), list(keys), n=1)
                 hint = f'; did you mean "{close[0]}"?' if close else ""
-                raise self.fail(
-                    path, f'unknown key "{k}" (expected one of: {", ".join(keys)}){hint}'
-                )
+                self.note(self.fail(path, f'unknown key "{k}" (expected one of: {", ".join(keys)}){hint}'))
         for k, (_f, kind, default) in keys.items():
             if default is _REQUIRED and k not in value:
                 exp = f" ({kind.expected})" if isinstance(kind, _Kind) else ""
-                raise self.fail(path, f'missing required key "{k}"{exp}')
-        return dict(value)
+                self.note(self.fail(path, f'missing required key "{k}"{exp}'))
+        return {k: v for k, v in value.items() if isinstance(k, str) and k in keys}
 
     def scalars(self, value: Any, path: str, keys: Mapping[str, tuple[str, Any, Any]]) -> dict[str, Any]:
         """Parse a mapping whose values are all scalar kinds into dataclass kwargs."""
@@ -319,9 +340,9 @@ class _Reader:
             if kind is None:
                 continue
             if k not in d:
-                kwargs[field] = default
+                kwargs[field] = _FAILED if default is _REQUIRED else default
                 continue
-            kwargs[field] = self.value(d[k], _join(path, k), kind)
+            kwargs[field] = self.attempt(self.value, d[k], _join(path, k), kind)
         return kwargs
 
     def value(self, v: Any, path: str, kind: _Kind) -> Any:
@@ -331,11 +352,14 @@ class _Reader:
             raise self.fail(path, str(e) or f"expected {kind.expected}, got {_show(v)}") from None
 
     def build(self, cls: type, kwargs: dict[str, Any], path: str, keys: Mapping[str, tuple[str, Any, Any]]) -> Any:
+        if any(v is _FAILED or (isinstance(v, tuple) and _FAILED in v) for v in kwargs.values()):
+            return _FAILED  # its errors are recorded already
         try:
             return cls(**kwargs)
         except _FieldError as e:
             yaml_key = next((k for k, (f, _kind, _d) in keys.items() if f == e.field), e.field)
-            raise self.fail(_join(path, yaml_key), e.detail) from None
+            self.note(self.fail(_join(path, yaml_key), e.detail))
+            return _FAILED
 
 
 def _join(path: str, key: str | int) -> str:
@@ -360,8 +384,27 @@ def _parse_profile(d: Any, r: _Reader) -> HardwareProfile:
 
     top = r.mapping(d, "", _PROFILE_KEYS)
     kwargs = r.scalars(top, "", _PROFILE_KEYS)
+    kwargs["gpus"] = r.attempt(_parse_gpus, top["gpus"], r) if "gpus" in top else _FAILED
+    kwargs["host"] = r.attempt(lambda: r.build(HostSpec, r.scalars(top["host"], "host", _HOST_KEYS), "host",
+                                               _HOST_KEYS)) if "host" in top else _FAILED
+    link_raw = top.get("link")
+    kwargs["link"] = None if link_raw is None else r.attempt(
+        lambda: r.build(LinkSpec, r.scalars(link_raw, "link", _LINK_KEYS), "link", _LINK_KEYS))
+    kwargs["overheads"] = r.attempt(lambda: r.build(
+        Overheads, r.scalars(top["overheads"], "overheads", _OVERHEAD_KEYS), "overheads", _OVERHEAD_KEYS
+    )) if "overheads" in top else _FAILED
+    cal_raw = top.get("calibration")
+    kwargs["calibration"] = None if cal_raw is None else r.attempt(_parse_calibration, cal_raw, r)
+    fit_raw = top.get("public_fit")
+    kwargs["public_fit"] = None if fit_raw is None else r.attempt(_parse_public_fit, fit_raw, r)
+    kwargs["notes"] = r.attempt(_parse_notes, top.get("notes", []), r)
+    out = r.build(HardwareProfile, kwargs, "", _PROFILE_KEYS)
+    if out is _FAILED:  # a collecting reader's errors, the first one raised
+        raise r.errors[0]
+    return out
 
-    gpus_raw = top["gpus"]
+
+def _parse_gpus(gpus_raw: Any, r: _Reader) -> tuple[GPUSpec, ...]:
     if gpus_raw is None:
         gpus_raw = []
     if not isinstance(gpus_raw, list):
@@ -369,22 +412,11 @@ def _parse_profile(d: Any, r: _Reader) -> HardwareProfile:
     gpus = []
     for i, g in enumerate(gpus_raw):
         p = _join("gpus", i)
-        gpus.append(r.build(GPUSpec, r.scalars(g, p, _GPU_KEYS), p, _GPU_KEYS))
-    kwargs["gpus"] = tuple(gpus)
+        gpus.append(r.attempt(lambda g=g, p=p: r.build(GPUSpec, r.scalars(g, p, _GPU_KEYS), p, _GPU_KEYS)))
+    return tuple(gpus)
 
-    kwargs["host"] = r.build(HostSpec, r.scalars(top["host"], "host", _HOST_KEYS), "host", _HOST_KEYS)
-    link_raw = top.get("link")
-    kwargs["link"] = None if link_raw is None else r.build(LinkSpec, r.scalars(link_raw, "link", _LINK_KEYS), "link",
-                                                           _LINK_KEYS)
-    kwargs["overheads"] = r.build(
-        Overheads, r.scalars(top["overheads"], "overheads", _OVERHEAD_KEYS), "overheads", _OVERHEAD_KEYS
-    )
-    cal_raw = top.get("calibration")
-    kwargs["calibration"] = None if cal_raw is None else _parse_calibration(cal_raw, r)
-    fit_raw = top.get("public_fit")
-    kwargs["public_fit"] = None if fit_raw is None else _parse_public_fit(fit_raw, r)
 
-    notes_raw = top.get("notes", [])
+def _parse_notes(notes_raw: Any, r: _Reader) -> tuple[str, ...]:
     if notes_raw is None:
         notes_raw = []
     if not isinstance(notes_raw, list):
@@ -392,8 +424,7 @@ def _parse_profile(d: Any, r: _Reader) -> HardwareProfile:
     for i, n in enumerate(notes_raw):
         if not isinstance(n, str):
             raise r.fail(_join("notes", i), f"expected a string, got {_show(n)}")
-    kwargs["notes"] = tuple(notes_raw)
-    return r.build(HardwareProfile, kwargs, "", _PROFILE_KEYS)
+    return tuple(notes_raw)
 
 
 def _parse_calibration(raw: Any, r: _Reader) -> Calibration:
@@ -457,8 +488,38 @@ def public_fit_to_dict(f: PublicFit | None) -> dict[str, Any] | None:
 
 
 def profile_from_dict(d: Any, *, origin: str = "<dict>") -> HardwareProfile:
-    """Strictly build a HardwareProfile from a loaded YAML/JSON document."""
-    return _parse_profile(d, _Reader(origin))
+    """Strictly build a HardwareProfile from a loaded YAML/JSON document; an invalid one's first error, saying how many
+    more there are."""
+    try:
+        return _parse_profile(d, _Reader(origin))
+    except ProfileError as e:
+        more = len(_document_errors(d, origin)) - 1
+        if more <= 0:
+            raise
+        where = "" if origin.startswith("<") else " " + shlex.quote(origin)
+        raise ProfileError(f"{e} (and {more} more error{'s' if more > 1 else ''}: `vramplan profiles validate"
+                           f"{where}` lists every one)") from None
+
+
+def _document_errors(d: Any, origin: str) -> list[str]:
+    r = _Reader(origin, collect=True)
+    try:
+        _parse_profile(d, r)
+    except ProfileError as e:
+        if not any(e is x for x in r.errors):
+            r.errors.append(e)
+    return [str(e) for e in r.errors]
+
+
+def profile_errors(path: str | os.PathLike[str]) -> list[str]:
+    """Every error of a profile file, in one pass (`profiles validate`): [] for a valid one. A file that cannot be read
+    or is not YAML has one."""
+    origin = str(Path(path))
+    try:
+        doc = parse_profile_text(read_profile_text(path), origin)
+    except ProfileError as e:
+        return [str(e)]
+    return _document_errors(doc, origin)
 
 
 def _section_to_dict(obj: Any, keys: Mapping[str, tuple[str, Any, Any]]) -> dict[str, Any]:

@@ -119,6 +119,45 @@ def test_profiles_validate_by_name_and_over_every_directory(capsys, tmp_path, mo
     assert code == 1 and "broken.yaml" in err and "ok: " in out and "rtx-4090.yaml" in out
 
 
+BAD_PROFILE = """\
+schema_version: 1
+name: bad
+description: x
+source: y
+gpus:
+  - name: A
+    memory: "lots"
+    memory_bandwidth: "1000 GB/s"
+    bf16_compute: "100 TFLOPS"
+    colour: red
+host:
+  ram: "64 GiB"
+  ram_bandwidth: "fast"
+  cpu_cores: 8
+overheads:
+  cuda_context: "500 MiB"
+  allocator_reserve: "256 MiB"
+  kernel_launch: "5 us"
+notes: [1]
+"""
+
+
+def test_every_error_of_a_profile_at_once(capsys, tmp_path):
+    """profiles validate lists each error of a file in one pass (unknown and missing keys, bad values, in every
+    section); a command that reads the profile gives the first in one line and counts the rest."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BAD_PROFILE)
+    code, out, err = run_cli(capsys, "profiles", "validate", bad)
+    errors = [ln for ln in err.splitlines() if ln.startswith("invalid:")]
+    assert code == 1 and len(errors) == 5, err
+    for where in ('gpus[0]: unknown key "colour"', "gpus[0].memory: expected a size", 'host: missing required key '
+                  '"cpu_bf16_compute"', "host.ram_bandwidth: expected a bandwidth", "notes[0]: expected a string"):
+        assert any(where in e for e in errors), where
+    code, out, err = run_cli(capsys, "plan", "--model", "llama-3.1-8b", "-H", bad)
+    line = assert_one_line_error(code, err)
+    assert 'unknown key "colour"' in line and f"(and 4 more errors: `vramplan profiles validate {bad}`" in line
+
+
 def test_a_saved_profile_is_named_after_its_file():
     """calibrate --save and probe --save name the profile after the file: two team profiles never share a name."""
     from vramplan.cli import named_after
