@@ -324,7 +324,8 @@ def plan_cmd(
                                            "everything).")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="Say where the predicted speed's constants come from: "
                                           "calibrated, defaults, or fitted to which public measurements "
-                                          "(tests/data/public_gpu/records.jsonl).")] = False,
+                                          "(each record's source is printed; the corpus installs with "
+                                          "vramplan).")] = False,
 ) -> None:
     """Will it fit, how, and how fast: quantization, KV dtype and GPU/CPU split for a target context."""
     from vramplan.planner.engines import EMIT_ENGINES, check_emit

@@ -618,7 +618,8 @@ SPEED_CONSTANT_SUFFIXES = ("_bandwidth_efficiency", "_kv_efficiency", "_per_laye
 
 def speed_sources(d: dict) -> None:
     """`plan --explain`: each constant of the predicted speed, its value and where it comes from, with the public
-    records a fitted one rests on (ids in tests/data/public_gpu/records.jsonl of the vramplan repository)."""
+    records a fitted one rests on, each with the address of its source (the corpus ships with vramplan:
+    vramplan/planner/public_gpu/records.jsonl)."""
     rows = {k: v for k, v in d["constants"].items() if k.endswith(SPEED_CONSTANT_SUFFIXES)}
     if not rows:
         out.line("speed constants: none (nothing fits)")
@@ -634,9 +635,28 @@ def speed_sources(d: dict) -> None:
         out.line(f"    from: {source}")
         for label, ids in (("records", records), ("host records", host)):
             if ids:
-                out.line(f"    {label}: {ids}")
-    out.info("record ids: tests/data/public_gpu/records.jsonl (each cites its source and quotes it); "
-             "bench/results/public-gpu.md has every record's predicted and measured speed")
+                out.line(f"    {label}:")
+                for rid in (x.strip() for x in ids.split(",") if x.strip()):
+                    out.line(f"      {rid}: {public_record_sources().get(rid, 'not in this version of the corpus')}")
+    out.info(f"the records, each with its source and a quote of it: {public_records_path()}")
+
+
+def public_records_path():
+    from importlib import resources
+
+    return resources.files("vramplan.planner.public_gpu").joinpath("records.jsonl")
+
+
+def public_record_sources() -> dict[str, str]:
+    """Each public record's id and the address of its source (the corpus installed with vramplan)."""
+    global _RECORD_SOURCES
+    if _RECORD_SOURCES is None:
+        rows = [json.loads(x) for x in public_records_path().read_text(encoding="utf-8").splitlines() if x.strip()]
+        _RECORD_SOURCES = {r["id"]: (r.get("source") or {}).get("url", "?") for r in rows}
+    return _RECORD_SOURCES
+
+
+_RECORD_SOURCES: dict[str, str] | None = None
 
 
 def _chosen(d: dict) -> dict | None:

@@ -1,8 +1,8 @@
-"""Public GPU measurements as the GPU test set (issue 25): every decode record of tests/data/public_gpu predicted with
+"""Public GPU measurements as the GPU test set (issue 25): every decode record of planner/public_gpu predicted with
 the engine it names, the GPU speed constants fitted on the fit split, the error reported on the held-out split.
 
     python bench/public_gpu.py           predict with the shipped profiles' constants; write bench/results/public-gpu.*
-    python bench/public_gpu.py --fit     fit the constants on the fit split (tests/data/public_gpu/split.json, fixed
+    python bench/public_gpu.py --fit     fit the constants on the fit split (planner/public_gpu/split.json, fixed
                                          before any fit), write them into profiles/*.yaml, then predict and report
 
 Engines: "llama.cpp" (planner/engines/llamacpp.py, CUDA backend), "transformers" (planner.speed: vramplan's runtime,
@@ -56,7 +56,7 @@ class Constants:
 def public_fit(c: Constants, gpu_class: str, host_class: str) -> PublicFit:
     entries = tuple(FittedEntry(engine=e, quant=q, records=tuple(sorted(c.records.get((e, q, k), ()))), **v)
                     for (e, q, k), v in sorted(c.entries.items()) if k == gpu_class)
-    return PublicFit(fitted_at=FIT_DATE, corpus=f"{CORPUS} (fit split: tests/data/public_gpu/split.json)",
+    return PublicFit(fitted_at=FIT_DATE, corpus=f"{CORPUS} (fit split: planner/public_gpu/split.json)",
                      gpu_class=gpu_class, host_class=host_class,
                      host_records=tuple(sorted(c.host_records.get(host_class, ()))), entries=entries)
 
@@ -431,7 +431,7 @@ def report(cases: list[Case], left_out: list[dict], c: Constants, out_dir: Path 
     memory = memory_checks()
     out = {
         "benchmark": "public GPU corpus: decode predicted vs measured (issue 25)",
-        "corpus": CORPUS, "split": "tests/data/public_gpu/split.json (fixed before fitting)", "fitted_at": FIT_DATE,
+        "corpus": CORPUS, "split": "planner/public_gpu/split.json (fixed before fitting)", "fitted_at": FIT_DATE,
         "targets": {"held_out_median_abs_err_pct": TARGET_MEDIAN_PCT, "held_out_worst_abs_err_pct": TARGET_WORST_PCT},
         "summary": summary(cases),
         "constants": {"host_dispatch_per_layer_s": c.dispatch,
@@ -472,7 +472,7 @@ def _markdown(out: dict, png: bool) -> str:
         met = {True: "met", False: "**missed**"}.get(s.get("meets_targets"), "")
         lines.append(f"| {s['engine']} | {s['split']} | {s['points']} | {s['records']} | {s['median_abs_err_pct']} % | "
                      f"{s['worst_abs_err_pct']} % | {s['worst']} | {met} |")
-    lines += ["", "Which is which (`tests/data/public_gpu/split.json`, fixed before fitting; every other decode record "
+    lines += ["", "Which is which (`planner/public_gpu/split.json`, fixed before fitting; every other decode record "
               "is in the fit split):", ""]
     for engine, rule in SPLIT["held_out"].items():
         held = ", ".join(rule.get("gpus", ()) or rule.get("sources", ()))

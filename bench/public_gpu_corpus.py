@@ -21,9 +21,9 @@ from vramplan.planner.speed import compiled_scheme
 from vramplan.planner.units import parse_bandwidth, parse_bytes, parse_flops
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "tests" / "data" / "public_gpu"
+DATA = ROOT / "planner" / "public_gpu"
 RESULTS = ROOT / "bench" / "results"
-CORPUS = "tests/data/public_gpu/records.jsonl"
+CORPUS = "planner/public_gpu/records.jsonl"
 FIT_DATE = "2026-11-26"
 ENGINES = ("llama.cpp", "transformers", "compiled")
 # Targets (issue 25): decode on the held-out third within 15 % (median) and 40 % (worst), per engine.
@@ -206,7 +206,7 @@ def _unpredictable(r: dict, engine: str | None, key: str | None) -> str:
     if "nkvo1" in r["id"]:
         return "-nkvo 1 (the KV cache in RAM): llama.cpp's plan keeps it with the layers"
     if key is None:
-        return f"GPU {r['gpu']!r}: no datasheet entry (tests/data/public_gpu/gpus.json)"
+        return f"GPU {r['gpu']!r}: no datasheet entry (planner/public_gpu/gpus.json)"
     if r["model"] not in MODELS:
         return f"model {r['model']!r}: no catalog model or config with its shapes"
     if engine == "compiled" and (r.get("tp") or 1) > 1:
@@ -378,7 +378,7 @@ def _vllm_memory(r: dict) -> list[dict]:
     # vLLM 0.33 (the rules' version) takes its CUDA-graph estimate out of the KV pool; the records' older vLLM did
     # not (they log the graphs after the pool is sized): given back for them
     pool = lay.kv_pool_bytes + (lay.cudagraph_bytes if _before_033(r.get("engine_version")) else 0)
-    block = r["measured"].get("block_size") or V.BLOCK_SIZE
+    block = r["measured"].get("block_size") or m.attention_backend()[1]
     per_token = sum(kv.page_bytes / kv.block_size for kv in m.layer_kv(tp))
     tokens = int(max(0, pool) // (per_token * block) * block)
     mxfp4 = spec.model_type == "gpt_oss"

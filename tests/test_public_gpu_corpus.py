@@ -1,4 +1,4 @@
-"""The public GPU corpus (tests/data/public_gpu/records.jsonl, issue 25) is data a test set can stand on: every record
+"""The public GPU corpus (planner/public_gpu/records.jsonl, issue 25) is data a test set can stand on: every record
 names its source and quotes it, and every number it says was measured is in its quote, as written there. Records of
 kind "own_measurement" are this project's own runs: their source is a result file in this repository, and their quote
 is lines of it, verbatim."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-RECORDS = Path(__file__).resolve().parent / "data" / "public_gpu" / "records.jsonl"
+RECORDS = Path(__file__).resolve().parents[1] / "planner" / "public_gpu" / "records.jsonl"
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC_KINDS = {"llamacpp_buffers", "llamabench", "hf_transformers", "vllm_startup"}
 OWN = "own_measurement"
