@@ -321,7 +321,7 @@ class Calibration:
         return None
 
 
-# Engines whose GPU speed constants are fitted to public measurements (tests/data/public_gpu, bench/public_gpu.py):
+# Engines whose GPU speed constants are fitted to public measurements (planner/public_gpu, bench/public_gpu.py):
 # transformers' eager forward (vramplan's runtime), a torch.compile'd decode with CUDA graphs (gpt-fast, torchao), and
 # llama.cpp's CUDA backend.
 FITTED_ENGINES = ("transformers", "compiled", "llama.cpp")

@@ -15,7 +15,7 @@ bandwidth, every efficiency 1, no fixed cost.
 
 Efficiencies and fixed costs are per device x backend x quant: calibrated values from
 the hardware profile when it has them, else its GPU constants fitted to public measurements
-(profile.public_fit: tests/data/public_gpu, bench/public_gpu.py), else the documented defaults below.
+(profile.public_fit: planner/public_gpu, bench/public_gpu.py), else the documented defaults below.
 
 Eager decode on a GPU (transformers' forward, vramplan's runtime) is also bound by the host: one CPU
 core issues every op of every layer (Python, ATen dispatch, kernel launches) while the GPU runs the ones
@@ -359,7 +359,7 @@ def _calibrated_entry(hw: HardwareProfile, device: str, scheme: WeightScheme):
 def speed_constants(hw: HardwareProfile, scheme: WeightScheme, device: str = "gpu", compiled: bool = False) -> dict:
     """The speed constants a prediction of `scheme` on `device` uses, by name, as Constant records (the value and where
     it comes from; for constants fitted to public measurements, the records they were fitted to:
-    tests/data/public_gpu/records.jsonl)."""
+    planner/public_gpu/records.jsonl)."""
     eff = efficiency(hw, device, scheme, compiled)
     fitted = fitted_entry(hw, device, scheme) if eff.source.startswith("fitted") else None
     where = eff.source + (f"; records {', '.join(fitted.records)}" if fitted is not None else "")

@@ -49,12 +49,12 @@ ATTENTION_IMPL = "llama.cpp"
 MEASURED_AT_VERSION = "llama.cpp measured_at"
 LLAMA_CPP_BACKENDS = (SPEED_SCHEME.backend, f"attn-{ATTENTION_IMPL}", f"{PREFILL_ATTENTION_BACKEND}-{ATTENTION_IMPL}")
 # On a GPU without llama.cpp calibration entries its speed takes the profile's public_fit (engine "llama.cpp"), fitted
-# to published llama.cpp CUDA runs (tests/data/public_gpu, bench/public_gpu.py) per group of file types: the decode
+# to published llama.cpp CUDA runs (planner/public_gpu, bench/public_gpu.py) per group of file types: the decode
 # kernels of one group run at one efficiency (dequantizing fewer bits costs more per byte read: Q2_K decoded slower
 # than Q4_0 on the same V100). A group without a fitted entry borrows the nearest fitted one's (FIT_GROUPS runs widest
 # to narrowest).
 # The IQ1-IQ3 and ternary types decode through codebook lookups (their own kernels): no public record of them was found
-# (tests/data/public_gpu), so their group borrows Q2-Q3's fit and says so.
+# (planner/public_gpu), so their group borrows Q2-Q3's fit and says so.
 FIT_GROUPS = {"F16": ("F16", "BF16"), "Q8_0": ("Q8_0",), "Q5-Q6": ("Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0"),
               "Q4": ("Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0", "IQ4_NL", "IQ4_XS", "MXFP4_MOE"),
               "Q2-Q3": ("Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K", "Q2_K_S"),

@@ -46,7 +46,7 @@ PROFILE_MLP_COPIES_ASSUMED = 3
 PROFILE_LOGITS_COPIES_ASSUMED = 2
 # - non-torch memory that grows after the snapshot (attention workspaces, lazily connected NCCL channels): 0.16 GiB in
 #   the single-GPU logs of kubernetes-sigs/gateway-api-inference-extension#550 and generative-computing/mellea#416;
-#   0.55 GiB at TP 2 in llm-d's table (tests/data/public_gpu/records.jsonl llmd-h100-llama33-70b-fp8-tp2; vLLM version
+#   0.55 GiB at TP 2 in llm-d's table (planner/public_gpu/records.jsonl llmd-h100-llama33-70b-fp8-tp2; vLLM version
 #   not stated).
 NON_TORCH_SINGLE_GPU_BYTES = int(0.16 * GiB)
 NON_TORCH_DISTRIBUTED_BYTES_ASSUMED = int(0.55 * GiB)
