@@ -7,6 +7,7 @@ interrupted (a run still reports and saves what it measured).
 
 import gc
 import math
+from dataclasses import replace
 import sys
 from typing import Annotated, Any, Optional
 
@@ -322,6 +323,9 @@ def plan_cmd(
     show_all: Annotated[bool, typer.Option("--all", help="Show every candidate and the constants used (by default: "
                                            "the plan, its memory and the best alternatives; --json has "
                                            "everything).")] = False,
+    concurrency: Annotated[bool, typer.Option("--concurrency", help="Also say how many sequences of this context "
+                                              "each engine runs at once with the format it chose, and their "
+                                              "aggregate decode (vLLM: what its KV pool holds).")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="Say where the predicted speed's constants come from: "
                                           "calibrated, defaults, or fitted to which public measurements "
                                           "(each record's source is printed; the corpus installs with "
@@ -354,6 +358,11 @@ def plan_cmd(
     req = fit_default_context(req, context, spec)
     hw = with_gpus(resolve_hardware(hardware), gpus)
     p = plan_for_engine(spec, hw, req)
+    if concurrency and p.fits:
+        from vramplan.planner.concurrency import concurrency as each_engine
+        from vramplan.planner.engines import ENGINES
+
+        p = replace(p, concurrency=each_engine(ENGINES, spec, hw, p.request, p))
     export = write_for(target, spec, hw, p) if target is not None else None
     d = p.to_dict()
     if path:

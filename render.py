@@ -540,6 +540,7 @@ def plan(d: dict, *, full: bool = False) -> None:
         out.line(styled(("would fit:", "yellow"), f" {a['weight_quant']} + {a['kv_dtype']} KV up to "
                         f"{format_tokens(a['max_context_tokens'])} tokens of context"))
     _engines(d, full)
+    _concurrency(d)
     for w in d["warnings"]:
         out.warn(w)
     if not full:
@@ -564,6 +565,22 @@ def _predicted_line(d: dict, pr: dict, r: dict) -> None:
 
 
 REASON_CHARS = 40  # an engine's reason in the compact table (the JSON has all of it)
+
+
+def _concurrency(d: dict) -> None:
+    """`plan --concurrency`: each engine's sequences of the context at once, their aggregate decode, and why not one
+    more."""
+    rows = d.get("concurrency")
+    if not rows:
+        return
+    ctx = format_tokens(d["request"]["context"])
+    out.line(styled((f"sequences of {ctx} tokens at once, each engine with the format it chose for one", "bold")))
+    for c in rows:
+        speed = ("" if c["aggregate_decode_tokens_per_s"] is None
+                 else f", {c['aggregate_decode_tokens_per_s']:.1f} tok/s together")
+        what = f"{c['weight_quant']} + {c['kv_dtype']}" if c["weight_quant"] != "-" else "-"
+        out.line(styled((f"{c['engine']}:", "bold"), f" {c['sequences']} ({what}{speed})"))
+        out.line(f"    {c['how']}")
 
 
 def _engines(d: dict, full: bool) -> None:

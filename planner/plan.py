@@ -230,6 +230,8 @@ class Plan:
     # the chosen plan's TTFT for a typical prompt (request.TYPICAL_PROMPT_TOKENS) where the request times the whole
     # context by default: (prompt tokens, seconds)
     typical_prompt_ttft: tuple[int, float] | None = None
+    # `plan --concurrency`: each engine's sequences of the context at once (planner.concurrency), when asked for
+    concurrency: tuple = ()
 
     def __post_init__(self) -> None:
         c = self.chosen
@@ -296,6 +298,7 @@ class Plan:
             "constants": {k: c.to_dict() for k, c in self.constants.items()},
             "warnings": list(self.warnings),
             "alternatives": [a.to_dict() for a in self.alternatives],
+            **({"concurrency": [c.to_dict() for c in self.concurrency]} if self.concurrency else {}),
         }
 
     @classmethod

@@ -32,6 +32,7 @@ PLANS = [
                                         "--kv-dtype", "fp8", "--gpu-layers", "30", "--offload", "stream")),
     ("llama-3.1-70b", "8k", "rtx-3090", ("--gpus", "2", "--vram-budget", "20GiB", "--ram-budget", "48GiB")),
     ("qwen3-30b-a3b", "16k", "rtx-4090", ("--expert-placement", "cpu", "--engine", "llama.cpp")),
+    ("qwen2.5-7b", "8k", "a100-80gb-sxm", ("--concurrency",)),
 ]
 
 
