@@ -426,6 +426,23 @@ def test_quick_probe_on_this_machine():
         assert any("NVML" in n or "no GPU" in n for n in p.notes)
 
 
+def test_quick_probe_samples_bf16_where_the_flags_do_not_decide_it(monkeypatch):
+    """On a CPU with AVX512-BF16 or AMX (this one made to say so), the quick probe times one bf16 matmul with torch
+    instead of trusting the flags; elsewhere it estimates from them and imports no torch."""
+    pytest.importorskip("torch")
+    import dataclasses
+
+    real = probe_core.read_host
+    monkeypatch.setattr(probe_core, "read_host",
+                        lambda: dataclasses.replace(real(), cpu_flags=(*real().cpu_flags, "amx_bf16", "amx_tile")))
+    monkeypatch.setattr(probe_core, "read_nvml", lambda: [])
+    r = probe(quick=True)
+    note = next(n for n in r.profile.notes if "sampled by the quick probe" in n)
+    assert "amx_bf16" in note and "torch bf16" in note
+    assert r.profile.host.cpu_bf16_flops > 0 and not any("is estimated, not measured" in n and "bf16" in n
+                                                          for n in r.profile.notes)
+
+
 def test_quick_probe_imports_no_torch_and_is_fast(tmp_path):
     code = (
         "import sys, time; t = time.perf_counter()\n"

@@ -21,8 +21,11 @@ CGROUP_UNLIMITED_THRESHOLD = 1 << 60
 # Estimated bf16 matmul FLOP per cycle per core that a CPU *achieves* (not peak), by the best
 # instruction set it has. avx512_bf16 is calibrated on an AMD EPYC (Zen 4) VM: 2 cores at
 # 2.6 GHz measured 150-420 GFLOPS (noisy VM) with torch 2.13, median ~200 (~40/cycle/core).
+# amx_bf16: what torch reaches, not the tiles' 1024/cycle peak: on a 2-core AMX Xeon VM (issue 40) the full probe
+# measured 0.28 TFLOPS and a plain torch.mm 0.57 at about 2.1 GHz, 67-137/cycle/core (384 had said 1.6 TFLOPS); the
+# quick probe samples a matmul there when torch is installed (runtime.probe.core._quick_bf16_sample).
 CPU_BF16_FLOP_PER_CYCLE: tuple[tuple[str, float, str], ...] = (
-    ("amx_bf16", 384.0, "Intel AMX bf16 tiles"),
+    ("amx_bf16", 67.0, "Intel AMX bf16 tiles, as torch's kernels reach them"),
     ("avx512_bf16", 40.0, "AVX-512 BF16 (vdpbf16ps)"),
     ("avx512f", 16.0, "AVX-512 via fp32 conversion"),
     ("avx2", 10.0, "AVX2/FMA via fp32 conversion"),
