@@ -98,8 +98,11 @@ def plot(rows: list[dict], path: Path, title: str) -> bool:
     panels = [("decode_tokens_per_s", "decode tokens/s", 1.0), ("peak_ram_bytes", "peak RAM (GiB)", 2**30)]
     if any(r["measured"].get("peak_vram_bytes") for r in ok):
         panels[1] = ("peak_vram_bytes", "peak VRAM (GiB)", 2**30)
+    kv_varies = len({r.get("kv_dtype", "bf16") for r in ok}) > 1
     for ax, (metric, label, scale) in zip(axes, panels):
-        pts = [(r["predicted"][metric] / scale, r["measured"][metric] / scale, r["quant"]) for r in ok
+        # one series per weight scheme, or per scheme + KV cache where the caches differ (a KV matrix)
+        pts = [(r["predicted"][metric] / scale, r["measured"][metric] / scale,
+                f"{r['quant']} + {r.get('kv_dtype', 'bf16')} KV" if kv_varies else r["quant"]) for r in ok
                if r["predicted"].get(metric) and r["measured"].get(metric)]
         for q in sorted({p[2] for p in pts}):
             xs = [p[0] for p in pts if p[2] == q]
@@ -111,13 +114,14 @@ def plot(rows: list[dict], path: Path, title: str) -> bool:
             ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
             ax.set_xlim(lo, hi)
             ax.set_ylim(lo, hi)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        from matplotlib.ticker import NullFormatter, ScalarFormatter
+            if hi / lo >= 10:  # a log scale only over a decade or more: below it, it has no labelled tick
+                ax.set_xscale("log")
+                ax.set_yscale("log")
+                from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-        for axis in (ax.xaxis, ax.yaxis):
-            axis.set_major_formatter(ScalarFormatter())
-            axis.set_minor_formatter(NullFormatter())
+                for axis in (ax.xaxis, ax.yaxis):
+                    axis.set_major_formatter(ScalarFormatter())
+                    axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"predicted {label}")
         ax.set_ylabel(f"measured {label}")
         ax.grid(True, which="both", alpha=0.3)
