@@ -386,7 +386,10 @@ class _Attempt:
         streamer = _Streamer(self.tokenizer, self.on_text)
         n_ids, new_tokens = int(ids.shape[-1]), max_new_tokens - len(report.tokens)
         self.say(f"prefill {n_ids} tokens in chunks of {report.plan.request.prefill_chunk}, then up to "
-                 f"{new_tokens} new tokens")
+                 f"{new_tokens} new tokens" + ("" if self.tokenizer is not None else "; they print as token ids: the "
+                                              "model has no tokenizer" + ("" if self.use_checkpoint else
+                                              " (dummy weights are random: the tokens mean nothing, only the speed "
+                                              "counts)")))
         # the bar's ETA: what the plan predicts for this prefill (the prompt as it is now, after an OOM with the
         # tokens kept); the display closes when the last chunk is done, before the text streams
         ttft_s = predicted_for_run(report.plan, spec, self.hw, n_ids, n_ids + new_tokens).ttft_s

@@ -151,11 +151,11 @@ def load_model(
         head_note = quantize_cpu_head(model, scheme)
         notes += [head_note] if head_note else []
         if direct := direct_kernels(model, scheme.activation_bits):
-            notes.append(f"{direct} layers call torch's CPU kernels directly (runtime.quantize.direct_kernels: the "
-                         "same tensors; quanto's without its per-call dispatch, bf16's one-row products by GEMV)")
+            notes.append(f"{direct} layers run vramplan's direct CPU kernels: the same weights, without quanto's "
+                         "per-call overhead, and one-row bf16 products as matrix-vector products")
         if pack_single_queries(model):
-            notes.append("decode attention packs a query's heads by KV group (runtime.attention: the same SDPA, "
-                         "without torch's slow enable_gqa CPU path)")
+            notes.append("decode attention groups the query heads that share a KV head: the same result, without "
+                         "torch's slow grouped-query path on the CPU")
     release_freed_heap()
     if tokenizer is None and model_dir is not None:
         tokenizer = load_tokenizer(model_dir, trust_remote_code)

@@ -157,8 +157,8 @@ class OffloadEngine:
 
         swapped = sum(direct_kernels(self._layers[i]) for i in self.offloaded_layers)
         if swapped:
-            self._note(f"{swapped} layers computed by the CPU call torch's CPU kernels directly "
-                       "(runtime.quantize.direct_kernels)")
+            self._note(f"{swapped} layers computed by the CPU run vramplan's direct CPU kernels (the same weights, "
+                       "without quanto's per-call overhead)")
 
     def _note(self, text: str) -> None:
         if text not in self.notes:

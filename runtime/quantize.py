@@ -345,8 +345,8 @@ def quantize_cpu_head(model: nn.Module, scheme: WeightScheme) -> str | None:
     rows = Int8Dynamic if head_scheme.activation_bits == 8 else Int8Rows
     model.set_submodule(name, rows.from_linear(head))
     per_token = ", its input quantized per token" if rows is Int8Dynamic else ""
-    return (f"lm_head in int8 rows ({head_scheme.name}'s qint8{per_token}) on the CPU, read whole every token "
-            "(planner.quant.cpu_head_scheme)"
+    return (f"the output layer (lm_head) is kept in int8 rows on the CPU, as {head_scheme.name} stores its weights"
+            f"{per_token}: it is read whole for every token, so this halves that read"
             + ("; the tied embedding keeps its own copy for the lookup" if tied else ""))
 
 

@@ -73,7 +73,7 @@ def test_a_model_on_the_cpu_alone_decodes_with_packed_queries_and_the_same_token
     loaded = load_model(_tiny_gqa(), scheme=SCHEMES["bf16"], dummy_weights=True, seed=3)
     model = loaded.model
     assert model.config._attn_implementation == PACKED_SDPA and attention_name(model) == "sdpa"
-    assert any("packs a query's heads" in n for n in loaded.notes)
+    assert any("groups the query heads that share a KV head" in n for n in loaded.notes)
     ids = synthetic_prompt(40, model.config.vocab_size, 5)
     packed_shapes = []
     sdpa = F.scaled_dot_product_attention

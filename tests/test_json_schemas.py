@@ -83,3 +83,4 @@ def test_a_run_report_matches_its_schema(capsys):
     d = json.loads(out)
     assert code in (0, None) and d["schema_version"] == 1, err
     check("run", d)
+    assert "print as token ids: the model has no tokenizer (dummy weights are random" in err  # why ids, not words

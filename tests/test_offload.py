@@ -442,7 +442,7 @@ def test_layers_the_cpu_computes_call_the_direct_kernels(tiny_checkpoints):
         kinds = [{type(m).__name__ for m in layer.modules()} for layer in layers]
         assert "QLinear" in kinds[0] and "Int8Rows" not in kinds[0]  # resident: left alone
         assert all("Int8Rows" in k and "QLinear" not in k for k in kinds[1:])  # computed by the CPU: direct
-        assert any("call torch's CPU kernels directly" in n for n in engine.notes)
+        assert any("run vramplan's direct CPU kernels" in n for n in engine.notes)
         assert torch.equal(first_logits(model, PROMPT, PREFILL_CHUNK), before)
 
 
@@ -468,7 +468,7 @@ def test_bf16_layers_the_cpu_computes_decode_by_gemv(tiny_checkpoints):
         assert type(model.lm_head) is torch.nn.Linear
         if Bf16Rows.pays_here():
             assert all("Bf16Rows" in k and "Linear" not in k for k in kinds[1:])
-            assert any("call torch's CPU kernels directly" in n for n in engine.notes)
+            assert any("run vramplan's direct CPU kernels" in n for n in engine.notes)
         else:
             assert all("Bf16Rows" not in k for k in kinds)
         with torch.inference_mode():

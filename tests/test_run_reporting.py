@@ -210,6 +210,10 @@ def slow_run_args(tiny_dir, slow_profile, *extra):
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colours, cursor moves, line erases
 
 
+PREFILL_LINE = ("prefill 48 tokens in chunks of 16, then up to 4 new tokens; they print as token ids: the model has no "
+                "tokenizer")
+
+
 def _prefill_lines(text: str) -> list[str]:
     """The lines (and redrawn bar states) that start with "prefill", without terminal escapes."""
     text = ANSI.sub("", text).replace("\r", "\n")
@@ -222,7 +226,7 @@ def test_piped_output_has_no_bar_and_no_future_warning(tiny_dir, slow_profile):
     r = run_cli(*slow_run_args(tiny_dir, slow_profile))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "FutureWarning" not in r.stderr and "deprecated" not in r.stderr, r.stderr
-    assert _prefill_lines(r.stderr) == ["prefill 48 tokens in chunks of 16, then up to 4 new tokens"], r.stderr
+    assert _prefill_lines(r.stderr) == [PREFILL_LINE], r.stderr
     assert "ETA" not in r.stderr and "elapsed" not in r.stderr and "predicted vs measured" in r.stderr
     assert len(r.stdout.split()) == 4  # the four token ids, nothing else
 
@@ -265,7 +269,7 @@ def test_a_terminal_shows_the_prefill_bar_with_the_predicted_eta(tiny_dir, slow_
     assert "FutureWarning" not in shown
     code, shown = run_in_terminal(slow_run_args(tiny_dir, slow_profile, "--json"))
     assert code == 0 and "ETA" not in shown  # --json: no bar, even at a terminal
-    assert _prefill_lines(shown) == ["prefill 48 tokens in chunks of 16, then up to 4 new tokens"]
+    assert _prefill_lines(shown) == [PREFILL_LINE]
     assert json.loads(shown[shown.index("{"):])["measured"]["generated_tokens"] == 4
 
 
