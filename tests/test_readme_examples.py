@@ -1,7 +1,7 @@
-"""Every `vramplan` example in the README, as written (issue 40): the planning ones (plan, inspect, models, profiles)
-run in this process with the files they name made for them, and end without a usage error (0, or 1 where the README
-says nothing fits); the ones that load models or measure (run, calibrate, probe) or reach the hub are parsed by the
-CLI's own option parser, which is where a usage error would come from."""
+"""Every `vramplan` example in the README and in docs/*.md, as written (issue 40): the planning ones (plan, inspect,
+models, profiles) run in this process with the files they name made for them, and end without a usage error (0, or 1
+where the page says nothing fits); the ones that load models or measure (run, calibrate, probe) or reach the hub are
+parsed by the CLI's own option parser, which is where a usage error would come from."""
 
 from __future__ import annotations
 
@@ -23,23 +23,28 @@ RUN_HERE = ("plan", "inspect", "models", "profiles")
 HUB = re.compile(r"^[\w.-]+/[\w.-]+(:[\w.-]+)?$")
 
 
-def readme_examples() -> list[str]:
-    """The `vramplan ...` lines of the README's code blocks (fenced or indented), continuations joined, the shell
-    comment and the prompt ($) dropped."""
-    out, fenced, pending = [], False, ""
-    for line in (ROOT / "README.md").read_text().splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
-            continue
-        text = line.strip() if fenced or line.startswith("    ") else ""
-        if pending:
-            text, pending = pending + " " + text, ""
-        if text.endswith("\\"):
-            pending = text[:-1].rstrip()
-            continue
-        text = text.removeprefix("$ ")
-        if re.match(r"^(echo .*\| )?vramplan ", text):
-            out.append(re.sub(r"\s+#\s.*$", "", text.split("| ", 1)[-1]))
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def readme_examples(pages: list[Path] = PAGES) -> list[str]:
+    """The `vramplan ...` lines of the code blocks (fenced or indented) of the README and the docs pages, in that
+    order, continuations joined, the shell comment and the prompt ($) dropped."""
+    out = []
+    for page in pages:
+        fenced, pending = False, ""
+        for line in page.read_text().splitlines():
+            if line.startswith("```"):
+                fenced = not fenced
+                continue
+            text = line.strip() if fenced or line.startswith("    ") else ""
+            if pending:
+                text, pending = pending + " " + text, ""
+            if text.endswith("\\"):
+                pending = text[:-1].rstrip()
+                continue
+            text = text.removeprefix("$ ")
+            if re.match(r"^(echo .*\| )?vramplan ", text):
+                out.append(re.sub(r"\s+#\s.*$", "", text.split("| ", 1)[-1]))
     return out
 
 
@@ -54,6 +59,23 @@ def test_a_usage_error_is_caught_by_the_parse():
 
 def test_the_readme_has_examples():
     assert len(EXAMPLES) >= 20 and any(e.startswith("vramplan plan --model llama-3.1-70b") for e in EXAMPLES)
+    readme = readme_examples([ROOT / "README.md"])
+    assert len(readme) >= 10 and readme[0].startswith("vramplan plan --model ")  # the README keeps its own examples
+    assert len(set(EXAMPLES)) == len(EXAMPLES), "an example is given twice"
+
+
+def test_the_docs_pages_are_read_and_linked():
+    """docs/*.md count (their examples run too), and every relative link of the README and the docs pages (a page,
+    a result file, the picture) names a file that exists; every docs page is linked from the README."""
+    readme = (ROOT / "README.md").read_text()
+    docs = sorted((ROOT / "docs").glob("*.md"))
+    assert docs and len(readme_examples(docs)) >= 10
+    for page in [ROOT / "README.md", *docs]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            path = target.split("#", 1)[0]
+            if path and not re.match(r"^[a-z]+:", path):
+                assert (page.parent / path).exists(), f"{page.name}: {target}"
+    assert all(f"](docs/{d.name}" in readme for d in docs), "a docs page the README does not link"
 
 
 def _model_of(args: list[str]) -> str | None:
