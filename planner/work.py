@@ -31,8 +31,8 @@ def prefill_expand_flop_per_layer(spec: ModelSpec, prompt: int, chunk: int) -> l
     """FLOPs of the MLA expansions of a chunked prefill per layer (and sequence): each chunk expands the context so
     far, min(prompt, (k + 1) x chunk) tokens for chunk k."""
     chunks = -(-prompt // chunk)
-    expanded = sum(min(prompt, (k + 1) * chunk) for k in range(chunks))
-    return spec.per_attention_layout(lambda a: a.expand_flop_per_token * expanded)
+    expanded = chunk * (chunks - 1) * chunks // 2 + prompt  # sum of min(prompt, (k + 1) x chunk): every chunk full
+    return spec.per_attention_layout(lambda a: a.expand_flop_per_token * expanded)  # but the last, which ends it
 
 
 def cached_elements_per_layer(spec: ModelSpec, context: int, batch: int) -> list[int]:

@@ -116,3 +116,27 @@ def test_unified_memory_holds_both_sides_for_every_engine(profile, model):
         for c in p.candidates:
             if c.fits:
                 _within(c, hw)
+
+
+@pytest.mark.parametrize("model, hw, ctx", [("llama-3.1-70b", "rtx-4090", 32768), ("qwen3-30b-a3b", "rtx-3060-12gb",
+                                                                                 65536),
+                                            ("mixtral", "l4", 8192), ("llama-3.1-405b", "h200", 131072)])
+def test_one_device_packing_by_prefix_sums_is_the_slot_by_slot_packing(model, hw, ctx):
+    """llama.cpp's placement on one GPU: the prefix-sum path answers every (-ngl, --n-cpu-moe) as the slot-by-slot
+    packing into devices does."""
+    from vramplan.planner.engines import llamacpp
+    from vramplan.planner.engines import llamacpp_rules as rules
+
+    spec, profile = model_spec(model), resolve_profile(hw)[0]
+    req = Request(context=ctx, engine="llama.cpp")
+    for ft, kv in (("Q4_K_M", "q8_0"), ("Q8_0", "f16")):
+        fp = llamacpp.footprint(spec, profile, req, rules.gguf_model(spec, ft), kv)
+        assert len(fp.usable) == 1 and fp.with_logits >= fp.scratch
+        moe = [0, 1, spec.num_layers // 2, spec.num_layers] if spec.moe is not None else [0]
+        fits = 0
+        for g in range(spec.num_layers + 1):
+            for m in moe:
+                fast, slow = fp.pack(g, m), fp._pack_in_order(g, m)
+                assert fast == slow, (ft, kv, g, m)
+                fits += fast is not None
+        assert 0 < fits  # some placements fit, so both answers were compared where it matters

@@ -417,6 +417,7 @@ class LlamaCppFootprint:
         self.ram_capacity = cap.ram_bytes  # what RAM holds with nothing on a GPU (ram_for: beside a placement's GPUs)
         self.scratch = compute_buffer_bytes(spec, req, with_logits=False, slots=slots)
         self.with_logits = compute_buffer_bytes(spec, req, with_logits=True, slots=slots)
+        self._prefix: tuple[list[int], list[int]] | None = None  # prefix sums of layers + KV, and of experts
 
     def _gpu_layer_cost(self, i: int, cpu_moe: int) -> int:
         in_ram = self.model.experts[i] if i < cpu_moe else 0
@@ -427,6 +428,14 @@ class LlamaCppFootprint:
         (as -ts splits them), or None when they do not fit."""
         if not self.usable:
             return None
+        if len(self.usable) == 1 and self.with_logits >= self.scratch:
+            # one device: every step adds bytes (the output slot's compute buffer replaces the scratch one, no
+            # smaller), so the whole sum decides; by prefix sums, what the bisections ask dozens of times
+            return self._pack_one(gpu_layers, cpu_moe)
+        return self._pack_in_order(gpu_layers, cpu_moe)
+
+    def _pack_in_order(self, gpu_layers: int, cpu_moe: int) -> LlamaCppPlacement | None:
+        """pack, slot by slot into the devices in order."""
         counts = [0] * len(self.usable)
         used = [0] * len(self.usable)
         d = 0
@@ -444,6 +453,21 @@ class LlamaCppFootprint:
             used[d] += cost + (self.with_logits if last else self.scratch) - (self.scratch if counts[d] else 0)
             counts[d] += 1
         return LlamaCppPlacement(gpu_layers=gpu_layers, cpu_moe=cpu_moe, per_device=tuple(counts))
+
+    def _pack_one(self, gpu_layers: int, cpu_moe: int) -> LlamaCppPlacement | None:
+        if self._prefix is None:
+            lk, ex = [0], [0]
+            for i in range(self.L):
+                lk.append(lk[-1] + self.model.layers[i] + self.kv[i])
+                ex.append(ex[-1] + self.model.experts[i])
+            self._prefix = (lk, ex)
+        lk, ex = self._prefix
+        first = self.L - gpu_layers
+        in_ram = ex[min(cpu_moe, self.L)] - ex[min(cpu_moe, first)] if cpu_moe > first else 0
+        need = lk[self.L] - lk[first] - in_ram + self.model.output_bytes + self.with_logits
+        if need > self.usable[0]:
+            return None
+        return LlamaCppPlacement(gpu_layers=gpu_layers, cpu_moe=cpu_moe, per_device=(gpu_layers + 1,))
 
     def device_bytes(self, p: LlamaCppPlacement) -> list[DeviceBytes]:
         out, i = [], self.L - p.gpu_layers
