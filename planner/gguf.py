@@ -730,7 +730,11 @@ def metadata_bytes_estimate(spec: ModelSpec) -> int:
 
 def tensor_info_bytes(tensors: tuple[GGUFTensor, ...]) -> int:
     """gguf_write_out: per tensor a string name (u64 + bytes), n_dims u32, ne i64 each, type i32, offset u64."""
-    return sum(8 + len(t.name.encode()) + 4 + 8 * ggml_n_dims(t.shape) + 4 + 8 for t in tensors)
+    return sum(_info_bytes(t.name, t.shape) for t in tensors)
+
+
+def _info_bytes(name: str, shape: tuple[int, ...]) -> int:
+    return 8 + len(name.encode()) + 4 + 8 * ggml_n_dims(shape) + 4 + 8
 
 
 def _pad(n: int, alignment: int = GGUF_ALIGNMENT) -> int:
@@ -752,11 +756,15 @@ class GGUFFileSize:
 
 
 def gguf_file_size(spec: ModelSpec, file_type: str, *, imatrix: bool | None = None) -> GGUFFileSize:
-    tensors = gguf_tensors(spec, file_type, imatrix=imatrix)
-    data = sum(t.nbytes for t in tensors)
-    padded = sum(_pad(t.nbytes) for t in tensors)
+    if spec.gguf is not None and spec.gguf.file_type == file_type:  # planned from this very file
+        shaped = [(t.name, t.shape, t.nbytes) for t in spec.gguf.tensors]
+    else:  # what gguf_tensors lists, without building its records (Ollama sizes every tag it tries)
+        inv, _, nbytes = _typed(spec, file_type, imatrix)
+        shaped = [(s.name, s.shape, n) for s, n in zip(inv.sources, nbytes)]
+    data = sum(n for _, _, n in shaped)
+    padded = sum(_pad(n) for _, _, n in shaped)
     metadata = metadata_bytes_estimate(spec)
-    header = _pad(GGUF_HEADER_BYTES + metadata + tensor_info_bytes(tensors))
+    header = _pad(GGUF_HEADER_BYTES + metadata + sum(_info_bytes(name, shape) for name, shape, _ in shaped))
     return GGUFFileSize(tensor_data_bytes=data, padding_bytes=padded - data, header_bytes=header,
                         metadata_estimate_bytes=metadata)
 

@@ -382,3 +382,17 @@ def test_tensor_bytes_without_records_are_the_tensors_bytes(model, file_type):
     gguf.forget_tensors()
     fast = gguf.gguf_tensor_bytes(spec, file_type)
     assert fast == tuple((t.name, t.layer, t.nbytes) for t in gguf.gguf_tensors(spec, file_type))
+
+
+@pytest.mark.parametrize("file_type", ["Q4_K_M", "IQ2_XXS", "F16"])
+def test_file_size_without_records_is_the_records_size(file_type):
+    """gguf_file_size sums the tensors gguf_tensors lists (data, alignment padding, tensor infos)."""
+    from vramplan.planner.sources import model_spec
+
+    spec = model_spec("qwen3-30b-a3b")
+    tensors = gguf.gguf_tensors(spec, file_type)
+    size = gguf.gguf_file_size(spec, file_type)
+    assert size.tensor_data_bytes == sum(t.nbytes for t in tensors)
+    assert size.padding_bytes == sum(-(-t.nbytes // 32) * 32 - t.nbytes for t in tensors)
+    meta = gguf.metadata_bytes_estimate(spec)
+    assert size.header_bytes == -(-(gguf.GGUF_HEADER_BYTES + meta + gguf.tensor_info_bytes(tensors)) // 32) * 32
