@@ -12,6 +12,30 @@ from .modelspec import ModelSpec, Role, dtype_bytes
 from .quant import KVScheme, WeightScheme, kv_bytes_per_layer
 from .memory import LayerCosts
 
+# Per-spec figures the search asks for at every placement it prices, kept for the last few specs: each entry holds its
+# spec, so the id in its key cannot be reused while it lives (planner.gguf keeps its tensors the same way).
+_SPEC_MEMO: dict[tuple[int, str], tuple[ModelSpec, tuple[float, ...]]] = {}
+
+
+SPEC_MEMO_SIZE = 32
+
+
+def _per_spec(fn):
+    """`fn(spec, *args)` computed once per spec and arguments, as a tuple (callers share it)."""
+    def memoized(spec: ModelSpec, *args) -> tuple[float, ...]:
+        key = (id(spec), fn.__name__, *args)
+        hit = _SPEC_MEMO.get(key)
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        if len(_SPEC_MEMO) >= SPEC_MEMO_SIZE:
+            _SPEC_MEMO.pop(next(iter(_SPEC_MEMO)))
+        value = tuple(fn(spec, *args))
+        _SPEC_MEMO[key] = (spec, value)
+        return value
+    memoized.__doc__, memoized.__name__ = fn.__doc__, fn.__name__
+    return memoized
+
+
 def decode_attention_flops_per_layer(spec: ModelSpec, context: int, batch: int) -> list[float]:
     """FLOPs of one query token's attention per layer: QK^T (head_dim) and AV (V's head dim) over the cached tokens
     (GQA saves none)."""
@@ -27,6 +51,7 @@ def mla_expand_per_layer(spec: ModelSpec, context: int, batch: int) -> tuple[lis
     return flop, moved
 
 
+@_per_spec
 def prefill_expand_flop_per_layer(spec: ModelSpec, prompt: int, chunk: int) -> list[float]:
     """FLOPs of the MLA expansions of a chunked prefill per layer (and sequence): each chunk expands the context so
     far, min(prompt, (k + 1) x chunk) tokens for chunk k."""
@@ -77,28 +102,6 @@ def read_bytes_per_layer(spec: ModelSpec, scheme: WeightScheme, batch: int) -> R
     return ReadBytes(total=spec.per_layer(total), experts=spec.per_layer(experts))
 
 
-# Per-spec figures the search asks for at every placement it prices, kept for the last few specs: each entry holds its
-# spec, so the id in its key cannot be reused while it lives (planner.gguf keeps its tensors the same way).
-_SPEC_MEMO: dict[tuple[int, str], tuple[ModelSpec, tuple[float, ...]]] = {}
-
-
-SPEC_MEMO_SIZE = 32
-
-
-def _per_spec(fn):
-    """`fn(spec)` computed once per spec, as a tuple (callers share it)."""
-    def memoized(spec: ModelSpec) -> tuple[float, ...]:
-        key = (id(spec), fn.__name__)
-        hit = _SPEC_MEMO.get(key)
-        if hit is not None and hit[0] is spec:
-            return hit[1]
-        if len(_SPEC_MEMO) >= SPEC_MEMO_SIZE:
-            _SPEC_MEMO.pop(next(iter(_SPEC_MEMO)))
-        value = tuple(fn(spec))
-        _SPEC_MEMO[key] = (spec, value)
-        return value
-    memoized.__doc__, memoized.__name__ = fn.__doc__, fn.__name__
-    return memoized
 
 
 @_per_spec
@@ -114,6 +117,7 @@ def head_flop(spec: ModelSpec) -> float:
     return 2.0 * spec.hidden_size * spec.vocab_size
 
 
+@_per_spec
 def prefill_attention_flop_per_layer(spec: ModelSpec, prompt: int) -> list[float]:
     """QK^T and AV FLOPs for a causal prefill of `prompt` tokens, per layer (windows capped)."""
     out = []

@@ -108,7 +108,7 @@ def test_prefill_expands_once_per_chunk_over_the_context_so_far():
     flat = replace(spec, attention=tuple(replace(a, mla_rope_dim=None) for a in spec.attention))  # no expansion
     assert [a.expands_cache for a in spec.attention + flat.attention] == [True] * 3 + [False] * 3
     per_layer = 2.0 * LORA * HEADS * (NOPE + V) * (512 + 1024 + 1200)
-    assert prefill_expand_flop_per_layer(spec, 1200, 512) == [per_layer] * 3
+    assert list(prefill_expand_flop_per_layer(spec, 1200, 512)) == [per_layer] * 3
     hw = cpu_hw(flops="0.001 TFLOPS", ram_bw="1000 GB/s")
     scheme, kv = SCHEMES["bf16"], KV_SCHEMES["bf16"]
 
