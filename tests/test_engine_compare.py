@@ -125,6 +125,23 @@ def test_a_tie_is_called_a_tie():
     assert best.engine == "llama.cpp" and best.decode_vs_plan < compare.TIE and best.why.startswith("a tie")
 
 
+def test_a_faster_engine_comes_with_how_to_run_it():
+    """Where another engine is faster, the fastest line says how to run its answer: llama.cpp through `vramplan run
+    --engine llama.cpp`, Ollama and vLLM through their exports; a tie says nothing of the kind."""
+    from vramplan.planner.engines.common import EngineAnswer
+
+    spec, hw, req, p = _plan("llama-3.1-8b", "rtx-4090", 8192)
+    mine = p.predicted.decode_tokens_per_s
+    for engine, hint in (("llama.cpp", "vramplan run --engine llama.cpp --model MODEL.gguf"),
+                         ("ollama", "vramplan plan --emit ollama"), ("vllm", "vramplan plan --emit vllm")):
+        rows = (*p.engines[:1], EngineAnswer(engine=engine, weight_quant="Q8_0", kv_dtype="f16", fits=True, how="-",
+                                             decode_tokens_per_s=2 * mine))
+        assert hint in compare.fastest(p, rows).why
+    tie = (*p.engines[:1], EngineAnswer(engine="llama.cpp", weight_quant="Q8_0", kv_dtype="f16", fits=True, how="-",
+                                        decode_tokens_per_s=1.01 * mine))
+    assert "to run it here" not in compare.fastest(p, tie).why
+
+
 def test_plan_shows_the_engines_table_and_its_json_one_object_per_engine(capsys):
     code, out, err = run_cli(capsys, "plan", "--model", "llama-3.1-8b", "--hardware", "h200", "--context", "8k")
     assert code == 0 and "the same request by each engine's own rules" in out + err

@@ -82,5 +82,15 @@ def _why(p: Plan, best: EngineAnswer) -> str:
     if c is not None and best.quality_cost_pct is not None and best.quality_cost_pct > p.chosen.quality_cost_pct + 0.05:
         parts.append(f"it gives up quality: ~{best.quality_cost_pct:.1f} % perplexity over bf16 where this plan's "
                      f"costs ~{p.chosen.quality_cost_pct:.1f} %")
-    return "; ".join(parts) or ("its speed model's constants for this hardware are higher (see each engine's speed "
-                                "source)")
+    why = "; ".join(parts) or ("its speed model's constants for this hardware are higher (see each engine's speed "
+                               "source)")
+    return why + RUNNABLE.get(best.engine, "")
+
+
+# How a person runs the fastest engine's answer, where it is not this plan's engine: llama.cpp through vramplan's own
+# `run --engine llama.cpp` (llama-server on the model's GGUF file, timed against llama.cpp's plan), the others from
+# the command their export writes.
+RUNNABLE = {"llama.cpp": "; to run it here: `vramplan run --engine llama.cpp --model MODEL.gguf` (with a llama-server "
+                         "build: --llama-server or $VRAMPLAN_LLAMA_SERVER)",
+            "ollama": "; `vramplan plan --emit ollama` writes its Modelfile",
+            "vllm": "; `vramplan plan --emit vllm` writes its command"}
