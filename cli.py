@@ -115,6 +115,8 @@ OverflowOpt = Annotated[bool, typer.Option("--allow-context-overflow", help="Pla
 CompileOpt = Annotated[bool, typer.Option("--compile", help="Decode compiled (a static KV cache and torch.compile, "
                       "CUDA graphs on a GPU): bf16/fp16 weights, every layer on one device, and on a machine without a "
                       "GPU also quanto-int8/int4/w8a8 (dense models); priced without the eager dispatch.")]
+EagerOpt = Annotated[bool, typer.Option("--eager", help="Decode eager, never compiled (on a GPU the plan otherwise "
+                    "prices each scheme that compiles both ways and keeps the faster).")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help="Machines of this profile an engine that scales out "
                      "may use (vLLM over Ray; default 1).")]
 GpusOpt = Annotated[Optional[int], typer.Option("--gpus", help="Plan N of the profile's GPU (two 3090s: -H rtx-3090 "
@@ -310,6 +312,7 @@ def plan_cmd(
     gpus: GpusOpt = None,
     allow_context_overflow: OverflowOpt = False,
     compiled: CompileOpt = False,
+    eager: EagerOpt = False,
     min_tok_s: Annotated[Optional[float], typer.Option(
         "--min-tok-s", help="The least decode speed (tokens/s) a plan must reach to be called usable (default 1; a "
         "slower plan that fits is reported as fitting but not usable).")] = None,
@@ -341,7 +344,7 @@ def plan_cmd(
     req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
                         ram_budget, headroom, prefill_chunk, nodes=nodes, engine=engine,
                         allow_context_overflow=allow_context_overflow, expert_placement=expert_placement,
-                        compiled=compiled, min_tok_s=min_tok_s, max_ttft=max_ttft)
+                        compiled=compiled, eager=eager, min_tok_s=min_tok_s, max_ttft=max_ttft)
     if emit and len(emit) > 1:
         raise UsageError(f"--emit was given {len(emit)} times ({', '.join(emit)}): one export per plan; run `vramplan "
                          "plan` once per engine")
@@ -541,6 +544,7 @@ def run_cmd(
     prefill_chunk: ChunkOpt = None,
     allow_context_overflow: OverflowOpt = False,
     compiled: CompileOpt = False,
+    eager: EagerOpt = False,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) checkpoints.")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
     as_json: JsonOpt = False,
@@ -568,7 +572,8 @@ def run_cmd(
                 "--gpu-layers": gpu_layers, "--offload": offload, "--expert-placement": expert_placement,
                 "--vram-budget": vram_budget,
                 "--ram-budget": ram_budget, "--headroom": headroom, "--prefill-chunk": prefill_chunk,
-                "--allow-context-overflow": allow_context_overflow or None, "--compile": compiled or None}
+                "--allow-context-overflow": allow_context_overflow or None, "--compile": compiled or None,
+                "--eager": eager or None}
     if plan_file is not None:
         given = [flag for flag, v in planning.items() if v is not None]
         if given:
@@ -579,8 +584,9 @@ def run_cmd(
     not_empty(engine, "--engine")
     if (engine := (engine or "vramplan").lower()) not in ("vramplan", "llama.cpp"):
         raise UsageError(f"--engine {engine!r}: run executes vramplan or llama.cpp")
-    if engine == "llama.cpp" and compiled:
-        raise UsageError("--compile is vramplan's torch runtime's decode mode; llama.cpp decodes its own way")
+    if engine == "llama.cpp" and (compiled or eager):
+        raise UsageError(f"{'--compile' if compiled else '--eager'} is vramplan's torch runtime's decode mode; "
+                         "llama.cpp decodes its own way")
     if engine == "llama.cpp":
         return _report_run(_run_llamacpp(model, revision, plan_file, planning, hardware, gguf, llama_server, text,
                                          prompt_tokens, max_new_tokens, temperature, seed, as_json), as_json, path)
@@ -600,7 +606,7 @@ def run_cmd(
     else:
         req = build_request(context, batch, prompt_tokens, prefer, quant, kv_dtype, gpu_layers, offload, vram_budget,
                             ram_budget, headroom, prefill_chunk, allow_context_overflow=allow_context_overflow,
-                            expert_placement=expert_placement, compiled=compiled)
+                            expert_placement=expert_placement, compiled=compiled, eager=eager)
         req = fit_default_context(req, context, spec)
         if not req.kv_dtype:  # only the caches this transformers can build
             from dataclasses import replace

@@ -102,7 +102,8 @@ def build_request(context: str | None, batch: int | None, prompt_tokens: int | N
                   quant: str | None, kv_dtype: str | None, gpu_layers: int | None, offload: str | None,
                   vram_budget: str | None, ram_budget: str | None, headroom: str | None, prefill_chunk: int | None,
                   *, nodes: int | None = None, engine: str | None = None, allow_context_overflow: bool = False,
-                  expert_placement: str | None = None, compiled: bool = False, min_tok_s: float | None = None,
+                  expert_placement: str | None = None, compiled: bool = False, eager: bool = False,
+                  min_tok_s: float | None = None,
                   max_ttft: str | None = None):
     from vramplan.planner.request import (DEFAULT_HEADROOM_BYTES, DEFAULT_PREFILL_CHUNK, USABLE_MAX_TTFT_S,
                                           USABLE_MIN_DECODE_TOK_S, Request)
@@ -122,6 +123,7 @@ def build_request(context: str | None, batch: int | None, prompt_tokens: int | N
         prefill_chunk=prefill_chunk if prefill_chunk is not None else DEFAULT_PREFILL_CHUNK,
         nodes=1 if nodes is None else nodes, engine=(engine or "vramplan").lower(),
         allow_context_overflow=allow_context_overflow, expert_placement=expert_placement, compiled=compiled,
+        eager=eager,
         usable_min_decode_tok_s=USABLE_MIN_DECODE_TOK_S if min_tok_s is None else min_tok_s,
         usable_max_ttft_s=USABLE_MAX_TTFT_S if max_ttft is None else parse_duration(max_ttft, "--max-ttft"),
     )

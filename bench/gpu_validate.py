@@ -68,7 +68,7 @@ def gpu_steps() -> list[Step]:
                          "--prompt-tokens 1024 --max-new-tokens 16 --hardware {profile} --json "
                          "> {work}/run-int8.json", 90, ("run-int8.json",)),
         # the 8B bf16 resident row (on the first H200 it decoded at 15.7 tok/s, on the second at 44-56)
-        Step("run-bf16", f"{PY} cli.py run --model {model} --dummy-weights --quant bf16 --context 4k "
+        Step("run-bf16", f"{PY} cli.py run --model {model} --dummy-weights --quant bf16 --eager --context 4k "
                          "--prompt-tokens 1024 --max-new-tokens 32 --gpu-layers 32 --hardware {profile} --json "
                          "> {work}/run-bf16.json", 90, ("run-bf16.json",)),
         Step("decode-profile", f"{PY} bench/decode_profile.py --model llama-3.2-1b --quants bf16,bnb-nf4 "
@@ -134,7 +134,7 @@ def cpu_smoke_steps() -> list[Step]:
              ("profile-measured.yaml", "probe.json")),
         Step("pytest-gpu", f"{PY} -m pytest -q -p no:cacheprovider -m gpu tests/test_offload.py "
                            "> {work}/pytest-gpu.txt 2>&1", 150, ("pytest-gpu.txt",)),
-        Step("run-nf4", f"{PY} cli.py run --model {tiny} --dummy-weights --quant bf16 --context 256 "
+        Step("run-nf4", f"{PY} cli.py run --model {tiny} --dummy-weights --quant bf16 --eager --context 256 "
                         "--prompt-tokens 32 --max-new-tokens 3 --hardware {profile} --json > {work}/run-nf4.json", 120,
              ("run-nf4.json",)),
         Step("decode-profile", f"{PY} bench/decode_profile.py --model {tiny} --quants bf16 --attn sdpa "

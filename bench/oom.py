@@ -77,7 +77,7 @@ def _run(args) -> dict:
         spec = load_spec(source)
         hw = resolve_profile(args.hardware)[0]
         p = plan(spec, hw, Request(context=parse_context(args.context), prompt_tokens=args.prompt_tokens,
-                                   quant=(args.quant,), kv_dtype=("bf16",)))
+                                   quant=(args.quant,), kv_dtype=("bf16",), eager=True))
         report = execute(p, spec, hw, source, dummy_weights=True, prompt_text=None, prompt_tokens=args.prompt_tokens,
                          max_new_tokens=args.max_new_tokens)
     finally:

@@ -118,7 +118,7 @@ def predict(case: Case, c: Constants) -> float:
             p = plan_llamacpp(spec, hw, req)
         else:
             req = Request(context=case.context, prompt_tokens=case.prompt, batch=case.batch, quant=(case.quant,),
-                          kv_dtype=("bf16",), gpu_layers=case.gpu_layers,
+                          kv_dtype=("bf16",), gpu_layers=case.gpu_layers, eager=True,  # the records ran eager
                           offload=OffloadMode(case.offload) if case.offload else None)
             p = plan(spec, hw, req)
         if p.fits:

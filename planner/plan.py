@@ -152,6 +152,7 @@ class Candidate:
     memory: MemoryBreakdown | None = None
     speed: SpeedEstimate | None = None  # only when it fits
     max_context_tokens: int = 0  # the largest context with every layer on the GPU (in RAM without a GPU)
+    compiled: bool = False  # its decode is compiled (a static cache, one captured step): priced, and run, so
 
     @property
     def fits_on_gpu(self) -> bool:
@@ -177,7 +178,8 @@ class Candidate:
                 "memory": {"gpu": mem["gpu"], "gpus": mem["gpus"], "cpu": mem["cpu"]},
                 "vram_bytes": self.vram_bytes, "ram_bytes": self.ram_bytes,
                 "ceiling": _ceiling_dict(self.speed), "predicted": _predicted_dict(self.speed),
-                "max_context_tokens": self.max_context_tokens, "reason": self.reason}
+                "max_context_tokens": self.max_context_tokens, "decode_compiled": self.compiled,
+                "reason": self.reason}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Candidate":
@@ -190,7 +192,8 @@ class Candidate:
                    memory=MemoryBreakdown.from_dict(mem) if mem.get("cpu") else None,
                    speed=(SpeedEstimate.from_dict(pred, d.get("ceiling") or {}, {})
                           if pred.get("decode_tokens_per_s") is not None else None),
-                   max_context_tokens=int(d.get("max_context_tokens") or 0))
+                   max_context_tokens=int(d.get("max_context_tokens") or 0),
+                   compiled=d.get("decode_compiled") is True)
 
 
 def _ceiling_dict(s: SpeedEstimate | None) -> dict:
@@ -255,6 +258,11 @@ class Plan:
         return self.chosen.speed if self.chosen is not None else None
 
     @property
+    def decode_compiled(self) -> bool:
+        """The run decodes compiled: forced (--compile), or the chosen candidate's, priced so (a GPU's default)."""
+        return self.request.compiled or (self.chosen is not None and self.chosen.compiled)
+
+    @property
     def unusable(self) -> list[str]:
         """Why a plan that fits is not usable by the request's thresholds (Request.usable_*): [] when it is, or when
         nothing is predicted to judge by."""
@@ -286,6 +294,7 @@ class Plan:
             "max_context_tokens": c.max_context_tokens if c else 0,
             "quality_cost_pct": c.quality_cost_pct if c else None,
             "usable": (not self.unusable) if c else False,
+            "decode_compiled": self.decode_compiled,
             "unusable_because": self.unusable,
             "typical_prompt_ttft": (dict(zip(("prompt_tokens", "ttft_s"), self.typical_prompt_ttft))
                                     if self.typical_prompt_ttft else None),
@@ -323,7 +332,8 @@ class Plan:
                                    speed=(SpeedEstimate.from_dict(d["predicted"], d["ceiling"], d["speed_terms"])
                                           if (d.get("predicted") or {}).get("decode_tokens_per_s") is not None
                                           else None),
-                                   max_context_tokens=int(d.get("max_context_tokens") or 0))
+                                   max_context_tokens=int(d.get("max_context_tokens") or 0),
+                   compiled=d.get("decode_compiled") is True)
             return cls(model=ModelRef.from_dict(d["model"]), hardware=HardwareRef.from_dict(d["hardware"]),
                        request=Request.from_dict(d["request"]),
                        chosen=chosen, reasons=[str(r) for r in d.get("reasons", [])],

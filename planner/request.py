@@ -105,6 +105,9 @@ class Request:
     engine: str = "vramplan"  # whose memory rules the plan follows: one of PLANNING_ENGINES
     allow_context_overflow: bool = False  # plan a context beyond what the model is made for (see context_limit)
     compiled: bool = False  # decode compiled (compile_schemes, every layer on one device), priced without dispatch
+    # never compiled. Neither (the default): on a GPU each scheme that compiles is priced both ways, every layer on GPU
+    # 0 compiled, and the faster kept (planner.search); on a CPU eager, unless `compiled`
+    eager: bool = False
 
     def __post_init__(self) -> None:
         _int(self, "context", 1, MAX_CONTEXT_TOKENS, "the context")
@@ -122,6 +125,10 @@ class Request:
         _int(self, "nodes", 1, MAX_NODES, "the number of nodes")
         if not isinstance(self.compiled, bool):
             raise PlanError(f"compiled must be true or false, got {self.compiled!r}")
+        if not isinstance(self.eager, bool):
+            raise PlanError(f"eager must be true or false, got {self.eager!r}")
+        if self.compiled and self.eager:
+            raise PlanError("--compile and --eager contradict each other: give one")
         if self.compiled and self.engine != "vramplan":
             raise PlanError(f"--compile is vramplan's runtime's decode mode; {self.engine} decodes its own way")
         if not isinstance(self.allow_context_overflow, bool):

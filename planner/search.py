@@ -206,9 +206,27 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
     scored = sorted(((estimate(spec, hw, req, priced, kv, c, fp.costs, read), c) for c in choices),
                     key=lambda sc: -sc[0].decode_tokens_per_s)
     speed, c = scored[0]
+    compiled = req.compiled
+    if compiles_by_default(spec, hw, req, scheme, kv) and (one := [x for x in choices if _on_one_device(x)]):
+        # a GPU's default: every layer on GPU 0 priced compiled too, and the faster of the two kept
+        creq = replace(req, compiled=True)
+        cpriced = speed_scheme(creq, scheme)
+        fast = max(((estimate(spec, hw, creq, cpriced, kv, x, fp.costs, read), x) for x in one),
+                   key=lambda sc: sc[0].decode_tokens_per_s)
+        if fast[0].decode_tokens_per_s > speed.decode_tokens_per_s:
+            (speed, c), compiled = fast, True
+            scored = [fast, *(sc for sc in scored if sc[1] is not fast[1])]
     mem = fp.breakdown(c)
     return Candidate(**base, fits=True, choice=c, memory=mem, speed=speed, max_context_tokens=max_ctx,
-                     reason=_placement_reason(c, mem, fp.costs, scored))
+                     reason=_placement_reason(c, mem, fp.costs, scored), compiled=compiled)
+
+
+def compiles_by_default(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme,
+                        kv: KVScheme) -> bool:
+    """Whether the search prices this scheme x cache compiled as well as eager: on a GPU, for vramplan's runtime,
+    where neither --compile nor --eager decides and --compile would take it (compile_schemes)."""
+    return (hw.has_gpu and req.engine == "vramplan" and not req.compiled and not req.eager
+            and _compile_ok(spec, hw, replace(req, compiled=True), scheme, kv) is None)
 
 
 def _compile_ok(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme) -> str | None:
@@ -570,12 +588,15 @@ class VramplanEngine:
 
     def explain(self, spec: ModelSpec, hw: HardwareProfile, req: Request, chosen: Candidate) -> Outcome:
         c = chosen.choice
-        out = Outcome(constants=speed_constants(hw, speed_scheme(req, scheme_named(spec, c.weight_quant)),
-                                                "gpu" if c.on_gpu else "cpu", req.compiled))
-        if req.compiled:
-            out.reasons.append("decode compiled (--compile: a static cache and torch.compile, CUDA graphs on a GPU), "
-                               "priced without the eager dispatch (on a CPU: with the share of each layer's fixed cost "
-                               "that compiling measured to leave); "
+        compiled = req.compiled or chosen.compiled
+        priced = speed_scheme(replace(req, compiled=compiled), scheme_named(spec, c.weight_quant))
+        out = Outcome(constants=speed_constants(hw, priced, "gpu" if c.on_gpu else "cpu", compiled))
+        if compiled:
+            how = ("--compile" if req.compiled else "the default on a GPU where it is predicted faster than eager; "
+                   "--eager decodes eager")
+            out.reasons.append("decode compiled: a static cache and torch.compile, CUDA graphs on a GPU "
+                               f"({how}), priced without the eager dispatch (on a CPU: with the share of each layer's "
+                               "fixed cost that compiling measured to leave); "
                                f"efficiencies: {chosen.speed.terms.get('efficiency_source')}")
         if c.offload is not OffloadMode.NONE:
             out.warnings.append(f"{c.offloaded_layers} of {c.total_layers} layers are offloaded ({c.offload.value}): "

@@ -112,7 +112,7 @@ def point_request(spec, quant: str, prompt: int, matrix: Matrix, on_gpu: bool) -
     beyond the model's context is planned as it runs (with dummy weights)."""
     return Request(context=prompt + matrix.new_tokens, prompt_tokens=prompt, quant=(quant,), kv_dtype=("bf16",),
                    prefill_chunk=matrix.prefill_chunk, gpu_layers=spec.num_layers if on_gpu else None,
-                   allow_context_overflow=True)
+                   allow_context_overflow=True, eager=True)  # calibration measures the eager decode's constants
 
 
 def check_fits(hw: HardwareProfile, matrix: Matrix, *, named: tuple[str, ...] = (),
@@ -267,7 +267,8 @@ def best_of(n: int, run):
 def _sample(hw: HardwareProfile, spec, quant: str, kv_dtype: str, prompt: int, matrix: Matrix, on_gpu: bool,
             result, attention_impl: str) -> Sample:
     scheme, kv = SCHEMES[quant], KV_SCHEMES[kv_dtype]
-    req = Request(context=prompt + matrix.new_tokens, prompt_tokens=prompt, prefill_chunk=matrix.prefill_chunk)
+    req = Request(context=prompt + matrix.new_tokens, prompt_tokens=prompt, prefill_chunk=matrix.prefill_chunk,
+                  eager=True)
     # a run on the CPU stores lm_head as the scheme does there (quant.cpu_head_scheme), as the loader does
     costs = layer_costs(spec, scheme, kv, req, weight_costs(spec, scheme, cpu_only=not on_gpu))
     work = decode_work(spec, scheme, kv, 1, prompt + matrix.new_tokens // 2, costs)
@@ -401,7 +402,7 @@ def measure_runtime_ram(hw: HardwareProfile, matrix: Matrix, *,
             continue  # bf16 does not fit here (check_fits said so)
         prompt = max(matrix.prompts)
         req = Request(context=prompt + matrix.new_tokens, prompt_tokens=prompt, quant=("bf16",), kv_dtype=("bf16",),
-                      prefill_chunk=matrix.prefill_chunk)
+                      prefill_chunk=matrix.prefill_chunk, eager=True)
         try:
             report = run_fresh(RunJob.of(name, bare, req, prompt_tokens=prompt, max_new_tokens=matrix.new_tokens))
         except RunFailed as e:

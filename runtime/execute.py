@@ -331,7 +331,7 @@ class _Attempt:
                  f"{device}")
         t0 = time.perf_counter()
         devices = [device] if device == "cpu" else [f"cuda:{d}" for d in range(len(c.gpu_layers_per_device))]
-        if report.plan.request.compiled:  # every layer on GPU 0 (the planner's rule): the other GPUs stay out of it
+        if report.plan.decode_compiled:  # every layer on GPU 0 (the planner's rule): the other GPUs stay out of it
             devices = devices[:1]
         offloaded = c.on_gpu and (c.offload is not OffloadMode.NONE or len(devices) > 1 or c.expert_layers_on_cpu > 0)
         # offloaded plans (and those over several GPUs, or with experts in RAM) load on the CPU, then the offload
@@ -357,26 +357,41 @@ class _Attempt:
         ids = (torch.cat([base_ids, torch.tensor([report.tokens], dtype=base_ids.dtype)], dim=-1)
                if report.tokens else base_ids)
         static = None
-        if report.plan.request.compiled:  # a static cache for the whole run and the compiled decode step
+        forced = report.plan.request.compiled  # --compile; else the plan's default, which falls back to eager
+        if report.plan.decode_compiled:  # a static cache for the whole run and the compiled decode step
             from .compiled import StaticDecoder
 
             try:
                 static = StaticDecoder(loaded.model, max_len=int(ids.shape[-1]) + max(
                     max_new_tokens - len(report.tokens), STATIC_WARM_UP_STEPS), device=model_device(loaded.model))
             except Exception as exc:  # noqa: BLE001 - a model transformers has no static cache for
-                raise _compile_failed(exc) from None
-            report.notes.append(f"decode compiled: a static cache of {static.max_len} tokens, torch.compile mode "
-                                f"{static.mode!r}; compiled in the warm-up (not timed)")
-        try:
-            warm = warm_up(loaded.model, ids.to(model_device(loaded.model)), report.plan.request.prefill_chunk,
+                if forced:
+                    raise _compile_failed(exc) from None
+                report.notes.append(_eager_fallback(exc))
+            if static is not None:
+                report.notes.append(f"decode compiled: a static cache of {static.max_len} tokens, torch.compile mode "
+                                    f"{static.mode!r}; compiled in the warm-up (not timed)")
+        def warm_with(static):
+            return warm_up(loaded.model, ids.to(model_device(loaded.model)), report.plan.request.prefill_chunk,
                            KV_SCHEMES[c.kv_dtype], static=static)
+
+        try:
+            try:
+                warmed = warm_with(static)
+            except Exception as exc:  # noqa: BLE001 - the compilation is what runs here, unless out of memory
+                if static is None or forced or is_oom(exc):
+                    raise
+                report.notes.append(_eager_fallback(exc))  # the plan's default: eager instead
+                static = None
+                warmed = warm_with(None)
         except Exception as exc:  # noqa: BLE001 - out of memory here is the timed run's to meet and re-plan
             if not is_oom(exc):
                 if static is not None:  # the compilation is what runs here
                     raise _compile_failed(exc) from None
                 raise
-            warm = 0.0
+            warmed = 0.0
             report.notes.append("warm-up ran out of memory (the timed run follows)")
+        warm = warmed
         if warm:
             report.measured.warmup_s = warm
             what = ("compiling the decode step" if static else "CUDA first use"
@@ -419,6 +434,12 @@ class _Attempt:
             m.token_timestamps_s = list(result.token_timestamps_s)
             m.generated_tokens = len(report.tokens)
         return result.error if result.stopped_reason == STOP_OOM else None
+
+
+def _eager_fallback(exc: BaseException) -> str:
+    return (f"the compiled decode the plan chose failed here ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:200]}): decoding eager instead, so the prediction (priced compiled) is "
+            "above what eager reaches; --eager plans it eager")
 
 
 def _compile_failed(exc: BaseException) -> VramplanError:

@@ -46,7 +46,11 @@ def test_the_planner_prices_a_compiled_decode_without_dispatch_and_only_what_com
     from vramplan.planner.sources import model_spec
 
     spec, hw = model_spec("llama-3.1-8b"), resolve_profile("h100-sxm")[0]
-    eager, compiled = (plan(spec, hw, Request(context=8192, compiled=c)) for c in (False, True))
+    eager, compiled = (plan(spec, hw, Request(context=8192, compiled=c, eager=not c)) for c in (False, True))
+    default = plan(spec, hw, Request(context=8192))  # on a GPU the default prices compiled too, and keeps the faster
+    assert default.decode_compiled and not default.request.compiled and default.chosen.compiled
+    assert default.predicted.decode_tokens_per_s == compiled.predicted.decode_tokens_per_s
+    assert not eager.decode_compiled and not any(c.compiled for c in eager.candidates)
     assert compiled.choice.weight_quant in ("bf16", "fp16") and compiled.choice.gpu_layers == 32
     assert compiled.chosen.speed.terms["dispatch_per_layer_s"] == 0 < eager.chosen.speed.terms["dispatch_per_layer_s"]
     assert "public_fit compiled bf16" in compiled.chosen.speed.terms["efficiency_source"]
@@ -107,3 +111,37 @@ def test_the_planner_keeps_compile_on_gpu_0_of_several():
     two = h100.replace(name="h100-x2", gpus=(replace(h100.gpus[0], count=2),))
     p = plan(model_spec("llama-3.1-8b"), two, Request(context=8192, compiled=True))
     assert p.fits and p.choice.gpu_layers_per_device[0] == 32
+
+
+def test_a_compiled_default_that_fails_falls_back_to_eager(tmp_path, capsys, monkeypatch):
+    """A plan that decodes compiled by default (a GPU's, here forged on this CPU) whose compile fails runs eager and
+    says so; the same failure under --compile is a one-line error."""
+    import io
+    import json
+
+    from cli_helpers import assert_one_line_error, run_cli
+    from vramplan.runtime import compiled
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(tiny_config_dict("llama")))
+    code, out, err = run_cli(capsys, "plan", "--model", model, "--context", "64", "--compile", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["decode_compiled"] is True
+    d["request"]["compiled"] = False  # compiled by the plan's default, not forced
+    forged = tmp_path / "plan.json"
+    forged.write_text(json.dumps(d))
+
+    def broken(self, *a, **k):
+        raise RuntimeError("no graph here")
+
+    monkeypatch.setattr(compiled.StaticDecoder, "__init__", broken)
+    run = ("run", "--model", model, "--dummy-weights", "--prompt-tokens", "8", "--max-new-tokens", "2", "--json")
+    code, out, err = run_cli(capsys, *run, "--plan", forged)
+    report = json.loads(out)
+    assert code == 0 and report["measured"]["generated_tokens"] == 2, err
+    assert any("the compiled decode the plan chose failed here (RuntimeError: no graph here): decoding eager" in n
+               for n in report["notes"])
+    code, out, err = run_cli(capsys, *run, "--context", "64", "--compile")
+    assert "--compile failed here (RuntimeError: no graph here)" in assert_one_line_error(code, err)

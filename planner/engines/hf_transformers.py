@@ -164,7 +164,7 @@ class TransformersEngine:
     def check(self, spec: ModelSpec, hw: HardwareProfile, req: Request) -> tuple[Request, list[str]]:
         from ..search import VRAMPLAN
 
-        return VRAMPLAN.check(spec, hw, replace(req, offload=None, compiled=False))
+        return VRAMPLAN.check(spec, hw, replace(req, offload=None, compiled=False, eager=True))
 
     def candidates(self, spec, hw, req, *, contexts: bool = True) -> list[Candidate]:
         return transformers_candidates(spec, hw, req, contexts)

@@ -21,5 +21,7 @@ def row(spec: ModelSpec, hw: HardwareProfile, p: Plan, plan_decode: float | None
         argv += ["--quant", c.weight_quant, "--kv-dtype", c.kv_dtype]
     if req.compiled:
         argv.append("--compile")
+    elif req.eager:
+        argv.append("--eager")
     extra = f", {c.offload.value}" if p.fits and c.on_gpu and c.gpu_layers < c.total_layers else ""
     return EngineAnswer.of_plan(ENGINE, p, shell_join(argv), SPEED_FROM, plan_decode, extra=extra, notes=notes)
