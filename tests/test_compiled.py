@@ -145,3 +145,20 @@ def test_a_compiled_default_that_fails_falls_back_to_eager(tmp_path, capsys, mon
                for n in report["notes"])
     code, out, err = run_cli(capsys, *run, "--context", "64", "--compile")
     assert "--compile failed here (RuntimeError: no graph here)" in assert_one_line_error(code, err)
+
+
+def test_eager_from_the_cli(capsys):
+    import json
+
+    from cli_helpers import assert_one_line_error, run_cli
+
+    base = ("plan", "--model", "llama-3.1-8b", "-H", "h100-sxm", "--context", "8k", "--json")
+    code, out, _ = run_cli(capsys, *base)
+    default = json.loads(out)
+    code, out, _ = run_cli(capsys, *base, "--eager")
+    eager = json.loads(out)
+    assert default["decode_compiled"] is True and eager["decode_compiled"] is False
+    assert eager["predicted"]["decode_tokens_per_s"] < default["predicted"]["decode_tokens_per_s"]
+    assert "--eager" in next(e["how"] for e in eager["engines"] if e["engine"] == "vramplan")
+    code, out, err = run_cli(capsys, *base, "--eager", "--compile")
+    assert "--compile and --eager contradict each other" in assert_one_line_error(code, err)
