@@ -100,7 +100,7 @@ def typical_prompt_ttft(engine: Engine, spec: ModelSpec, hw: HardwareProfile, re
     try:
         same = [c for c in engine.candidates(spec, hw, short, contexts=False)
                 if c.fits and c.speed is not None and c.choice == chosen.choice
-                and (c.weight_quant, c.kv_dtype) == (chosen.weight_quant, chosen.kv_dtype)]
+                and (c.weight_quant, c.kv_dtype, c.compiled) == (chosen.weight_quant, chosen.kv_dtype, chosen.compiled)]
     except VramplanError:
         return None
     return (TYPICAL_PROMPT_TOKENS, same[0].speed.ttft_s) if same else None
