@@ -361,7 +361,7 @@ def plan_cmd(
     req = fit_default_context(req, context, spec)
     hw = with_gpus(resolve_hardware(hardware), gpus)
     p = plan_for_engine(spec, hw, req)
-    if concurrency and p.fits:
+    if concurrency:
         from vramplan.planner.concurrency import concurrency as each_engine
         from vramplan.planner.engines import ENGINES
 

@@ -45,26 +45,50 @@ def _gpu_layers(p: Plan) -> int:
     return getattr(c, "gpu_layers", 0) if c is not None else 0
 
 
+def _moved_off(p: Plan, one: Plan) -> str:
+    """How `p` holds less on the GPUs than `one` ('' where it does not): fewer layers, more layers' routed experts in
+    RAM, or layers offloaded where `one` had none."""
+    c, o = p.choice, one.choice
+    if _gpu_layers(p) < _gpu_layers(one):
+        return f"fits only with {_gpu_layers(p)} layers on the GPU, not {_gpu_layers(one)}"
+    experts, base = (getattr(x, "expert_layers_on_cpu", 0) or 0 for x in (c, o))
+    if experts > base:
+        return f"fits only with the routed experts of {experts} layers in RAM, not {base}"
+    offload, was = (getattr(getattr(x, "offload", None), "value", "none") for x in (c, o))
+    if offload != "none" and was == "none":
+        return f"fits only with layers offloaded ({offload})"
+    return ""
+
+
 def most_sequences(plan_fn, spec: ModelSpec, hw: HardwareProfile, req: Request, one: Plan,
                    limit: int = MAX_BATCH) -> tuple[int, Plan | None, str]:
     """The largest batch `plan_fn` fits with `one`'s format and cache and at least its GPU layers, its plan, and why
     one more does not fit (a doubling, then a bisection: what fits shrinks as the batch grows)."""
     c = one.chosen
-    floor = _gpu_layers(one)
     why: dict[int, str] = {}
+
+    forced = replace(req, kv_dtype=(c.kv_dtype,))
+    try:  # the chosen format too, where it is one the engine takes (a published checkpoint's stored format is not a
+        # --quant, and the only format there is)
+        plan_fn(spec, hw, with_quant := replace(forced, quant=(c.weight_quant,)), contexts=False)
+        forced = with_quant
+    except VramplanError:
+        pass
 
     def at(n: int) -> Plan | None:
         try:
-            p = plan_fn(spec, hw, replace(req, batch=n, quant=(c.weight_quant,), kv_dtype=(c.kv_dtype,)),
-                        contexts=False)
+            p = plan_fn(spec, hw, replace(forced, batch=n), contexts=False)
         except VramplanError as e:
             why[n] = str(e)
             return None
         if not p.fits:
             why[n] = p.reasons[0] if p.reasons else "does not fit"
             return None
-        if _gpu_layers(p) < floor:
-            why[n] = f"fits only with {_gpu_layers(p)} layers on the GPU, not {floor}"
+        if (p.chosen.weight_quant, p.chosen.kv_dtype) != (c.weight_quant, c.kv_dtype):
+            why[n] = f"fits only as {p.chosen.weight_quant} + {p.chosen.kv_dtype}"
+            return None
+        if moved := _moved_off(p, one):
+            why[n] = moved
             return None
         return p
 

@@ -97,6 +97,15 @@ def typical_prompt_ttft(engine: Engine, spec: ModelSpec, hw: HardwareProfile, re
         short = replace(short, quant=(chosen.weight_quant,), kv_dtype=(chosen.kv_dtype,))
     except VramplanError:
         pass
+    c = chosen.choice
+    if req.engine in TAKES_PLACEMENT and c is not None:  # and the chosen placement: the fastest one for a short prompt
+        try:                                             # may be another
+            offload = getattr(c, "offload", None)
+            short = replace(short, gpu_layers=c.gpu_layers, expert_placement=getattr(c, "expert_layers_on_cpu", 0) or
+                            None, offload=offload.value if req.engine == "vramplan" and offload is not None
+                            and offload.value != "none" else short.offload)
+        except VramplanError:
+            pass
     try:
         same = [c for c in engine.candidates(spec, hw, short, contexts=False)
                 if c.fits and c.speed is not None and c.choice == chosen.choice
@@ -159,5 +168,6 @@ def request_for(target: str, req: Request, hw: HardwareProfile) -> tuple[Request
         notes.append(f"{', '.join(dropped)}: {target} places layers its own way")
     offload = req.offload if target == "vramplan" else None
     return replace(req, engine=target, quant=quant, kv_dtype=kv, offload=offload, compiled=False,
+                   eager=req.eager and target in ("vramplan", "transformers"),
                    gpu_layers=req.gpu_layers if keep else None,
                    expert_placement=req.expert_placement if keep else None), notes

@@ -508,7 +508,7 @@ def _document_errors(d: Any, origin: str) -> list[str]:
     except ProfileError as e:
         if not any(e is x for x in r.errors):
             r.errors.append(e)
-    return [str(e) for e in r.errors]
+    return list(dict.fromkeys(str(e) for e in r.errors))  # a mapping is checked again where its values are read
 
 
 def profile_errors(path: str | os.PathLike[str]) -> list[str]:

@@ -127,6 +127,8 @@ class Request:
             raise PlanError(f"compiled must be true or false, got {self.compiled!r}")
         if not isinstance(self.eager, bool):
             raise PlanError(f"eager must be true or false, got {self.eager!r}")
+        if self.eager and self.engine not in ("vramplan", "transformers"):
+            raise PlanError(f"--eager is vramplan's runtime's decode mode; {self.engine} decodes its own way")
         if self.compiled and self.eager:
             raise PlanError("--compile and --eager contradict each other: give one")
         if self.compiled and self.engine != "vramplan":

@@ -223,9 +223,10 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
 
 def compiles_by_default(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme,
                         kv: KVScheme) -> bool:
-    """Whether the search prices this scheme x cache compiled as well as eager: on a GPU, for vramplan's runtime,
+    """Whether the search prices this scheme x cache compiled as well as eager: on a CUDA GPU (CUDA graphs; no
+    compiled decode is measured on Apple's), for vramplan's runtime,
     where neither --compile nor --eager decides and --compile would take it (compile_schemes)."""
-    return (hw.has_gpu and req.engine == "vramplan" and not req.compiled and not req.eager
+    return (hw.accelerator == "cuda" and req.engine == "vramplan" and not req.compiled and not req.eager
             and _compile_ok(spec, hw, replace(req, compiled=True), scheme, kv) is None)
 
 

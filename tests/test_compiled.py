@@ -162,3 +162,20 @@ def test_eager_from_the_cli(capsys):
     assert "--eager" in next(e["how"] for e in eager["engines"] if e["engine"] == "vramplan")
     code, out, err = run_cli(capsys, *base, "--eager", "--compile")
     assert "--compile and --eager contradict each other" in assert_one_line_error(code, err)
+
+
+def test_the_compiled_default_is_cudas_only():
+    """No compiled decode is measured on Apple's GPUs (no CUDA graphs, and vramplan's runtime does not run there): an
+    Apple plan stays eager; --eager is refused for engines that decode their own way."""
+    import pytest
+
+    from vramplan.planner.errors import PlanError
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.request import Request
+    from vramplan.planner.search import plan
+    from vramplan.planner.sources import model_spec
+
+    p = plan(model_spec("qwen2.5-0.5b"), resolve_profile("apple-m4-max-128gb")[0], Request(context=8192))
+    assert p.fits and not p.decode_compiled and not any(c.compiled for c in p.candidates)
+    with pytest.raises(PlanError, match="--eager is vramplan's runtime's decode mode"):
+        Request(context=8192, engine="llama.cpp", eager=True)

@@ -61,3 +61,33 @@ def test_the_cli_prints_and_writes_it(capsys):
     assert "sequences of 2k tokens at once" in out and "tok/s together" in out
     code, out, err = run_cli(capsys, *base[:-1], "--json")
     assert "concurrency" not in json.loads(out)  # only when asked for
+
+
+def test_a_published_checkpoint_counts_in_its_own_format():
+    """gpt-oss-20b's stored MXFP4 is not a --quant: the count is still the largest batch of that format."""
+    spec, hw = model_spec("gpt-oss-20b"), resolve_profile("h100-sxm")[0]
+    req = Request(context=32768)
+    p = plan_for_engine(spec, hw, req)
+    rows = {c.engine: c for c in concurrency(ENGINES, spec, hw, req, p)}
+    assert rows["vramplan"].weight_quant == p.chosen.weight_quant and rows["vramplan"].sequences > 1
+
+
+@pytest.mark.parametrize("engine", ["vramplan", "llama.cpp", "transformers"])
+def test_more_sequences_never_move_experts_or_layers_off_the_gpu(engine):
+    """An MoE whose batch fits only with more layers' routed experts in RAM is not counted at that batch."""
+    spec, hw = model_spec("qwen3-30b-a3b"), resolve_profile("rtx-4090")[0]
+    req = Request(context=32768, engine=engine)
+    plan_fn = BY_NAME[engine].plan
+    one = plan_fn(spec, hw, req)
+    n, best, why = most_sequences(plan_fn, spec, hw, one.request, one)
+    assert best.choice.expert_layers_on_cpu <= one.choice.expert_layers_on_cpu
+    assert best.choice.gpu_layers >= one.choice.gpu_layers
+    assert why and "do not fit" not in why  # the reason for n + 1, in its own words
+
+
+def test_the_section_is_there_when_the_plan_does_not_fit(capsys):
+    code, out, err = run_cli(capsys, "plan", "--model", "llama-3.1-405b", "--context", "8k", "-H", "rtx-4090",
+                             "--quant", "bf16", "--concurrency", "--json")
+    d = json.loads(out)
+    assert code == 1 and not d["fits"] and len(d["concurrency"]) == len(ENGINES)
+    assert d["concurrency"][0]["sequences"] == 0

@@ -158,6 +158,21 @@ def test_every_error_of_a_profile_at_once(capsys, tmp_path):
     assert 'unknown key "colour"' in line and f"(and 4 more errors: `vramplan profiles validate {bad}`" in line
 
 
+def test_an_error_is_listed_once(capsys, tmp_path):
+    """A missing section is one error, however many times its mapping is read."""
+    import yaml
+
+    d = yaml.safe_load((resolve_profile("rtx-4090")[1]).read_text())
+    del d["host"]
+    bad = tmp_path / "nohost.yaml"
+    bad.write_text(yaml.safe_dump(d))
+    code, out, err = run_cli(capsys, "profiles", "validate", bad)
+    assert code == 1 and [ln for ln in err.splitlines() if ln.startswith("invalid:")] == [
+        f'invalid: {bad}: missing required key "host"']
+    code, out, err = run_cli(capsys, "plan", "--model", "llama-3.1-8b", "-H", bad)
+    assert "more error" not in assert_one_line_error(code, err)
+
+
 def test_a_saved_profile_is_named_after_its_file():
     """calibrate --save and probe --save name the profile after the file: two team profiles never share a name."""
     from vramplan.cli import named_after
@@ -188,3 +203,11 @@ def test_a_typical_prompts_ttft_beside_the_whole_contexts(capsys):
     assert Plan.from_dict(d).typical_prompt_ttft == (1024, typical["ttft_s"])
     code, out, err = run_cli(capsys, *base)
     assert "prompt tokens (the whole context; " in out and "for a typical 1024-token prompt)" in out
+
+
+def test_a_typical_prompts_ttft_keeps_the_chosen_placement():
+    """Mixtral at 8k on a 4090 keeps some layers' experts in RAM; the 1024-token prompt is timed on that placement (the
+    fastest placement for a short prompt alone may be another)."""
+    p = plan(model_spec("mixtral-8x7b-v0.1"), resolve_profile("rtx-4090")[0], Request(context=8192))
+    assert p.fits and p.choice.expert_layers_on_cpu > 0
+    assert p.typical_prompt_ttft is not None and p.typical_prompt_ttft[1] < p.predicted.ttft_s
