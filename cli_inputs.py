@@ -125,19 +125,15 @@ def build_request(context: str | None, batch: int | None, prompt_tokens: int | N
         allow_context_overflow=allow_context_overflow, expert_placement=expert_placement, compiled=compiled,
         eager=eager,
         usable_min_decode_tok_s=USABLE_MIN_DECODE_TOK_S if min_tok_s is None else min_tok_s,
-        usable_max_ttft_s=USABLE_MAX_TTFT_S if max_ttft is None else parse_duration(max_ttft, "--max-ttft"),
+        usable_max_ttft_s=USABLE_MAX_TTFT_S if max_ttft is None else _seconds(max_ttft, "--max-ttft"),
     )
 
 
-DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+def _seconds(text: str, flag: str) -> float:
+    """A duration as a flag takes it: bare seconds ("90") or with a unit ("90s", "10m", "2h": units.parse_seconds)."""
+    from vramplan.planner.units import parse_seconds
 
-
-def parse_duration(text: str, flag: str) -> float:
-    """Seconds from '90', '90s', '10m', '2h' or '1d'; a UsageError naming the flag otherwise."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", text.lower())
-    if m is None or m.group(2) not in DURATION_UNITS:
-        raise UsageError(f"{flag} {text!r}: give seconds or a duration such as 90s, 10m or 2h")
-    return float(m.group(1)) * DURATION_UNITS[m.group(2)]
+    return parse_seconds(float(text) if re.fullmatch(r"\s*\d+(\.\d+)?\s*", text) else text, what=flag)
 
 
 def fit_default_context(req, context_flag: str | None, spec):

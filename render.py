@@ -664,16 +664,11 @@ def public_records_path():
     return resources.files("vramplan.planner.public_gpu").joinpath("records.jsonl")
 
 
+@functools.lru_cache(maxsize=1)
 def public_record_sources() -> dict[str, str]:
     """Each public record's id and the address of its source (the corpus installed with vramplan)."""
-    global _RECORD_SOURCES
-    if _RECORD_SOURCES is None:
-        rows = [json.loads(x) for x in public_records_path().read_text(encoding="utf-8").splitlines() if x.strip()]
-        _RECORD_SOURCES = {r["id"]: (r.get("source") or {}).get("url", "?") for r in rows}
-    return _RECORD_SOURCES
-
-
-_RECORD_SOURCES: dict[str, str] | None = None
+    rows = [json.loads(x) for x in public_records_path().read_text(encoding="utf-8").splitlines() if x.strip()]
+    return {r["id"]: (r.get("source") or {}).get("url", "?") for r in rows}
 
 
 def _chosen(d: dict) -> dict | None:

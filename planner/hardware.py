@@ -127,6 +127,12 @@ class GPUSpec:
     def total_memory_bytes(self) -> int:
         return self.memory_bytes * self.count
 
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """The compute capability as (major, minor), None where unknown."""
+        cc = self.compute_capability
+        return None if cc is None else tuple(int(x) for x in cc.split("."))  # type: ignore[return-value]
+
 
 @record(kw_only=True)
 class HostSpec:

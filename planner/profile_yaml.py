@@ -334,7 +334,10 @@ class _Reader:
 
     def scalars(self, value: Any, path: str, keys: Mapping[str, tuple[str, Any, Any]]) -> dict[str, Any]:
         """Parse a mapping whose values are all scalar kinds into dataclass kwargs."""
-        d = self.mapping(value, path, keys)
+        return self.values(self.mapping(value, path, keys), path, keys)
+
+    def values(self, d: dict[str, Any], path: str, keys: Mapping[str, tuple[str, Any, Any]]) -> dict[str, Any]:
+        """The scalar kinds of a mapping `mapping` has checked, as dataclass kwargs (its other keys: the caller's)."""
         kwargs: dict[str, Any] = {}
         for k, (field, kind, default) in keys.items():
             if kind is None:
@@ -383,7 +386,7 @@ def _parse_profile(d: Any, r: _Reader) -> HardwareProfile:
                      f"unsupported schema version {_show(sv)}: this vramplan reads version {SCHEMA_VERSION}{newer}")
 
     top = r.mapping(d, "", _PROFILE_KEYS)
-    kwargs = r.scalars(top, "", _PROFILE_KEYS)
+    kwargs = r.values(top, "", _PROFILE_KEYS)
     kwargs["gpus"] = r.attempt(_parse_gpus, top["gpus"], r) if "gpus" in top else _FAILED
     kwargs["host"] = r.attempt(lambda: r.build(HostSpec, r.scalars(top["host"], "host", _HOST_KEYS), "host",
                                                _HOST_KEYS)) if "host" in top else _FAILED
@@ -430,7 +433,7 @@ def _parse_notes(notes_raw: Any, r: _Reader) -> tuple[str, ...]:
 def _parse_calibration(raw: Any, r: _Reader) -> Calibration:
     path = "calibration"
     d = r.mapping(raw, path, _CALIBRATION_KEYS)
-    kwargs = r.scalars(d, path, _CALIBRATION_KEYS)
+    kwargs = r.values(d, path, _CALIBRATION_KEYS)
     versions = d.get("versions", {}) or {}
     if not isinstance(versions, Mapping):
         raise r.fail(_join(path, "versions"), f'expected a mapping like {{torch: "2.5.1"}}, got {_show(versions)}')
@@ -464,7 +467,7 @@ def _id_list(raw: Any, path: str, r: _Reader) -> tuple[str, ...]:
 def _parse_public_fit(raw: Any, r: _Reader) -> PublicFit:
     path = "public_fit"
     d = r.mapping(raw, path, _PUBLIC_FIT_KEYS)
-    kwargs = r.scalars(d, path, _PUBLIC_FIT_KEYS)
+    kwargs = r.values(d, path, _PUBLIC_FIT_KEYS)
     kwargs["host_records"] = _id_list(d.get("host_records"), _join(path, "host_records"), r)
     entries_raw = d.get("entries", []) or []
     if not isinstance(entries_raw, list):
@@ -508,7 +511,7 @@ def _document_errors(d: Any, origin: str) -> list[str]:
     except ProfileError as e:
         if not any(e is x for x in r.errors):
             r.errors.append(e)
-    return list(dict.fromkeys(str(e) for e in r.errors))  # a mapping is checked again where its values are read
+    return [str(e) for e in r.errors]
 
 
 def profile_errors(path: str | os.PathLike[str]) -> list[str]:

@@ -52,9 +52,10 @@ _BW_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kKmMgGtT]?)(?P<i>i?)B\s*/\s*s
 _FLOPS_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kKmMgGtTpP]?)FLOP(?:S|/s)\s*$")
 _FLOPS_MULT = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 
-_TIME_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<unit>s|ms|us|µs|ns)\s*$")
-# divisors, not 1e-6 multipliers: "5 us" must give exactly 5e-06
+_TIME_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<unit>s|ms|us|µs|ns|min|m|h|d)\s*$")
+# divisors, not 1e-6 multipliers: "5 us" must give exactly 5e-06; durations longer than a second multiply
 _TIME_DIV = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}
+_TIME_MUL = {"min": 60.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 _SIGNED_RE = re.compile(r"^\s*[-+]")
@@ -222,7 +223,7 @@ def parse_flops(text: str | int | float, *, what: str = "compute") -> float:
 
 
 def parse_seconds(text: str | int | float, *, what: str = "time") -> float:
-    """Seconds: "5 us", "1.2 ms", "0.5 s"."""
+    """Seconds: "5 us", "1.2 ms", "0.5 s", "10 min" (or "10m"), "2h", "1d"."""
     if isinstance(text, bool):
         raise UnitError(f"{what} {text!r} needs a unit such as ms or us")
     m = None
@@ -231,8 +232,9 @@ def parse_seconds(text: str | int | float, *, what: str = "time") -> float:
     else:
         m = _TIME_RE.match(str(text))
         if not m:
-            raise _diagnose(text, what, "needs a unit: s, ms, us or ns")
-        value = float(m["num"]) / _TIME_DIV[m["unit"]]
+            raise _diagnose(text, what, "needs a unit: s, ms, us, ns, min, h or d")
+        unit = m["unit"]
+        value = float(m["num"]) * _TIME_MUL[unit] if unit in _TIME_MUL else float(m["num"]) / _TIME_DIV[unit]
     _finite(value, text, what)
     if math.isinf(value):
         raise UnitError(f"{what} {text!r} is too long to be a time anything waits for")

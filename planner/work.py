@@ -12,12 +12,10 @@ from .modelspec import ModelSpec, Role, dtype_bytes
 from .quant import KVScheme, WeightScheme, kv_bytes_per_layer
 from .memory import LayerCosts
 
-# Per-spec figures the search asks for at every placement it prices, kept for the last few specs: each entry holds its
-# spec, so the id in its key cannot be reused while it lives (planner.gguf keeps its tensors the same way).
-_SPEC_MEMO: dict[tuple[int, str], tuple[ModelSpec, tuple[float, ...]]] = {}
-
-
+# Per-spec figures (and per spec and prompt) the search asks for at every placement it prices, kept for the last few:
+# each entry holds its spec, so the id in its key cannot be reused while it lives (planner.gguf keeps its tensors so).
 SPEC_MEMO_SIZE = 32
+_SPEC_MEMO: dict[tuple, tuple[ModelSpec, tuple[float, ...]]] = {}
 
 
 def _per_spec(fn):

@@ -436,15 +436,17 @@ class _Attempt:
         return result.error if result.stopped_reason == STOP_OOM else None
 
 
+def _brief(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+
 def _eager_fallback(exc: BaseException) -> str:
-    return (f"the compiled decode the plan chose failed here ({type(exc).__name__}: "
-            f"{' '.join(str(exc).split())[:200]}): decoding eager instead, so the prediction (priced compiled) is "
-            "above what eager reaches; --eager plans it eager")
+    return (f"the compiled decode the plan chose failed here ({_brief(exc)}): decoding eager instead, so the "
+            "prediction (priced compiled) is above what eager reaches; --eager plans it eager")
 
 
 def _compile_failed(exc: BaseException) -> VramplanError:
-    return VramplanError(f"--compile failed here ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}): run "
-                         "without --compile (the eager decode)")
+    return VramplanError(f"--compile failed here ({_brief(exc)}): run without --compile (the eager decode)")
 
 
 def _release(holder: dict) -> None:

@@ -21,14 +21,18 @@ def _isolated(tmp_path, monkeypatch):
     isolate(tmp_path, monkeypatch, offline_hub=True)
 
 
+def _most(model: str, hardware: str, context: int, engine: str):
+    """`engine`'s one-sequence plan of `model` and its most_sequences answer."""
+    spec, hw = model_spec(model), resolve_profile(hardware)[0]
+    plan_fn = BY_NAME[engine].plan
+    one = plan_fn(spec, hw, Request(context=context, engine=engine))
+    return spec, hw, plan_fn, one, most_sequences(plan_fn, spec, hw, one.request, one)
+
+
 @pytest.mark.parametrize("engine", ["vramplan", "llama.cpp"])
 def test_the_count_is_the_largest_batch_that_keeps_the_placement(engine):
     """n sequences plan with the chosen format and at least its GPU layers; n + 1 do not."""
-    spec, hw = model_spec("llama-3.1-8b"), resolve_profile("a100-80gb-sxm")[0]
-    req = Request(context=8192, engine=engine)
-    plan_fn = BY_NAME[engine].plan
-    one = plan_fn(spec, hw, req)
-    n, best, why = most_sequences(plan_fn, spec, hw, one.request, one)
+    spec, hw, plan_fn, one, (n, best, why) = _most("llama-3.1-8b", "a100-80gb-sxm", 8192, engine)
     assert n > 1 and best.request.batch == n and best.chosen.weight_quant == one.chosen.weight_quant
     forced = replace(one.request, quant=(one.chosen.weight_quant,), kv_dtype=(one.chosen.kv_dtype,))
     at_n = plan_fn(spec, hw, replace(forced, batch=n), contexts=False)
@@ -75,11 +79,7 @@ def test_a_published_checkpoint_counts_in_its_own_format():
 @pytest.mark.parametrize("engine", ["vramplan", "llama.cpp", "transformers"])
 def test_more_sequences_never_move_experts_or_layers_off_the_gpu(engine):
     """An MoE whose batch fits only with more layers' routed experts in RAM is not counted at that batch."""
-    spec, hw = model_spec("qwen3-30b-a3b"), resolve_profile("rtx-4090")[0]
-    req = Request(context=32768, engine=engine)
-    plan_fn = BY_NAME[engine].plan
-    one = plan_fn(spec, hw, req)
-    n, best, why = most_sequences(plan_fn, spec, hw, one.request, one)
+    spec, hw, plan_fn, one, (n, best, why) = _most("qwen3-30b-a3b", "rtx-4090", 32768, engine)
     assert best.choice.expert_layers_on_cpu <= one.choice.expert_layers_on_cpu
     assert best.choice.gpu_layers >= one.choice.gpu_layers
     assert why and "do not fit" not in why  # the reason for n + 1, in its own words

@@ -49,6 +49,8 @@ def test_bandwidth_flops_seconds_fraction():
     assert parse_flops("989 TFLOP/s") == pytest.approx(989e12)
     assert parse_seconds("5 us") == pytest.approx(5e-6)
     assert parse_seconds("1.5 ms") == pytest.approx(1.5e-3)
+    assert (parse_seconds("10 min"), parse_seconds("10m"), parse_seconds("2h"), parse_seconds("1d")) == (
+        600.0, 600.0, 7200.0, 86400.0)  # durations past a second, as --max-ttft takes them
     assert parse_fraction("0.25") == 0.25 and parse_fraction("85%") == pytest.approx(0.85)
     for bad, fn in [("1008 Gb/s", parse_bandwidth), ("0 GB/s", parse_bandwidth), ("fast", parse_flops),
                     ("5", parse_seconds), ("1.5", parse_fraction), ("-3%", parse_fraction)]:

@@ -189,7 +189,7 @@ def flash_attention(hw: HardwareProfile) -> str:
         return "auto"
     for g in hw.gpus:
         cc = g.compute_capability
-        if cc is not None and (int(cc.split(".")[0]) < FA_MIN_MAJOR or cc in FA_EXCLUDED_CC):
+        if cc is not None and (g.capability[0] < FA_MIN_MAJOR or cc in FA_EXCLUDED_CC):
             return "off"
     return "auto"
 

@@ -338,12 +338,11 @@ def _cannot_run(spec: ModelSpec, hw: HardwareProfile, fmt: WeightFormat | None) 
                     f"(QuantizationMethods, {rules.QUANT_INIT}): vLLM cannot run it")
         return (f"{spec.name}'s checkpoint is quantized with {method}: vLLM loads it as it is, in a layout vramplan "
                 "does not size; no command is written")
-    cc = hw.gpu.compute_capability
+    cc = hw.gpu.capability
     if fmt is not None and fmt.min_capability and cc is not None:
-        major, minor = (int(x) for x in cc.split("."))
-        if 10 * major + minor < fmt.min_capability:
+        if 10 * cc[0] + cc[1] < fmt.min_capability:
             return (f"vLLM {VLLM_VERSION}'s {fmt.name} needs compute capability {fmt.min_capability / 10:g} or "
-                    f"more; {hw.gpu.name} has {cc}: vLLM cannot run this plan on this card")
+                    f"more; {hw.gpu.name} has {hw.gpu.compute_capability}: vLLM cannot run this plan on this card")
     return ""
 
 

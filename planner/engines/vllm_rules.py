@@ -343,9 +343,8 @@ def online_format(scheme: str, bits: int) -> WeightFormat:
 
 
 # ---------------------------------------------------------------- the attention backend and its KV block
-def _capability(gpu: GPUSpec) -> tuple[int, int] | None:
-    cc = gpu.compute_capability
-    return tuple(int(x) for x in cc.split(".")) if cc else None  # type: ignore[return-value]
+# A profile without a compute capability is priced as vLLM runs on Hopper (what the backend and MoE rules assume).
+UNKNOWN_CAPABILITY_ASSUMED = (9, 0)
 
 
 def attention_backend(gpu: GPUSpec, mla: bool, kv_cache: str, qk_nope_head_dim: int | None = None) -> tuple[str, int]:
@@ -363,7 +362,7 @@ def attention_backend(gpu: GPUSpec, mla: bool, kv_cache: str, qk_nope_head_dim: 
     Standard attention takes 16 everywhere (FLASH_ATTN and TRITON_ATTN MultipleOf(16); FLASHINFER [16, 32, 64] first on
     10.x); the FA4 head-256 page of 128 and the Hopper FA4 fp8 head-512 page of 64 need FA4 on a path vLLM does not
     pick by default. Unknown capability: Hopper's answer."""
-    major = (_capability(gpu) or (9, 0))[0]
+    major = (gpu.capability or UNKNOWN_CAPABILITY_ASSUMED)[0]
     if not mla:
         return ("FLASHINFER" if major == 10 else "FLASH_ATTN" if major >= 8 else "TRITON_ATTN"), BLOCK_SIZE
     if major == 9:
@@ -385,7 +384,7 @@ def mxfp4_moe_backend(gpu: GPUSpec) -> tuple[str, int, int]:
     bf16 activations on 9.0 only (behind TRITON; FI_CUTLASS_MOE_PY _supports_quant_scheme), then MARLIN from 7.5
     (MARLIN_MOE_PY). mxfp4_round_up_hidden_size_and_intermediate_size (lines 837-916) pads: TRTLLM and MARLIN
     intermediate to 128 and hidden to 256; any other (TRITON) intermediate to 64."""
-    cc = _capability(gpu) or (9, 0)
+    cc = gpu.capability or UNKNOWN_CAPABILITY_ASSUMED
     if cc[0] == 10:
         return "FLASHINFER_TRTLLM_MXFP4_BF16", 128, 256
     if (9, 0) <= cc < (12, 0):
