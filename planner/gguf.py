@@ -47,10 +47,13 @@ and convert's optional q/k/v and gate/up fusion (off by default).
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from .record import record
 from .errors import PlanError, UnsupportedArchitectureError
 from .modelspec import ModelSpec, TensorSpec
+from .llama_quantize import (ATTN_V_LIKE, _ModelFacts, _QuantizeState, _mixture_type, allows_quantization,  # noqa: F401
+                             fallback_type, ggml_n_dims, requires_imatrix, tensor_category, use_more_bits)
 from .ggml_types import (GGML_HALF_BYTES, GGML_TYPES, GGUF_FILE_TYPES, QK_K, GGMLType, GGUFFileType,  # noqa: F401
                          gguf_file_type)
 
@@ -233,110 +236,7 @@ def _load_order(s: _Source) -> tuple[int, str]:
     return (-1 if s.layer is None else s.layer, s.name)
 
 
-# ------------------------------------------------------------------ llama-quantize type selection
-# tensor_get_category: the first matching substring decides (order as in llama-quant.cpp).
-CATEGORY_PATTERNS = (
-    ("attn_qkv.weight", "attn_qkv"), ("attn_kv_b.weight", "attn_kv_b"), ("attn_v.weight", "attn_v"),
-    ("attn_k.weight", "attn_k"), ("attn_q.weight", "attn_q"), ("attn_output.weight", "attn_output"),
-    ("ffn_up", "ffn_up"), ("ffn_gate", "ffn_gate"), ("ffn_down", "ffn_down"),
-)
-ATTN_V_LIKE = ("attn_v", "attn_qkv", "attn_kv_b")  # category_is_attn_v
-# tensor_allows_quantization: name fragments never quantized (architecture-independent ones).
-NEVER_QUANTIZED = (
-    "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel", "per_layer_model_proj",
-    "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight", "indexer.q_proj.weight", "time_mix_first.weight",
-    "time_mix_w0.weight", "time_mix_w1.weight", "time_mix_w2.weight", "time_mix_v0.weight", "time_mix_v1.weight",
-    "time_mix_v2.weight", "time_mix_a0.weight", "time_mix_a1.weight", "time_mix_a2.weight", "time_mix_g1.weight",
-    "time_mix_g2.weight", "time_mix_decay_w1.weight", "time_mix_decay_w2.weight", "time_mix_lerp_fused.weight",
-    "attn_rel_b.weight", ".position_embd", "sam.pos_embd", "sam.neck.", "sam.net_", ".rel_pos", ".patch_embd",
-    ".patch_merger", "a.rvq.codebook", "mm.a.code_embd",
-)
-NEVER_QUANTIZED_NAMES = ("position_embd.weight", "token_types.weight")  # LLM_TENSOR_POS_EMBD, TOKEN_TYPES
-# tensor_type_fallback: the type a row length that is no whole number of blocks falls back to (256-element IQ types to
-# IQ4_NL, the 2- and 3-bit K and ternary types to Q4_0; a 32-element type keeps itself, then F16).
-FALLBACK_TYPES = {"IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ2_S": "IQ4_NL",
-                  "IQ3_XXS": "IQ4_NL", "IQ3_S": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q2_0": "Q4_0", "Q2_K": "Q4_0",
-                  "Q3_K": "Q4_0", "TQ1_0": "Q4_0", "TQ2_0": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
-# llama_tensor_get_type_impl's lists of file types (llama-quant.cpp), by the rule that names them:
-# the output (and a tied token_embd) is Q5_K for these, Q6_K for the others;
-OUTPUT_Q5_K_FILE_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M")
-# an untied token_embd takes these types (the other file types leave it at their default);
-TOKEN_EMBD_TYPES = {"IQ2_XXS": "Q2_K", "IQ2_XS": "Q2_K", "IQ1_S": "Q2_K", "IQ1_M": "Q2_K", "IQ2_S": "IQ3_S",
-                    "IQ2_M": "IQ3_S", "IQ3_XXS": "IQ3_S", "TQ1_0": "Q4_K", "TQ2_0": "Q4_K"}
-# the 1- and 2-bit IQ mixtures have rules of their own for attn_v, attn_k, ffn_down and attn_output (and no others);
-LOW_BIT_IQ_FILE_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M")
-IQ2_S_LIKE = ("IQ2_S", "IQ2_M")  # ... where these two take IQ3_S and the others Q2_K
-# the rule sets that move attn_output to Q5_K in 8-expert models;
-EIGHT_EXPERT_ATTN_OUTPUT_Q5_K = ("Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M",
-                                 "IQ3_S", "IQ3_M", "IQ4_XS")
-# attn_output of the other models.
-ATTN_OUTPUT_TYPES = {"Q2_K": "Q3_K", "IQ3_XXS": "IQ3_S", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K", "IQ3_M": "Q4_K"}
-# tensor_requires_imatrix: llama-quantize refuses ("this quantization requires an imatrix!") to write a tensor other
-# than token_embd / output in these types without an importance matrix; Q2_K too, in a Q2_K_S file.
-IMATRIX_REQUIRED_TYPES = ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S")
-
-
-def tensor_category(name: str) -> str:
-    """tensor_get_category: 'output', 'token_embd', 'attn_v', 'ffn_down', ... or 'other'."""
-    if name == "output.weight":
-        return "output"
-    if name in ("token_embd.weight", "per_layer_token_embd.weight"):
-        return "token_embd"
-    for fragment, category in CATEGORY_PATTERNS:
-        if fragment in name:
-            return category
-    return "other"
-
-
-def ggml_n_dims(shape: tuple[int, ...]) -> int:
-    """ggml_n_dims: dimensions up to the last one larger than 1 (at least 1)."""
-    n = len(shape)
-    while n > 1 and shape[n - 1] == 1:
-        n -= 1
-    return n
-
-
-def allows_quantization(name: str, shape: tuple[int, ...]) -> bool:
-    """tensor_allows_quantization for the default parameters (quantize_output_tensor, not only_copy)."""
-    if ggml_n_dims(shape) < 2 or not name.endswith("weight"):
-        return False
-    return not any(f in name for f in NEVER_QUANTIZED) and name not in NEVER_QUANTIZED_NAMES
-
-
-def requires_imatrix(name: str, ggml_type: str, file_type: str) -> bool:
-    """tensor_requires_imatrix: whether llama-quantize needs an importance matrix to write this tensor in this type."""
-    if tensor_category(name) in ("token_embd", "output"):
-        return False
-    return ggml_type in IMATRIX_REQUIRED_TYPES or (ggml_type == "Q2_K" and file_type == "Q2_K_S")
-
-
-def use_more_bits(i_layer: int, n_layers: int) -> bool:
-    """The Q4_K_M / Q5_K_M rule: the first and last eighth and every third layer in between."""
-    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
-
-
-def fallback_type(type_name: str, row_elements: int) -> str:
-    """tensor_type_fallback: a type whose block does not divide the row length is demoted."""
-    t = GGML_TYPES[type_name]
-    if row_elements % t.block_elements == 0:
-        return type_name
-    demoted = FALLBACK_TYPES.get(type_name, type_name if t.block_elements <= 32 else None)
-    if demoted is None:
-        raise PlanError(f"no tensor type fallback is defined for type {type_name}")
-    return demoted if row_elements % GGML_TYPES[demoted].block_elements == 0 else "F16"
-
-
-@record(kw_only=True)
-class _ModelFacts:
-    """The hparams llama_tensor_get_type_impl reads."""
-
-    arch: str
-    n_layer: int  # n_layer_all: GGUF block_count
-    n_expert: int  # 0 for dense models
-    n_gqa: int  # n_head / n_head_kv of layer 0 as the GGUF stores them
-    is_70b: bool  # model.type == LLM_TYPE_70B
-
-
+# ------------------------------------------------- llama-quantize type selection (its rules: planner/llama_quantize.py)
 def _model_facts(spec: ModelSpec) -> _ModelFacts:
     arch = GGUF_ARCHITECTURES[spec.model_type]
     a = spec.attention[0]
@@ -349,161 +249,6 @@ def _model_facts(spec: ModelSpec) -> _ModelFacts:
                        is_70b=is_70b)
 
 
-class _QuantizeState:
-    """quantize_state_impl: the counters llama-quantize advances tensor by tensor."""
-
-    def __init__(self, facts: _ModelFacts, categories: tuple[str, ...], imatrix: bool) -> None:
-        self.facts = facts
-        self.has_imatrix = imatrix
-        self.n_attention_wv = sum(1 for c in categories if c in ATTN_V_LIKE)
-        self.has_tied_embeddings = "output" not in categories
-        self.n_ffn_down = facts.n_layer  # n_ffn_down = n_ffn_gate = n_ffn_up = n_layer_all
-        self.i_attention_wv = 0
-        self.i_ffn_down = 0
-        self.i_ffn_gate = 0
-        self.i_ffn_up = 0
-
-    def layer_info(self, counter: int, name: str) -> tuple[int, int]:
-        """With experts the layer comes from the name; otherwise from the running counter."""
-        if self.facts.n_expert > 1:
-            return int(name.split(".")[1]), self.n_ffn_down
-        return counter, self.n_ffn_down
-
-
-def _output_type(ftype: str, new_type: str, row: int) -> str:
-    """The output tensor (and a tied token_embd)."""
-    if ftype == "MXFP4_MOE" or row % GGML_TYPES[new_type].block_elements:
-        return "Q8_0"
-    if ftype in OUTPUT_Q5_K_FILE_TYPES:
-        return "Q5_K"
-    return new_type if new_type == "Q8_0" else "Q6_K"
-
-
-def _low_bit_iq_type(qs: _QuantizeState, ftype: str, new_type: str, category: str) -> str:
-    """The IQ1_S / IQ1_M / IQ2_XXS / IQ2_XS / IQ2_S / IQ2_M rules (no LLM_TYPE_70B or 8-expert Q8_0 attn_v here;
-    ffn_down counts tensors, experts' and shared experts' alike, against n_layer / 8)."""
-    f = qs.facts
-    if category in ATTN_V_LIKE:
-        qs.i_attention_wv += 1
-        if f.n_gqa >= 4 or f.n_expert >= 4:
-            return "Q4_K"
-        return "IQ3_S" if ftype in IQ2_S_LIKE else "Q2_K"
-    if f.n_expert == 8 and category == "attn_k":
-        return "Q4_K"
-    if category == "ffn_down":
-        first = qs.i_ffn_down < qs.n_ffn_down // 8
-        qs.i_ffn_down += 1
-        return ("IQ3_S" if ftype in IQ2_S_LIKE else "Q2_K") if first else new_type
-    if category == "attn_output":
-        if f.n_expert == 8:
-            return "Q5_K"
-        return "IQ2_XXS" if ftype in ("IQ1_S", "IQ1_M") else "IQ3_S" if ftype in IQ2_S_LIKE else new_type
-    return new_type
-
-
-def _attn_v_type(qs: _QuantizeState, ftype: str, new_type: str) -> str:
-    f = qs.facts
-    i, n = qs.i_attention_wv, qs.n_attention_wv
-    if ftype == "Q2_K":
-        new_type = "Q4_K" if f.n_gqa >= 4 else "Q3_K"
-    elif ftype == "Q2_K_S" and f.n_gqa >= 4:
-        new_type = "Q4_K"
-    elif ftype == "IQ3_XXS":
-        new_type = "Q4_K" if f.n_gqa >= 4 else "IQ3_XXS" if qs.has_imatrix else "IQ3_S"
-    elif ftype in ("IQ3_XS", "IQ3_S") and f.n_gqa >= 4:
-        new_type = "Q4_K"
-    elif ftype == "IQ3_M":
-        new_type = "Q4_K"
-    elif ftype == "Q3_K_M":
-        new_type = "Q5_K" if i < 2 else "Q4_K"
-    elif ftype == "Q3_K_L":
-        new_type = "Q5_K"
-    elif ftype in ("IQ4_NL", "IQ4_XS") and f.n_gqa >= 4:
-        new_type = "Q5_K"
-    elif ftype in ("Q4_K_M", "Q5_K_M") and use_more_bits(i, n):
-        new_type = "Q6_K"
-    elif ftype == "Q4_K_S" and i < 4:
-        new_type = "Q5_K"
-    if f.is_70b and new_type in ("Q3_K", "Q4_K"):
-        new_type = "Q5_K"
-    if f.n_expert == 8:
-        new_type = "Q8_0"
-    qs.i_attention_wv += 1
-    return new_type
-
-
-def _ffn_down_type(qs: _QuantizeState, ftype: str, new_type: str, name: str) -> str:
-    i, n = qs.layer_info(qs.i_ffn_down, name)
-    if ftype == "Q2_K":
-        new_type = "Q3_K"
-    elif ftype == "Q2_K_S":
-        if i < n // 8:
-            new_type = "Q4_K"
-    elif ftype == "IQ3_XXS" and not qs.has_imatrix:
-        new_type = "Q4_K" if i < n // 8 else "Q3_K"
-    elif ftype == "Q3_K_M":
-        new_type = "Q5_K" if i < n // 16 else "Q4_K"
-    elif ftype == "IQ3_M" and (i < n // 8 or (qs.facts.n_expert == 8 and use_more_bits(i, n))):
-        new_type = "Q4_K"
-    elif ftype == "Q3_K_L":
-        new_type = "Q5_K"
-    elif ftype == "Q4_K_M":
-        if use_more_bits(i, n):
-            new_type = "Q6_K"
-    elif i < n // 8 and ftype in ("IQ4_NL", "IQ4_XS") and not qs.has_imatrix:
-        new_type = "Q5_K"
-    elif ftype == "Q5_K_M" and use_more_bits(i, n):
-        new_type = "Q6_K"
-    elif ftype == "Q4_K_S" and i < n // 8:
-        new_type = "Q5_K"
-    elif ftype in ("Q4_0", "Q5_0") and qs.has_imatrix and i < n // 8:
-        new_type = "Q4_1" if ftype == "Q4_0" else "Q5_1"
-    qs.i_ffn_down += 1
-    return new_type
-
-
-def _attn_output_type(qs: _QuantizeState, ftype: str, new_type: str) -> str:
-    if qs.facts.n_expert == 8:
-        return "Q5_K" if ftype in EIGHT_EXPERT_ATTN_OUTPUT_Q5_K else new_type
-    return ATTN_OUTPUT_TYPES.get(ftype, new_type)
-
-
-def _gate_up_type(qs: _QuantizeState, ftype: str, new_type: str, name: str, category: str) -> str:
-    """ffn_gate / ffn_up: IQ3_XS takes IQ3_XXS for the layers between the first and the last eighth."""
-    counter = qs.i_ffn_gate if category == "ffn_gate" else qs.i_ffn_up
-    i, n = qs.layer_info(counter, name)
-    if category == "ffn_gate":
-        qs.i_ffn_gate += 1
-    else:
-        qs.i_ffn_up += 1
-    return "IQ3_XXS" if ftype == "IQ3_XS" and n // 8 <= i < 7 * n // 8 else new_type
-
-
-def _mixture_type(qs: _QuantizeState, ftype: str, new_type: str, s: _Source, category: str) -> str:
-    """llama_tensor_get_type_impl, its branches in its order, for the file types in GGUF_FILE_TYPES."""
-    if category == "output" or (qs.has_tied_embeddings and category == "token_embd"):
-        return _output_type(ftype, new_type, s.shape[0])
-    if ftype == "MXFP4_MOE":  # 3-D tensors (ne[2] > 1: the routed experts) MXFP4, every other one Q8_0
-        return "MXFP4" if len(s.shape) > 2 and s.shape[2] > 1 else "Q8_0"
-    if category == "token_embd":
-        return TOKEN_EMBD_TYPES.get(ftype, new_type)
-    if ftype in LOW_BIT_IQ_FILE_TYPES:
-        return _low_bit_iq_type(qs, ftype, new_type, category)
-    if category in ATTN_V_LIKE:  # attn_qkv is attn_v-like: the later ATTENTION_QKV branch is never reached
-        return _attn_v_type(qs, ftype, new_type)
-    if category == "attn_k":
-        return "Q8_0" if qs.facts.n_expert == 8 else {"IQ3_XS": "IQ3_XXS", "IQ3_XXS": "IQ2_S"}.get(ftype, new_type)
-    if category == "attn_q":
-        return {"IQ3_XS": "IQ3_XXS", "IQ3_XXS": "IQ2_S"}.get(ftype, new_type)
-    if category == "ffn_down":
-        return _ffn_down_type(qs, ftype, new_type, s.name)
-    if category == "attn_output":
-        return _attn_output_type(qs, ftype, new_type)
-    if category in ("ffn_gate", "ffn_up"):
-        return _gate_up_type(qs, ftype, new_type, s.name, category)
-    return new_type
-
-
 @record(kw_only=True)
 class _Inventory:
     """A model's tensors as llama-quantize visits them, each with what does not depend on the file type."""
@@ -512,6 +257,59 @@ class _Inventory:
     quantizable: tuple[bool, ...]  # tensor_allows_quantization
     categories: tuple[str, ...]  # tensor_get_category
     rows: tuple[tuple[int, int], ...]  # (rows: the product of ne[1:], row length ne[0]) of each
+    # Tensors llama_tensor_get_type gives one type in every file type (_alike): the number of each one's group, and
+    # per group its first tensor and the quantize counters (attn_v, ffn_down, ffn_gate, ffn_up) as it finds them.
+    group_of: tuple[int, ...]
+    firsts: tuple[int, ...]
+    counters: tuple[tuple[int, int, int, int], ...]
+    info_bytes: int  # the tensor infos in the file's header (tensor_info_bytes), the same in every file type
+    # The decoder layers by their tensors' (group, rows, routed experts?): each layer's kind, and each kind's tensors;
+    # the tensors outside the layers as (name, group, rows); and every (group, rows) with how many tensors have it.
+    layer_kind_of: tuple[int, ...]
+    layer_kinds: tuple[tuple[tuple[int, int, bool], ...], ...]
+    outside: tuple[tuple[str, int, int], ...]
+    sized: tuple[tuple[int, int, int], ...]
+
+
+# The counter each category advances in quantize_state_impl (llama_tensor_get_type_impl), by its index in a
+# _QuantizeState's (i_attention_wv, i_ffn_down, i_ffn_gate, i_ffn_up).
+COUNTER_OF = {**{c: 0 for c in ATTN_V_LIKE}, "ffn_down": 1, "ffn_gate": 2, "ffn_up": 3}
+
+
+def _position(i: int, n: int) -> tuple[bool, ...]:
+    """Every test of a counter or layer i of n that llama_tensor_get_type_impl makes (i < 2, i < 4, the first
+    sixteenth, the first eighth, the middle, use_more_bits): layers alike in all of them get the same types."""
+    return (i < 2, i < 4, i < n // 16, i < n // 8, n // 8 <= i < 7 * n // 8, use_more_bits(i, n))
+
+
+def _alike(spec: ModelSpec, sources, quantizable, categories) -> tuple[tuple[int, ...], tuple[int, ...],
+                                                                       tuple[tuple[int, int, int, int], ...]]:
+    """Group the tensors whose type and row size cannot differ in any file type: the same row length, category,
+    stored and forced types, expert shape, and position of their counter (and, with experts, of their layer:
+    _QuantizeState.layer_info) in every test the rules make. tests/test_gguf.py checks the grouped types equal
+    llama-quantize's tensor-by-tensor walk (_select_types_each) for every file type."""
+    n_layer, n_wv = spec.num_layers, sum(1 for c in categories if c in ATTN_V_LIKE)
+    experts = spec.moe is not None and spec.moe.num_experts > 1
+    counts = [0, 0, 0, 0]
+    seen: dict[tuple, int] = {}
+    group_of, firsts, counters = [], [], []
+    for k, (src, q, cat) in enumerate(zip(sources, quantizable, categories)):
+        key: tuple = ((q, src.shape[0], src.stored, src.f32) if not q  # the row length: one row size per group
+                      else (q, src.shape[0], cat, len(src.shape) > 2 and src.shape[2] > 1, src.stored))
+        c = COUNTER_OF.get(cat) if q else None
+        if c is not None:
+            key += (_position(counts[c], n_wv if c == 0 else n_layer),)
+            if experts and c:
+                key += (_position(int(src.name.split(".")[1]), n_layer),)
+        g = seen.get(key)
+        if g is None:
+            g = seen[key] = len(firsts)
+            firsts.append(k)
+            counters.append(tuple(counts))
+        group_of.append(g)
+        if c is not None:
+            counts[c] += 1
+    return tuple(group_of), tuple(firsts), tuple(counters)
 
 
 def _inventory(spec: ModelSpec) -> _Inventory:
@@ -520,9 +318,25 @@ def _inventory(spec: ModelSpec) -> _Inventory:
     if hit is not None and hit[0] is spec:
         return hit[1]
     sources = tuple(sorted(_sources(spec), key=_load_order))
-    inv = _Inventory(sources=sources, quantizable=tuple(allows_quantization(s.name, s.shape) for s in sources),
-                     categories=tuple(tensor_category(s.name) for s in sources),
-                     rows=tuple((math.prod(s.shape[1:]), s.shape[0]) for s in sources))
+    quantizable = tuple(allows_quantization(s.name, s.shape) for s in sources)
+    categories = tuple(tensor_category(s.name) for s in sources)
+    group_of, firsts, counters = _alike(spec, sources, quantizable, categories)
+    rows = tuple((math.prod(s.shape[1:]), s.shape[0]) for s in sources)
+    per_layer: list[list[tuple[int, int, bool]]] = [[] for _ in range(spec.num_layers)]
+    outside = []
+    for src, g, (n, _) in zip(sources, group_of, rows):
+        if src.layer is None:
+            outside.append((src.name, g, n))
+        else:
+            per_layer[src.layer].append((g, n, "_exps." in src.name))  # llama.cpp's is_expert_tensor
+    kinds: dict[tuple, int] = {}
+    layer_kind_of = tuple(kinds.setdefault(tuple(t), len(kinds)) for t in per_layer)
+    inv = _Inventory(sources=sources, quantizable=quantizable, categories=categories, rows=rows,
+                     group_of=group_of, firsts=firsts, counters=counters,
+                     info_bytes=sum(_info_bytes(s.name, s.shape) for s in sources),
+                     layer_kind_of=layer_kind_of, layer_kinds=tuple(kinds), outside=tuple(outside),
+                     sized=tuple((g, n, k) for (g, n), k in Counter((g, n) for g, (n, _) in zip(group_of, rows))
+                                 .items()))
     if len(_INVENTORY_MEMO) >= INVENTORY_MEMO_SIZE:
         _INVENTORY_MEMO.pop(next(iter(_INVENTORY_MEMO)))
     _INVENTORY_MEMO[id(spec)] = (spec, inv)  # the spec held with it: its id cannot be reused while the entry lives
@@ -533,32 +347,52 @@ INVENTORY_MEMO_SIZE = 4
 _INVENTORY_MEMO: dict[int, tuple[ModelSpec, _Inventory]] = {}
 
 
-def _select_types(spec: ModelSpec, inv: _Inventory, file_type: GGUFFileType, imatrix: bool) -> list[str]:
+def _tensor_type(qs: _QuantizeState, file_type: GGUFFileType, s: _Source, quantizable: bool, category: str) -> str:
+    """llama_tensor_get_type for one tensor, the state's counters where the walk has them."""
+    default = GGML_TYPES[file_type.default_type]
+    if not quantizable:
+        return s.stored or ("F32" if s.f32 else default.name)
+    new_type = default.name
+    if default.quantized:
+        new_type = _mixture_type(qs, file_type.name, new_type, s.name, s.shape, category)
+        new_type = fallback_type(new_type, s.shape[0])
+    return s.stored or new_type
+
+
+def _select_types_each(spec: ModelSpec, inv: _Inventory, file_type: GGUFFileType, imatrix: bool) -> list[str]:
     """llama_tensor_get_type for every tensor, visited in the loader's order (the counters depend on it).
 
     A tensor convert wrote pre-quantized (`stored`: gpt-oss's MXFP4 experts) keeps its type: llama-quantize would refuse
     to change it ("requantizing from type mxfp4 is disabled" without --allow-requantize), and the published gpt-oss
     GGUFs keep their experts MXFP4 at every file type (unsloth/gpt-oss-120b-GGUF: Q2_K to F16 all 58-61 GB)."""
     qs = _QuantizeState(_model_facts(spec), inv.categories, imatrix)
-    default = GGML_TYPES[file_type.default_type]
-    out = []
-    for s, quantizable, category in zip(inv.sources, inv.quantizable, inv.categories):
-        if not quantizable:
-            out.append(s.stored or ("F32" if s.f32 else default.name))
-            continue
-        new_type = default.name
-        if default.quantized:
-            new_type = _mixture_type(qs, file_type.name, new_type, s, category)
-            new_type = fallback_type(new_type, s.shape[0])
-        out.append(s.stored or new_type)
-    return out
+    return [_tensor_type(qs, file_type, s, q, c) for s, q, c in zip(inv.sources, inv.quantizable, inv.categories)]
 
 
-def _imatrix_needed(inv: _Inventory, types: list[str], file_type: str) -> str | None:
+def _select_types(spec: ModelSpec, inv: _Inventory, file_type: GGUFFileType, imatrix: bool) -> list[str]:
+    """_select_types_each's types, from each group's (_select_group_types)."""
+    types = _select_group_types(spec, inv, file_type, imatrix)
+    return [types[g] for g in inv.group_of]
+
+
+def _select_group_types(spec: ModelSpec, inv: _Inventory, file_type: GGUFFileType, imatrix: bool) -> list[str]:
+    """Each group of alike tensors (_alike) typed once, by its first tensor with the counters the walk has there: a
+    405B model's 1138 tensors are 30-some groups."""
+    qs = _QuantizeState(_model_facts(spec), inv.categories, imatrix)
+    group_types = []
+    for k, counters in zip(inv.firsts, inv.counters):
+        qs.i_attention_wv, qs.i_ffn_down, qs.i_ffn_gate, qs.i_ffn_up = counters
+        group_types.append(_tensor_type(qs, file_type, inv.sources[k], inv.quantizable[k], inv.categories[k]))
+    return group_types
+
+
+def _imatrix_needed(inv: _Inventory, group_types: list[str], file_type: str) -> str | None:
     """The first tensor llama-quantize cannot write without an importance matrix, as 'name (type)'; None if none."""
-    for s, quantizable, ty in zip(inv.sources, inv.quantizable, types):
-        if quantizable and requires_imatrix(s.name, ty, file_type):
-            return f"{s.name} ({ty})"
+    needs = {g for g, (k, ty) in enumerate(zip(inv.firsts, group_types))
+             if inv.quantizable[k] and requires_imatrix(inv.sources[k].name, ty, file_type)}
+    for s, g in zip(inv.sources, inv.group_of):
+        if g in needs:
+            return f"{s.name} ({group_types[g]})"
     return None
 
 
@@ -603,43 +437,68 @@ def gguf_tensors(spec: ModelSpec, file_type: str, *, imatrix: bool | None = None
     return tensors
 
 
-def gguf_tensor_bytes(spec: ModelSpec, file_type: str) -> tuple[tuple[str, int | None, int], ...]:
-    """(GGUF name, layer, data bytes) of every tensor of the file, in its order: gguf_tensors without building the
-    records, for what only adds bytes up (the llama.cpp planner tries every file type)."""
-    if spec.gguf is not None and spec.gguf.file_type == file_type:
-        return tuple((t.name, t.layer, t.nbytes) for t in spec.gguf.tensors)
-    inv, _, nbytes = _typed(spec, file_type, None)
-    return tuple((s.name, s.layer, n) for s, n in zip(inv.sources, nbytes))
-
-
 def _typed(spec: ModelSpec, file_type: str, imatrix: bool | None) -> tuple[_Inventory, tuple[str, ...],
                                                                            tuple[int, ...]]:
-    """The inventory, each tensor's ggml type and its data bytes (ggml_nbytes) in the file `file_type`; memoized."""
+    """The inventory, each tensor's ggml type and its data bytes (ggml_nbytes) in the file `file_type`."""
+    inv, group_types, row_bytes = _group_typed(spec, file_type, imatrix)
+    return (inv, tuple(group_types[g] for g in inv.group_of),
+            tuple(rows * row_bytes[g] for (rows, _), g in zip(inv.rows, inv.group_of)))
+
+
+def _group_typed(spec: ModelSpec, file_type: str, imatrix: bool | None) -> tuple[_Inventory, list[str], list[int]]:
+    """The inventory, and per group of alike tensors (_alike) its ggml type and the bytes of one of its rows in the
+    file `file_type`; memoized."""
     key = (id(spec), file_type, imatrix)
     hit = _TYPES_MEMO.get(key)
     if hit is not None and hit[0] is spec:
         return hit[1]
     ft = gguf_file_type(file_type)
     inv = _inventory(spec)
-    types = _select_types(spec, inv, ft, bool(imatrix))
+    types = _select_group_types(spec, inv, ft, bool(imatrix))
     needed = None if imatrix else _imatrix_needed(inv, types, ft.name)
     if needed is not None and imatrix is False:
         raise PlanError(f"llama-quantize {ft.name} requires an importance matrix (--imatrix): without one it refuses "
                         f"to write {needed}")
     if needed is not None:
-        types = _select_types(spec, inv, ft, True)
-    row_bytes: dict[tuple[str, int], int] = {}
-    nbytes = []
-    for (rows, width), ty in zip(inv.rows, types):
-        rb = row_bytes.get((ty, width))
-        if rb is None:
-            rb = row_bytes[(ty, width)] = GGML_TYPES[ty].row_bytes(width)
-        nbytes.append(rows * rb)
-    out = (inv, tuple(types), tuple(nbytes))
+        types = _select_group_types(spec, inv, ft, True)
+    row_bytes = [GGML_TYPES[ty].row_bytes(inv.rows[k][1]) for ty, k in zip(types, inv.firsts)]  # one row length
+    out = (inv, types, row_bytes)
     if len(_TYPES_MEMO) >= TENSORS_MEMO_SIZE:
         _TYPES_MEMO.pop(next(iter(_TYPES_MEMO)))
     _TYPES_MEMO[key] = (spec, out)
     return out
+
+
+@record(kw_only=True)
+class GGUFSums:
+    """A file's data bytes summed where the llama.cpp planner places them: per decoder layer (and of those its routed
+    experts', llama.cpp's is_expert_tensor: "_exps." in the name), and each tensor outside the layers by name."""
+
+    layers: tuple[int, ...]
+    experts: tuple[int, ...]
+    outside: tuple[tuple[str, int], ...]
+
+
+def gguf_sums(spec: ModelSpec, file_type: str) -> GGUFSums:
+    """The file's tensors' bytes summed per layer without building their records (the llama.cpp planner tries every
+    file type): from the tensors of the file the spec was read from, else once per kind of layer (a model has a few)
+    from the row bytes of each group of alike tensors."""
+    if spec.gguf is not None and spec.gguf.file_type == file_type:
+        layers, experts = [0] * spec.num_layers, [0] * spec.num_layers
+        outside = []
+        for t in spec.gguf.tensors:
+            if t.layer is None:
+                outside.append((t.name, t.nbytes))
+            else:
+                layers[t.layer] += t.nbytes
+                experts[t.layer] += t.nbytes if "_exps." in t.name else 0
+        return GGUFSums(layers=tuple(layers), experts=tuple(experts), outside=tuple(outside))
+    inv, _, row_bytes = _group_typed(spec, file_type, None)
+    kinds = [(sum(n * row_bytes[g] for g, n, _ in k), sum(n * row_bytes[g] for g, n, e in k if e))
+             for k in inv.layer_kinds]
+    return GGUFSums(layers=tuple(kinds[k][0] for k in inv.layer_kind_of),
+                    experts=tuple(kinds[k][1] for k in inv.layer_kind_of),
+                    outside=tuple((name, n * row_bytes[g]) for name, g, n in inv.outside))
 
 
 _TYPES_MEMO: dict[tuple[int, str, bool | None], tuple[ModelSpec, tuple]] = {}
@@ -757,14 +616,15 @@ class GGUFFileSize:
 
 def gguf_file_size(spec: ModelSpec, file_type: str, *, imatrix: bool | None = None) -> GGUFFileSize:
     if spec.gguf is not None and spec.gguf.file_type == file_type:  # planned from this very file
-        shaped = [(t.name, t.shape, t.nbytes) for t in spec.gguf.tensors]
+        nbytes, infos = [t.nbytes for t in spec.gguf.tensors], tensor_info_bytes(spec.gguf.tensors)
+        data, padded = sum(nbytes), sum(_pad(n) for n in nbytes)
     else:  # what gguf_tensors lists, without building its records (Ollama sizes every tag it tries)
-        inv, _, nbytes = _typed(spec, file_type, imatrix)
-        shaped = [(s.name, s.shape, n) for s, n in zip(inv.sources, nbytes)]
-    data = sum(n for _, _, n in shaped)
-    padded = sum(_pad(n) for _, _, n in shaped)
+        inv, _, row_bytes = _group_typed(spec, file_type, imatrix)
+        infos = inv.info_bytes
+        data = sum(k * n * row_bytes[g] for g, n, k in inv.sized)
+        padded = sum(k * _pad(n * row_bytes[g]) for g, n, k in inv.sized)
     metadata = metadata_bytes_estimate(spec)
-    header = _pad(GGUF_HEADER_BYTES + metadata + sum(_info_bytes(name, shape) for name, shape, _ in shaped))
+    header = _pad(GGUF_HEADER_BYTES + metadata + infos)
     return GGUFFileSize(tensor_data_bytes=data, padding_bytes=padded - data, header_bytes=header,
                         metadata_estimate_bytes=metadata)
 

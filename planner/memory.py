@@ -398,6 +398,9 @@ class Footprint:
         split to show how far over it is)."""
         if self.gpu_count == 0:
             return () if n == 0 else None
+        if self.gpu_count == 1:  # the loop below, for one GPU: it holds all n (fits is monotone in the layers)
+            fits_all = sum(self._gpu_terms(0, 0, n, n, mode, e)) <= self.capacities[0]
+            return (n,) if fits_all or best_effort else None
         split, start, ok = [], 0, True
         for d in range(self.gpu_count):
 

@@ -358,3 +358,29 @@ def kv_bytes(spec: ModelSpec, kv: KVScheme, context: int, batch: int, layers=Non
 
 def kv_bytes_per_layer(spec: ModelSpec, kv: KVScheme, context: int, batch: int) -> list[int]:
     return spec.per_attention_layout(lambda a: int(math.ceil(layer_kv_bytes(a, kv, context, batch))))
+
+
+# The backend of a compiled decode's weight formats (planner.speed fits and prices them as their own engine).
+COMPILED_BACKEND = "compiled"
+# A torch.compile'd decode (static KV cache, CUDA graphs: gpt-fast, torchao's generate.py) reads the same bytes without
+# the eager dispatch; its weight formats are torchao's weight-only ones (int8 with a bf16 scale per row; int4 packed
+# with a bf16 scale and zero per group, tinygemm). the search prices bf16 / fp16 compiled on a CUDA GPU with
+# compiled_scheme(16) (planner.search.speed_scheme); bench/public_gpu.py predicts the published compiled runs with all
+# three, and the profiles keep their fitted constants (engine "compiled").
+_TORCHAO = QualityCost(ppl_increase_pct=0.0, source="not planned: speed only")
+
+
+def compiled_scheme(bits: int, group_size: int | None = None) -> WeightScheme:
+    """A compiled decode's weights: bf16 (16), int8 weight-only (8) or int4 weight-only with `group_size` (4)."""
+    if bits == 16:
+        return WeightScheme(name="bf16", backend=COMPILED_BACKEND, description="bf16, compiled decode",
+                            devices=("cuda",), quality=_TORCHAO)
+    if bits == 8:
+        return WeightScheme(name="int8-wo", backend=COMPILED_BACKEND, bits=8, row_scales=True, row_scale_bytes=2.0,
+                            description="int8 weight-only, bf16 scale per row, compiled decode", devices=("cuda",),
+                            quality=_TORCHAO)
+    if bits == 4 and group_size:
+        return WeightScheme(name="int4-wo", backend=COMPILED_BACKEND, bits=4, group_size=group_size, scale_bytes=4.0,
+                            description=f"int4 weight-only, group {group_size} (bf16 scale + zero), compiled decode",
+                            devices=("cuda",), quality=_TORCHAO)
+    raise ValueError(f"no compiled weight format of {bits} bits (group {group_size})")

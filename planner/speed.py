@@ -28,6 +28,7 @@ Llama-3.1-8B in bf16 at 41 tok/s, the 4090 at 47). A torch.compile'd decode with
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from .record import record
@@ -36,10 +37,10 @@ from .choice import Choice, ComputeDevice, OffloadMode
 from .constant import constants
 from .memory import LayerCosts, layer_costs
 from .modelspec import ModelSpec, dtype_bytes
-from .quant import KV_SCHEMES, SCHEMES, KVScheme, QualityCost, WeightScheme
+from .quant import (COMPILED_BACKEND, KV_SCHEMES, SCHEMES, KVScheme, WeightScheme,  # noqa: F401
+                    compiled_scheme)
 from .request import Request
-from .work import (DecodeWork, ReadBytes, decode_work, expert_flop_share, experts_touched, head_flop,
-                   matmul_flop_per_layer, prefill_attention_flop_per_layer, prefill_expand_flop_per_layer,
+from .work import (DecodeWork, ReadBytes, decode_work, experts_touched, head_flop, prefill_kinds,
                    read_bytes_per_layer)
 
 
@@ -190,37 +191,12 @@ DEFAULT_EAGER_DISPATCH_PER_LAYER_S = 760e-6
 DEFAULT_DISPATCH_FACTOR = {"bf16": 1.0, "fp16": 1.0, "bnb-nf4": 1.37, "bnb-nf4-dq": 1.6, "bnb-fp4": 1.37,
                            "bnb-fp4-dq": 1.6, "bnb-int8": 2.1, "quanto-int8": 1.5, "quanto-int4": 1.5}
 # Which fitted engine a scheme runs on: its backend names llama.cpp or a compiled decode, else transformers' eager.
-COMPILED_BACKEND = "compiled"
 LLAMA_CPP_BACKEND = "llama.cpp"
 EAGER_ENGINE = "transformers"
 
 
 def fitted_engine(scheme: WeightScheme) -> str:
     return scheme.backend if scheme.backend in (COMPILED_BACKEND, LLAMA_CPP_BACKEND) else EAGER_ENGINE
-
-
-# A torch.compile'd decode (static KV cache, CUDA graphs: gpt-fast, torchao's generate.py) reads the same bytes without
-# the eager dispatch; its weight formats are torchao's weight-only ones (int8 with a bf16 scale per row; int4 packed
-# with a bf16 scale and zero per group, tinygemm). vramplan's runtime does not compile yet, so the search never picks
-# these: bench/public_gpu.py predicts the published compiled runs with them, and the profiles keep their fitted
-# constants (engine "compiled") for when it does.
-_TORCHAO = QualityCost(ppl_increase_pct=0.0, source="not planned: speed only")
-
-
-def compiled_scheme(bits: int, group_size: int | None = None) -> WeightScheme:
-    """A compiled decode's weights: bf16 (16), int8 weight-only (8) or int4 weight-only with `group_size` (4)."""
-    if bits == 16:
-        return WeightScheme(name="bf16", backend=COMPILED_BACKEND, description="bf16, compiled decode",
-                            devices=("cuda",), quality=_TORCHAO)
-    if bits == 8:
-        return WeightScheme(name="int8-wo", backend=COMPILED_BACKEND, bits=8, row_scales=True, row_scale_bytes=2.0,
-                            description="int8 weight-only, bf16 scale per row, compiled decode", devices=("cuda",),
-                            quality=_TORCHAO)
-    if bits == 4 and group_size:
-        return WeightScheme(name="int4-wo", backend=COMPILED_BACKEND, bits=4, group_size=group_size, scale_bytes=4.0,
-                            description=f"int4 weight-only, group {group_size} (bf16 scale + zero), compiled decode",
-                            devices=("cuda",), quality=_TORCHAO)
-    raise ValueError(f"no compiled weight format of {bits} bits (group {group_size})")
 
 
 # A compiled decode on a CPU (runtime.compiled: inductor, no CUDA graphs) runs the same matmul kernels as eager and
@@ -540,6 +516,25 @@ def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: Weig
                        experts=expert_efficiency(hw, kind, scheme, eff))
 
 
+# The rates of the last few (hardware, device, model, scheme, cache): a search prices many placements of each.
+RATES_MEMO_SIZE = 64
+_RATES_MEMO: dict[tuple, tuple[tuple, DeviceRates]] = {}
+
+
+def _rates_of(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme,
+              compiled: bool) -> DeviceRates:
+    """_rates, made once for the same objects (each entry keeps them, so their ids in its key stay theirs)."""
+    key = (id(hw), device, id(spec), id(scheme), id(kv), compiled)
+    hit = _RATES_MEMO.get(key)
+    if hit is not None and hit[0][0] is hw and hit[0][1] is spec and hit[0][2] is scheme and hit[0][3] is kv:
+        return hit[1]
+    if len(_RATES_MEMO) >= RATES_MEMO_SIZE:
+        _RATES_MEMO.pop(next(iter(_RATES_MEMO)))
+    rates = _rates(hw, device, spec, scheme, kv, compiled)
+    _RATES_MEMO[key] = ((hw, spec, scheme, kv), rates)
+    return rates
+
+
 @record(kw_only=True)
 class SpeedEstimate:
     """A placement's predicted decode and time to first token, with the terms they are made of."""
@@ -561,6 +556,9 @@ class SpeedEstimate:
 
 # Where a layer's work runs: a GPU index, or the CPU.
 CPU_DEVICE = "cpu"
+# How a layer runs where it is: resident on its device; streamed to GPU 0 over the link; computed by the CPU beside a
+# GPU; resident with its routed experts in RAM, computed by the CPU.
+_RESIDENT, _STREAMED, _ON_CPU, _EXPERTS_IN_RAM = "resident", "streamed", "on the CPU", "experts in RAM"
 
 
 class _Model:
@@ -573,9 +571,9 @@ class _Model:
         self.spec, self.hw, self.req, self.scheme, self.kv, self.c, self.costs, self.read = (
             spec, hw, req, scheme, kv, c, costs, read)
         L = spec.num_layers
-        self.rates = {CPU_DEVICE: _rates(hw, CPU_DEVICE, spec, scheme, kv, req.compiled)}
+        self.rates = {CPU_DEVICE: _rates_of(hw, CPU_DEVICE, spec, scheme, kv, req.compiled)}
         for d in range(len(hw.devices) if c.on_gpu else 0):
-            self.rates[d] = _rates(hw, d, spec, scheme, kv)
+            self.rates[d] = _rates_of(hw, d, spec, scheme, kv, False)
         self.main = self.rates[0] if c.on_gpu else self.rates[CPU_DEVICE]  # where lm_head and the fixed costs are
         self.link_bytes_per_s = (hw.link.h2d_pinned_bytes_per_s * DEFAULT_LINK_EFFICIENCY) if hw.link else None
         self.device = self._layer_devices(L)
@@ -588,6 +586,32 @@ class _Model:
         self.hidden_bytes = spec.hidden_size * dtype_bytes(scheme.compute_dtype) * req.batch  # one token's state
         self.crossing_s = self._crossing_s(1)
         self._works: dict[int, DecodeWork] = {}
+        # Each layer's place: (device, how it runs there, the bytes it streams in). The layers of one place and one
+        # kind of work take equal time, so each such group is priced once and counted (a model has few).
+        streamed, in_ram, on_gpu = self.streamed, self.expert_layers_in_ram, c.on_gpu
+        seen: dict[tuple, int] = {}
+        if streamed or in_ram:
+            self._place_of = [seen.setdefault(
+                (dev, _STREAMED, costs.weights[i]) if i in streamed
+                else (dev, _ON_CPU, 0) if dev == CPU_DEVICE and on_gpu
+                else (dev, _EXPERTS_IN_RAM, 0) if i in in_ram else (dev, _RESIDENT, 0), len(seen))
+                for i, dev in enumerate(self.device)]  # per layer, its place's number
+        else:  # each device's layers in one place
+            number = {dev: seen.setdefault((dev, _ON_CPU if dev == CPU_DEVICE and on_gpu else _RESIDENT, 0), len(seen))
+                      for dev in dict.fromkeys(self.device)}
+            self._place_of = [number[dev] for dev in self.device]
+        self._place_list = list(seen)
+        self._groups: dict[int, list[tuple[tuple, int, int]]] = {}
+
+    def _grouped(self, w: DecodeWork) -> list[tuple[tuple, int, int]]:
+        """(place, first layer, layers) for each place and kind of work at `w`, in the order they first occur."""
+        g = self._groups.get(id(w))
+        if g is None:
+            k = len(w.first_of_kind)
+            first, places = w.first_of_kind, self._place_list
+            counts = Counter([p * k + kind for p, kind in zip(self._place_of, w.kinds)])
+            g = self._groups[id(w)] = [(places[pk // k], first[pk % k], n) for pk, n in counts.items()]
+        return g
 
     def _crossing_s(self, tokens: int) -> float:
         """One change of device for `tokens` positions' hidden states: their bytes over the link, and a sync."""
@@ -615,36 +639,26 @@ class _Model:
         layers the CPU computes are its own work, inside their per-layer cost)."""
         if not self.c.on_gpu:
             return 0.0
-        gpu_layers = sum(1 for d in self.device if d != CPU_DEVICE)
+        gpu_layers = len(self.device) - self.device.count(CPU_DEVICE)
         return gpu_layers * self.main.weights.dispatch_per_layer_s
 
     def decode_s(self, context: int, with_terms: bool = True) -> tuple[float, dict]:
         """One decode step's time at `context`, and its terms (empty unless `with_terms`)."""
         w = self._work(context)
-        kinds = w.kinds
-        priced: dict[tuple, float] = {}  # (device, kind, without experts): one layer's decode there
-
-        def layer_s(dev, i: int, without_experts: bool = False) -> float:
-            key = (dev, kinds[i], without_experts)
-            t = priced.get(key)
-            if t is None:
-                t = priced[key] = self.rates[dev].layer_decode_s(w, i, without_experts=without_experts)
-            return t
-
         resident_s = streamed_s = cpu_layers_s = experts_s = 0.0
         cpu = self.rates[CPU_DEVICE]
-        for i, dev in enumerate(self.device):
-            if i in self.streamed:
+        for (dev, how, link_bytes), i, n in self._grouped(w):
+            if how is _STREAMED:
                 # prefetch overlaps the copy of layer i+1 with the compute of layer i: a max, not a sum;
                 # the whole layer (every expert) crosses the link
-                streamed_s += max(self.costs.weights[i] / self.link_bytes_per_s, layer_s(dev, i))
-            elif dev == CPU_DEVICE and self.c.on_gpu:
-                cpu_layers_s += layer_s(dev, i)
-            elif i in self.expert_layers_in_ram:
-                resident_s += layer_s(dev, i, True)
-                experts_s += cpu.experts_s(w.expert_bytes[i], w.expert_calls[i])
+                streamed_s += n * max(link_bytes / self.link_bytes_per_s, self.rates[dev].layer_decode_s(w, i))
+            elif how is _ON_CPU:
+                cpu_layers_s += n * self.rates[dev].layer_decode_s(w, i)
+            elif how is _EXPERTS_IN_RAM:
+                resident_s += n * self.rates[dev].layer_decode_s(w, i, without_experts=True)
+                experts_s += n * cpu.experts_s(w.expert_bytes[i], w.expert_calls[i])
             else:
-                resident_s += layer_s(dev, i)
+                resident_s += n * self.rates[dev].layer_decode_s(w, i)
         head_s = self.main.weights_s(w.head_bytes)
         fixed_s = self.main.weights.per_token_s + self.crossings * self.crossing_s
         # the GPUs' share runs behind the host's dispatch of it: the longer of the two
@@ -662,31 +676,23 @@ class _Model:
 
     def _per_kind_sum(self, w: DecodeWork, term) -> float:
         """`term(rates, w, i)` summed over the layers, priced once per device and kind of layer."""
-        priced: dict[tuple, float] = {}
-        total = 0.0
-        for i, dev in enumerate(self.device):
-            key = (dev, w.kinds[i])
-            t = priced.get(key)
-            if t is None:
-                t = priced[key] = term(self.rates[dev], w, i)
-            total += t
-        return total
+        return sum(n * term(self.rates[dev], w, i) for (dev, _, _), i, n in self._grouped(w))
 
     def ceiling_s(self, context: int) -> float:
         """The bytes a step must read over the bandwidth where they live; streamed layers over the link."""
         w = self._work(context)
         cpu_bw = self.rates[CPU_DEVICE].bandwidth_bytes_per_s
         t = w.head_bytes / self.main.bandwidth_bytes_per_s
-        for i, dev in enumerate(self.device):
+        for (dev, how, link_bytes), i, n in self._grouped(w):
             bw = self.rates[dev].bandwidth_bytes_per_s
-            if i in self.expert_layers_in_ram:
+            if how is _EXPERTS_IN_RAM:
                 t_layer = ((w.weights_bytes[i] - w.expert_bytes[i] + w.kv_stored_bytes[i]) / bw
                            + w.expert_bytes[i] / cpu_bw)
             else:
                 t_layer = (w.weights_bytes[i] + w.kv_stored_bytes[i]) / bw
-            if i in self.streamed:
-                t_layer = max(t_layer, self.costs.weights[i] / self.link_bytes_per_s)
-            t += t_layer
+            if how is _STREAMED:
+                t_layer = max(t_layer, link_bytes / self.link_bytes_per_s)
+            t += n * t_layer
         return t
 
     def prefill_s(self) -> float:
@@ -695,32 +701,31 @@ class _Model:
         req = self.req
         prompt = req.prompt
         chunks = -(-prompt // req.prefill_chunk)
-        matmul = [m * prompt * req.batch for m in matmul_flop_per_layer(self.spec)]
-        expand = [x * req.batch for x in prefill_expand_flop_per_layer(self.spec, prompt, req.prefill_chunk)]
-        attention = [a * req.batch for a in prefill_attention_flop_per_layer(self.spec, prompt)]
-        share = expert_flop_share(self.spec)
+        kinds, work = prefill_kinds(self.spec, prompt, req.prefill_chunk)
+        experts = self.costs.experts or [0] * len(self.device)
         segments: dict = {}  # device -> [matmul FLOPs, weight bytes per chunk, link bytes per chunk, attention FLOPs]
-        for i, dev in enumerate(self.device):
+        calls: Counter = Counter()  # device computing a layer's routed experts -> MoE layers it computes them for
+        for place, kind, weights, expert_bytes, n in _counted(self._place_of, kinds, self.costs.weights, experts):
+            (dev, how, _), (matmul, expand, attention, share) = self._place_list[place], work[kind]
             seg = segments.setdefault(dev, [0.0, 0.0, 0.0, 0.0])
-            seg[3] += attention[i]  # attention stays with the layer
-            seg[0] += expand[i]  # so does MLA's expansion, a matmul
-            experts = self.costs.experts[i] if self.costs.experts else 0
-            if i in self.expert_layers_in_ram:
+            seg[3] += n * attention * req.batch  # attention stays with the layer
+            seg[0] += n * expand * req.batch  # so does MLA's expansion, a matmul
+            if how is _EXPERTS_IN_RAM:
                 cpu = segments.setdefault(CPU_DEVICE, [0.0, 0.0, 0.0, 0.0])
-                cpu[0] += matmul[i] * share[i]
-                cpu[1] += experts
-                seg[0] += matmul[i] * (1 - share[i])
-                seg[1] += self.costs.weights[i] - experts
+                cpu[0] += n * matmul * prompt * req.batch * share
+                cpu[1] += n * expert_bytes
+                seg[0] += n * matmul * prompt * req.batch * (1 - share)
+                seg[1] += n * (weights - expert_bytes)
             else:
-                seg[0] += matmul[i]
-                seg[1 if i not in self.streamed else 2] += self.costs.weights[i]
+                seg[0] += n * matmul * prompt * req.batch
+                seg[2 if how is _STREAMED else 1] += n * weights
+            if expert_bytes:
+                calls[CPU_DEVICE if how is _EXPERTS_IN_RAM else dev] += n
         head = segments.setdefault(0 if self.c.on_gpu else CPU_DEVICE, [0.0, 0.0, 0.0, 0.0])
         head[0] += head_flop(self.spec) * req.batch
         # each chunk computes every expert its tokens reach once per MoE layer: a fixed cost per expert call
         touched = experts_touched(self.spec, min(req.prefill_chunk, prompt) * req.batch)
-        in_ram = self.expert_layers_in_ram
-        calls_s = sum(chunks * touched * self.rates[CPU_DEVICE if i in in_ram else dev].experts.per_call_s
-                      for i, dev in enumerate(self.device) if self.costs.experts and self.costs.experts[i])
+        calls_s = sum(n * chunks * touched * self.rates[dev].experts.per_call_s for dev, n in calls.items())
         total = calls_s
         for dev, (f, chunk_bytes, link_bytes, attention_f) in segments.items():
             t = self.rates[dev].prefill_s(f, attention_f, chunk_bytes, chunks)
@@ -732,6 +737,12 @@ class _Model:
                              + self.crossings * self._crossing_s(min(req.prefill_chunk, prompt)))
         # each chunk is one eager forward the host dispatches: never faster than that
         return max(total + chunks * per_chunk_fixed_s, chunks * self.host_dispatch_s())
+
+
+def _counted(*per_layer):
+    """Equal tuples of the layers' values (one value from each list), each once with how many layers have it, in the
+    order they first occur: what prices each kind of layer once."""
+    return [(*values, n) for values, n in Counter(zip(*per_layer)).items()]
 
 
 def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme,

@@ -14,22 +14,26 @@ from .memory import LayerCosts
 
 # Per-spec figures (and per spec and prompt) the search asks for at every placement it prices, kept for the last few:
 # each entry holds its spec, so the id in its key cannot be reused while it lives (planner.gguf keeps its tensors so).
-SPEC_MEMO_SIZE = 32
-_SPEC_MEMO: dict[tuple, tuple[ModelSpec, tuple[float, ...]]] = {}
+SPEC_MEMO_SIZE = 256
+_SPEC_MEMO: dict[tuple, tuple[ModelSpec, object]] = {}
+
+
+def _memo_get(spec: ModelSpec, key: tuple, make):
+    """The memo's entry for `key` (whose first item is id(spec)), made by `make()` when missing."""
+    hit = _SPEC_MEMO.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    if len(_SPEC_MEMO) >= SPEC_MEMO_SIZE:
+        _SPEC_MEMO.pop(next(iter(_SPEC_MEMO)))
+    value = make()
+    _SPEC_MEMO[key] = (spec, value)
+    return value
 
 
 def _per_spec(fn):
     """`fn(spec, *args)` computed once per spec and arguments, as a tuple (callers share it)."""
     def memoized(spec: ModelSpec, *args) -> tuple[float, ...]:
-        key = (id(spec), fn.__name__, *args)
-        hit = _SPEC_MEMO.get(key)
-        if hit is not None and hit[0] is spec:
-            return hit[1]
-        if len(_SPEC_MEMO) >= SPEC_MEMO_SIZE:
-            _SPEC_MEMO.pop(next(iter(_SPEC_MEMO)))
-        value = tuple(fn(spec, *args))
-        _SPEC_MEMO[key] = (spec, value)
-        return value
+        return _memo_get(spec, (id(spec), fn.__name__, *args), lambda: tuple(fn(spec, *args)))
     memoized.__doc__, memoized.__name__ = fn.__doc__, fn.__name__
     return memoized
 
@@ -167,10 +171,27 @@ class DecodeWork:
             self.weights_bytes, self.expert_bytes, self.expert_calls, self.kv_read_bytes, self.kv_update_bytes,
             self.attention_flop, self.expand_flop or none, self.expand_bytes or none)]
 
+    @cached_property
+    def first_of_kind(self) -> list[int]:
+        """For each kind (its number), the first layer of that kind: the one whose work prices them all."""
+        first: dict[int, int] = {}
+        for i, k in enumerate(self.kinds):
+            first.setdefault(k, i)
+        return [first[k] for k in range(len(first))]
+
 
 def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,
                 costs: LayerCosts, read: ReadBytes | None = None) -> DecodeWork:
+    """What a decode step at `context` moves and computes per layer; the same work for equal arguments is built once
+    (the search prices many placements of one scheme and cache at the same two contexts)."""
     read = read if read is not None else read_bytes_per_layer(spec, scheme, batch)
+    key = (id(spec), "decode_work", scheme.compute_dtype, kv, batch, context, costs.head_read, tuple(read.total),
+           tuple(read.experts))
+    return _memo_get(spec, key, lambda: _decode_work(spec, scheme, kv, batch, context, costs, read))
+
+
+def _decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,
+                 costs: LayerCosts, read: ReadBytes) -> DecodeWork:
     elements = cached_elements_per_layer(spec, context, batch)
     compute_bytes = dtype_bytes(scheme.compute_dtype)
     stored = kv_bytes_per_layer(spec, kv, context, batch)
@@ -202,3 +223,17 @@ def expert_flop_share(spec: ModelSpec) -> list[float]:
     experts = spec.per_layer(lambda ts: 2.0 * frac * sum(t.numel for t in ts if t.role is Role.EXPERT))
     matmul = matmul_flop_per_layer(spec)
     return [e / m if m else 0.0 for e, m in zip(experts, matmul)]
+
+
+def prefill_kinds(spec: ModelSpec, prompt: int, chunk: int
+                  ) -> tuple[list[int], list[tuple[float, float, float, float]]]:
+    """Per layer, which kind of prefill work it does (its number), and each kind's work for one sequence: matmul FLOPs
+    per token, MLA expansion FLOPs and attention FLOPs of the whole prompt, and the routed experts' share of the
+    matmuls. Equal layers (of a model's few kinds) are priced once."""
+    def make():
+        seen: dict[tuple, int] = {}
+        kinds = [seen.setdefault(key, len(seen)) for key in zip(
+            matmul_flop_per_layer(spec), prefill_expand_flop_per_layer(spec, prompt, chunk),
+            prefill_attention_flop_per_layer(spec, prompt), expert_flop_share(spec))]
+        return kinds, list(seen)
+    return _memo_get(spec, (id(spec), "prefill_kinds", prompt, chunk), make)

@@ -372,16 +372,26 @@ def test_gguf_module_imports_only_stdlib_and_planner():
     assert imported <= set(sys.stdlib_module_names), imported
 
 
-@pytest.mark.parametrize("file_type", ["Q4_K_M", "IQ2_XXS", "Q8_0", "MXFP4_MOE"])
-@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-30b-a3b"])
-def test_tensor_bytes_without_records_are_the_tensors_bytes(model, file_type):
-    """The planner's fast path (names, layers and bytes, no GGUFTensor records) lists what gguf_tensors lists."""
+@pytest.mark.parametrize("file_type", ["Q4_K_M", "IQ2_XXS", "Q8_0", "MXFP4_MOE", "Q3_K_M"])
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3", "gemma-3-27b-it"])
+def test_sums_without_records_are_the_tensors_sums(model, file_type):
+    """The planner's fast path (bytes per kind of layer from each group's row bytes, no GGUFTensor records) sums
+    what gguf_tensors lists: per layer, the routed experts' per layer, and each tensor outside the layers."""
     from vramplan.planner.sources import model_spec
 
     spec = model_spec(model)
     gguf.forget_tensors()
-    fast = gguf.gguf_tensor_bytes(spec, file_type)
-    assert fast == tuple((t.name, t.layer, t.nbytes) for t in gguf.gguf_tensors(spec, file_type))
+    sums = gguf.gguf_sums(spec, file_type)
+    tensors = gguf.gguf_tensors(spec, file_type)
+    layers, experts = [0] * spec.num_layers, [0] * spec.num_layers
+    for t in tensors:
+        if t.layer is not None:
+            layers[t.layer] += t.nbytes
+            experts[t.layer] += t.nbytes if "_exps." in t.name else 0
+    assert sums.layers == tuple(layers) and sums.experts == tuple(experts)
+    assert sums.outside == tuple((t.name, t.nbytes) for t in tensors if t.layer is None)
+    if file_type in ("Q4_K_M", "Q3_K_M"):
+        assert len(set(sums.layers)) > 1  # use_more_bits: the layers' types differ there
 
 
 @pytest.mark.parametrize("file_type", ["Q4_K_M", "IQ2_XXS", "F16"])
@@ -396,3 +406,26 @@ def test_file_size_without_records_is_the_records_size(file_type):
     assert size.padding_bytes == sum(-(-t.nbytes // 32) * 32 - t.nbytes for t in tensors)
     meta = gguf.metadata_bytes_estimate(spec)
     assert size.header_bytes == -(-(gguf.GGUF_HEADER_BYTES + meta + gguf.tensor_info_bytes(tensors)) // 32) * 32
+
+
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.1-405B", "meta-llama/Llama-3.1-70B", "Qwen/Qwen2.5-72B",
+                                   "mistralai/Mixtral-8x7B-v0.1", "deepseek-ai/DeepSeek-V3", "openai/gpt-oss-20b",
+                                   "google/gemma-3-27b-it", "Qwen/Qwen3-30B-A3B", "microsoft/Phi-3-mini-4k-instruct",
+                                   "meta-llama/Llama-3.2-1B", "google/gemma-2-2b"])
+def test_types_by_group_equal_the_tensor_by_tensor_walk(model):
+    """gguf._select_types types each group of alike tensors once (_alike); every file type, with and without an
+    imatrix, gives each tensor the type llama-quantize's walk gives it (_select_types_each, the rules in their order)
+    and refuses the same files. The whole catalog agreed when this was written."""
+    spec = model_spec(model)
+    inv = gguf._inventory(spec)
+    assert len(inv.firsts) < len(inv.sources) // 4  # the grouping is worth its while
+    for name in gguf.GGUF_FILE_TYPES:
+        ft = gguf.gguf_file_type(name)
+        for imatrix in (False, True):
+            outcomes = []
+            for select in (gguf._select_types_each, gguf._select_types):
+                try:
+                    outcomes.append(select(spec, inv, ft, imatrix))
+                except PlanError as err:
+                    outcomes.append(str(err))
+            assert outcomes[0] == outcomes[1], (model, name, imatrix)

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from ..capacity import Capacity
 from ..record import record
-from ..gguf import GGML_TYPES, GGUFTensor, gguf_tensor_bytes
+from ..gguf import GGML_TYPES, GGUFTensor, gguf_sums
 from ..modelspec import ModelSpec
 from ..request import LLAMA_CPP_KV_DTYPES, Request
 from ..units import MiB
@@ -223,21 +223,17 @@ class GGUFModel:
 
 
 def gguf_model(spec: ModelSpec, file_type: str) -> GGUFModel:
-    layers = [0] * spec.num_layers
-    experts = [0] * spec.num_layers
+    sums = gguf_sums(spec, file_type)  # per layer, and of it the routed experts' (is_expert_tensor)
     token_embd = output = 0
     tied = True
-    for name, layer, nbytes in gguf_tensor_bytes(spec, file_type):
-        if layer is not None:
-            layers[layer] += nbytes
-            experts[layer] += nbytes if "_exps." in name else 0  # is_expert_tensor
-        elif name == "token_embd.weight":
+    for name, nbytes in sums.outside:
+        if name == "token_embd.weight":
             token_embd = nbytes
         else:
             tied = tied and name != "output.weight"
             output += nbytes  # output.weight, output_norm, rope_freqs / rope factors
     copy = token_embd if tied else 0  # llama-model.cpp loads token_embd again (TENSOR_DUPLICATED) as the output
-    return GGUFModel(file_type=file_type, layers=tuple(layers), experts=tuple(experts), token_embd_bytes=token_embd,
+    return GGUFModel(file_type=file_type, layers=sums.layers, experts=sums.experts, token_embd_bytes=token_embd,
                      output_bytes=output + copy, tied_copy_bytes=copy)
 
 

@@ -155,6 +155,7 @@ class VLLMModel:
         self.total = g.memory_bytes - CUDA_HIDDEN_BYTES_ASSUMED  # what vLLM multiplies gpu_memory_utilization by
         self.capacity = gpu_capacity(hw, req, 0)
         self.layer_tensors = [spec.layer_tensors(i) for i in range(spec.num_layers)]
+        self._kv_groups: dict[int, list] = {}  # per TP size: the layout search tries each size at several stages
         self._per_layer: dict[int, list[float]] = {}
         self.tokens = rules.max_num_batched_tokens(g, req.context)
 
@@ -175,9 +176,10 @@ class VLLMModel:
 
     def _layer_weights(self, tp: int) -> list[float]:
         """Each decoder layer's bytes on one rank at this TP size (computed once per size: the layout search asks for
-        every range of layers at every size)."""
+        every range of layers at every size), once per distinct layer (ModelSpec.per_layer: equal shapes, kinds and
+        roles; the K/V heads a rank keeps follow the shapes)."""
         if tp not in self._per_layer:
-            self._per_layer[tp] = [sum(self._rank_bytes(t, tp) for t in tensors) for tensors in self.layer_tensors]
+            self._per_layer[tp] = self.spec.per_layer(lambda tensors: sum(self._rank_bytes(t, tp) for t in tensors))
         return self._per_layer[tp]
 
     def _rank_weights(self, tp: int, layers: range, first: bool, last: bool) -> int:
@@ -231,7 +233,9 @@ class VLLMModel:
     def layout(self, tp: int, pp: int, nodes: int, cpu_offload_bytes: int = 0,
                cpu_offload_params: tuple[str, ...] = (), util: float | None = None) -> Layout:
         """The fullest pipeline stage's rank decides; at `util`, or at the most the GPU leaves (utilization)."""
-        groups = kv_groups(self.layer_kv(tp))
+        if tp not in self._kv_groups:
+            self._kv_groups[tp] = kv_groups(self.layer_kv(tp))
+        groups = self._kv_groups[tp]
         in_flight = rules.max_in_flight_tokens(pp, self.tokens)
         distributed = tp * pp > 1
         util = self.utilization(distributed) if util is None else util

@@ -199,15 +199,17 @@ def vocab_sizes(spec: ModelSpec) -> set[int]:
     the LM head. VOCAB_PY VocabParallelEmbedding.__init__ (lines 252-306) pads each to VOCAB_PADDING and takes
     divide(padded, tp_size), which asserts "... is not divisible by ..." (DIST_UTILS ensure_divisibility, lines 51-55,
     130-134): a TP size that does not divide the padded vocabulary stops vLLM while it builds the model."""
-    out = {t.shape[0] for t in spec.tensors if t.role in (Role.EMBEDDING, Role.LM_HEAD) and len(t.shape) == 2}
+    out = {t.shape[0] for t in spec.non_layer_tensors() if t.role in (Role.EMBEDDING, Role.LM_HEAD)
+           and len(t.shape) == 2}
     return out or ({spec.vocab_size} if spec.vocab_size else set())
 
 
 def mlp_widths(spec: ModelSpec) -> set[int]:
     """The intermediate sizes TP shards: each dense (or shared-expert) MLP's down-projection input, and the routed
     experts' intermediate size."""
-    out = {t.shape[1] for t in spec.tensors if t.role is Role.MLP and t.kind is Kind.LINEAR and len(t.shape) == 2
-           and t.shape[0] == spec.hidden_size}
+    out = set().union(*spec.per_layer(lambda tensors: {
+        t.shape[1] for t in tensors if t.role is Role.MLP and t.kind is Kind.LINEAR and len(t.shape) == 2
+        and t.shape[0] == spec.hidden_size}))
     if spec.moe is not None and spec.moe.expert_intermediate_size:
         out.add(spec.moe.expert_intermediate_size)
     return out
