@@ -145,7 +145,7 @@ def _layer_sources(spec: ModelSpec, t: TensorSpec) -> list[_Source]:
         raise UnsupportedArchitectureError(f"{spec.name}: tensor {t.name} has no GGUF name (layer {t.layer})")
     rest = t.name[len(prefix):]
     blk = f"blk.{t.layer}."
-    stored = stored_expert_type(spec)
+    stored = stored_expert_type(spec) if rest.startswith("mlp.experts.") else None
     if rest == "mlp.experts.gate_up_proj":  # [E, 2I, H] ([E, H, 2I] transposed): convert splits it into gate and up
         e, two_i, h = (t.shape[0], t.shape[2], t.shape[1]) if t.transposed else t.shape
         half = (e, two_i // 2, h)
@@ -318,8 +318,15 @@ def _inventory(spec: ModelSpec) -> _Inventory:
     if hit is not None and hit[0] is spec:
         return hit[1]
     sources = tuple(sorted(_sources(spec), key=_load_order))
-    quantizable = tuple(allows_quantization(s.name, s.shape) for s in sources)
-    categories = tuple(tensor_category(s.name) for s in sources)
+    # each tensor's facts, found once per name less its "blk.N." (which no rule reads) and number of dimensions
+    keys = [(src.name.split(".", 2)[2] if src.layer is not None else src.name, ggml_n_dims(src.shape), src)
+            for src in sources]
+    facts: dict[tuple, tuple[bool, str]] = {}
+    for rest, dims, src in keys:
+        if (rest, dims) not in facts:
+            facts[(rest, dims)] = (allows_quantization(src.name, src.shape), tensor_category(src.name))
+    quantizable = tuple(facts[(rest, dims)][0] for rest, dims, _ in keys)
+    categories = tuple(facts[(rest, dims)][1] for rest, dims, _ in keys)
     group_of, firsts, counters = _alike(spec, sources, quantizable, categories)
     rows = tuple((math.prod(s.shape[1:]), s.shape[0]) for s in sources)
     per_layer: list[list[tuple[int, int, bool]]] = [[] for _ in range(spec.num_layers)]

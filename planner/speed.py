@@ -777,6 +777,12 @@ def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightS
     )
 
 
+def ttft_s(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme, c: Choice,
+           costs: LayerCosts, read: ReadBytes) -> float:
+    """estimate(...).ttft_s alone, without pricing the decode."""
+    return _Model(spec, hw, req, scheme, kv, c, costs, read).prefill_s()
+
+
 def estimate_compiled(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme) -> SpeedEstimate:
     """A compiled decode (`compiled_scheme`) with every layer on GPU 0 and a bf16 cache: the setting of the public
     compiled runs. The choice names bf16 as a stand-in: the scheme's own bytes and constants are what count."""

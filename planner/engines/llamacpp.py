@@ -10,6 +10,7 @@ file and cache types, into a `llama-server` command. Pure.
 from __future__ import annotations
 
 from dataclasses import field, fields, replace
+from functools import lru_cache
 
 from ..record import record
 from ..choice import Choice, ComputeDevice, OffloadMode, experts_in_ram_text
@@ -26,7 +27,7 @@ from ..quant import SCHEMES, KVScheme, QualityCost
 from ..request import LLAMA_CPP_KV_DTYPES, Request
 from ..search import check_context, check_experts, check_request
 from ..search import secant_max
-from ..speed import EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, SpeedEstimate, estimate, speed_constants
+from ..speed import EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, SpeedEstimate, estimate, speed_constants, ttft_s
 from ..units import MiB, format_bytes
 from ..work import ReadBytes, experts_touched
 from . import llamacpp_rules as rules
@@ -141,6 +142,7 @@ class LlamaCppChoice(Choice):
         return {**super().to_dict(), "engine": self.engine}
 
 
+@lru_cache(maxsize=None)
 def kv_scheme(kv_type: str) -> KVScheme:
     t = rules.KV_GGML_TYPES[kv_type]
     return KVScheme(name=kv_type, description=f"llama.cpp {kv_type} KV cache ({t.block_bytes} B per "
@@ -238,6 +240,23 @@ def max_resident_context(spec, hw, req, model, kv_type, server: Server) -> int:
 
 def speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_type: str = "f16"
                    ) -> tuple[HardwareProfile, str]:
+    """_speed_hardware, the same objects for the same arguments (the last few kept: the speed model's memos know a
+    machine by its object)."""
+    key = (id(hw), id(spec), file_type, kv_type)
+    hit = _SPEED_HARDWARE.get(key)
+    if hit is not None and hit[0] is hw and hit[1] is spec:
+        return hit[2]
+    if len(_SPEED_HARDWARE) >= 64:
+        _SPEED_HARDWARE.pop(next(iter(_SPEED_HARDWARE)))
+    out = _speed_hardware(hw, spec, file_type, kv_type)
+    _SPEED_HARDWARE[key] = (hw, spec, out)  # held with it: their ids cannot be reused while the entry lives
+    return out
+
+
+_SPEED_HARDWARE: dict[tuple, tuple] = {}
+
+
+def _speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_type: str) -> tuple[HardwareProfile, str]:
     """`hw` as llama.cpp's speed sees it: its calibration reduced to the llama.cpp entries, under the keys the speed
     model looks up (SPEED_SCHEME's weights, this model's attention implementation; routed experts at the weights'
     efficiency with no cost per expert: ggml computes them in one op), and what the prediction rests on. A file type
@@ -333,17 +352,10 @@ def weights_in_ram_per_ubatch(spec: ModelSpec, choice: LlamaCppChoice, fp: rules
     """The bytes of weights in RAM one ubatch of `tokens` tokens copies to the GPU under op offload: every layer left on
     the CPU, and the routed experts in RAM of the others, of which only those its tokens reach
     (rules.OP_OFFLOAD_MIN_BATCH)."""
-    L = spec.num_layers
     reached = experts_touched(spec, tokens) / spec.moe.num_experts if spec.moe is not None else 0.0
-    moved = 0.0
-    experts_in_ram = set(choice.expert_layers_in_ram)
-    for i in range(L):
-        experts = fp.model.experts[i]
-        if i < L - choice.gpu_layers:  # a layer in RAM (-ngl keeps the last ones on the GPU)
-            moved += fp.model.layers[i] - experts + experts * reached
-        elif i in experts_in_ram:
-            moved += experts * reached
-    return moved
+    first = spec.num_layers - choice.gpu_layers  # layers [0, first) in RAM (-ngl keeps the last ones on the GPU)
+    moved = fp.pw[first] - fp.px[first] + fp.px[first] * reached
+    return moved + sum(fp.model.experts[i] for i in choice.expert_layers_in_ram if i >= first) * reached
 
 
 def with_op_offload(spec: ModelSpec, hw: HardwareProfile, req: Request, kv_type: str, choice: LlamaCppChoice,
@@ -371,10 +383,10 @@ def with_op_offload(spec: ModelSpec, hw: HardwareProfile, req: Request, kv_type:
     ubatches = -(-(total - tail) // ub)
     costs, read = gguf_layer_costs(fp), gguf_read_bytes(spec, fp.model, req.batch)
     run, kv = rules.as_run(spec), kv_scheme(kv_type)
-    on_gpu_s = estimate(run, hw, req, SPEED_SCHEME, kv, resident, costs, read).ttft_s * (total - tail) / total
+    on_gpu_s = ttft_s(run, hw, req, SPEED_SCHEME, kv, resident, costs, read) * (total - tail) / total
     link_s = ubatches * per_ubatch / hw.link.h2d_pageable_bytes_per_s
-    tail_s = (estimate(run, hw, replace(req, prompt_tokens=-(-tail // req.batch)), SPEED_SCHEME, kv, choice, costs,
-                       read).ttft_s if tail else 0.0)
+    tail_s = (ttft_s(run, hw, replace(req, prompt_tokens=-(-tail // req.batch)), SPEED_SCHEME, kv, choice, costs, read)
+              if tail else 0.0)
     ttft = on_gpu_s + link_s + tail_s
     terms = {**speed.terms, "op_offload_ubatches": ubatches, "op_offload_bytes_per_ubatch": per_ubatch,
              "op_offload_link_s": link_s, "op_offload_gpu_s": on_gpu_s, "op_offload_cpu_tail_s": tail_s,

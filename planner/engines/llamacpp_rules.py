@@ -14,6 +14,7 @@ Pure: no torch.
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 from dataclasses import replace
 
 from ..capacity import Capacity
@@ -278,7 +279,22 @@ def window(spec: ModelSpec, layer) -> int | None:
 
 def as_run(spec: ModelSpec) -> ModelSpec:
     """The model as llama.cpp runs it: without the sliding windows it drops (its speed attends the whole context),
-    and without transformers' MLA expansion (`without_mla_expansion`)."""
+    and without transformers' MLA expansion (`without_mla_expansion`). The same object for the same spec (the last
+    few kept): the speed model's memos know a model by its object."""
+    hit = _AS_RUN.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    if len(_AS_RUN) >= 8:
+        _AS_RUN.pop(next(iter(_AS_RUN)))
+    run = _as_run(spec)
+    _AS_RUN[id(spec)] = (spec, run)  # the spec held with it: its id cannot be reused while the entry lives
+    return run
+
+
+_AS_RUN: dict[int, tuple[ModelSpec, ModelSpec]] = {}
+
+
+def _as_run(spec: ModelSpec) -> ModelSpec:
     spec = without_mla_expansion(spec)
     if spec.model_type in SWA_MODEL_TYPES or not any(a.window for a in spec.attention):
         return spec
@@ -315,18 +331,12 @@ def kv_bytes_per_layer(spec: ModelSpec, kv_type: str, req: Request, slots: Slots
     def row(elements: int) -> int:
         return math.ceil(elements / t.block_elements) * t.block_bytes
 
-    per_layout: dict = {}  # most models' layers share one layout: each distinct one is counted once
-
     def layer(a) -> int:
-        key = (window(spec, a), a.kind, a.kv_elements_per_token, a.num_kv_heads, a.head_dim)
-        if key not in per_layout:
-            cells, streams = layer_cells(key[0], req, slots)
-            n = cells * streams
-            per_layout[key] = (n * row(a.kv_elements_per_token) if a.kind == "mla"
-                               else 2 * n * row(a.num_kv_heads * a.head_dim))
-        return per_layout[key]
+        cells, streams = layer_cells(window(spec, a), req, slots)
+        n = cells * streams
+        return n * row(a.kv_elements_per_token) if a.kind == "mla" else 2 * n * row(a.num_kv_heads * a.head_dim)
 
-    return [layer(a) for a in spec.attention]
+    return spec.per_attention_layout(layer)  # most models' layers share one layout: each distinct one counted once
 
 
 def checkpoint_bytes_max(spec: ModelSpec, kv_type: str, req: Request, slots: Slots) -> int:
@@ -353,7 +363,7 @@ def compute_buffer_bytes(spec: ModelSpec, req: Request, *, with_logits: bool, sl
     cells, streams = kv_streams(req, slots)
     tokens = min(slots.n_ubatch, cells * streams)
     scratch = tokens * (COMPUTE_HIDDEN_COPIES * spec.hidden_size + COMPUTE_FFN_COPIES * spec.mlp_width) * 4
-    windows = {window(spec, a) for a in spec.attention}
+    windows = {window(spec, a) for a, _ in spec.attention_groups}
     caches = {w: layer_cells(w, req, slots)[0] for w in windows}  # a mask per cache
     mask = tokens * sum(caches.values()) * 2
     return scratch + mask + (spec.vocab_size * slots.logit_rows * 4 if with_logits else 0)
@@ -413,7 +423,8 @@ class LlamaCppFootprint:
         self.ram_capacity = cap.ram_bytes  # what RAM holds with nothing on a GPU (ram_for: beside a placement's GPUs)
         self.scratch = compute_buffer_bytes(spec, req, with_logits=False, slots=slots)
         self.with_logits = compute_buffer_bytes(spec, req, with_logits=True, slots=slots)
-        self._prefix: tuple[list[int], list[int]] | None = None  # prefix sums of layers + KV, and of experts
+        # prefix sums of the layers' weights, KV and routed experts: sum over layers [a, b) is p[b] - p[a]
+        self.pw, self.pkv, self.px = (list(accumulate(v, initial=0)) for v in (model.layers, self.kv, model.experts))
 
     def _gpu_layer_cost(self, i: int, cpu_moe: int) -> int:
         in_ram = self.model.experts[i] if i < cpu_moe else 0
@@ -450,44 +461,39 @@ class LlamaCppFootprint:
             counts[d] += 1
         return LlamaCppPlacement(gpu_layers=gpu_layers, cpu_moe=cpu_moe, per_device=tuple(counts))
 
+    def _in_ram(self, a: int, b: int, cpu_moe: int) -> int:
+        """Bytes of routed experts in RAM among layers [a, b) with --n-cpu-moe `cpu_moe` (layers below it)."""
+        return self.px[min(b, cpu_moe)] - self.px[min(a, cpu_moe)] if cpu_moe > a else 0
+
     def _pack_one(self, gpu_layers: int, cpu_moe: int) -> LlamaCppPlacement | None:
-        if self._prefix is None:
-            lk, ex = [0], [0]
-            for i in range(self.L):
-                lk.append(lk[-1] + self.model.layers[i] + self.kv[i])
-                ex.append(ex[-1] + self.model.experts[i])
-            self._prefix = (lk, ex)
-        lk, ex = self._prefix
-        first = self.L - gpu_layers
-        in_ram = ex[min(cpu_moe, self.L)] - ex[min(cpu_moe, first)] if cpu_moe > first else 0
-        need = lk[self.L] - lk[first] - in_ram + self.model.output_bytes + self.with_logits
+        first, L = self.L - gpu_layers, self.L
+        need = (self.pw[L] - self.pw[first] + self.pkv[L] - self.pkv[first] - self._in_ram(first, L, cpu_moe)
+                + self.model.output_bytes + self.with_logits)
         if need > self.usable[0]:
             return None
         return LlamaCppPlacement(gpu_layers=gpu_layers, cpu_moe=cpu_moe, per_device=(gpu_layers + 1,))
 
     def device_bytes(self, p: LlamaCppPlacement) -> list[DeviceBytes]:
-        out, i = [], self.L - p.gpu_layers
-        slots = [*range(i, self.L), None]  # None: the output slot
+        """Each device's share: its slots in order (the last gpu_layers layers, then the output slot)."""
+        out, a, left = [], self.L - p.gpu_layers, p.gpu_layers + 1  # left: slots, the output one last
         for n in p.per_device:
-            mine, slots = slots[:n], slots[n:]
-            layers = [j for j in mine if j is not None]
-            has_output = None in mine
-            weights = sum(self.model.layers[j] - (self.model.experts[j] if j < p.cpu_moe else 0) for j in layers)
-            compute = (self.with_logits if has_output else self.scratch) if mine else 0
+            has_output = n == left and n > 0
+            b = a + n - (1 if has_output else 0)  # its layers [a, b)
+            weights = self.pw[b] - self.pw[a] - self._in_ram(a, b, p.cpu_moe)
+            compute = (self.with_logits if has_output else self.scratch) if n else 0
             out.append(DeviceBytes(weights=weights + (self.model.output_bytes if has_output else 0),
-                                   kv=sum(self.kv[j] for j in layers), compute=compute))
+                                   kv=self.pkv[b] - self.pkv[a], compute=compute))
+            a, left = b, left - n
         return out
 
     def host_bytes(self, p: LlamaCppPlacement) -> DeviceBytes:
-        cpu_layers = range(self.L - p.gpu_layers)
-        gpu_layers = range(self.L - p.gpu_layers, self.L)
-        experts_here = sum(self.model.experts[j] for j in gpu_layers if j < p.cpu_moe)
-        weights = (self.model.token_embd_bytes + sum(self.model.layers[j] for j in cpu_layers) + experts_here
+        first = self.L - p.gpu_layers  # layers [0, first) on the CPU
+        experts_here = self._in_ram(first, self.L, p.cpu_moe)
+        weights = (self.model.token_embd_bytes + self.pw[first] + experts_here
                    + (0 if p.ngl else self.model.host_output_bytes))
-        computes_here = bool(cpu_layers) or experts_here > 0
+        computes_here = first > 0 or experts_here > 0
         compute = (self.scratch if p.ngl else self.with_logits) if computes_here else 0
-        return DeviceBytes(weights=weights, kv=sum(self.kv[j] for j in cpu_layers),
-                           compute=compute + self.output_buffer)
+        return DeviceBytes(weights=weights, kv=self.pkv[first], compute=compute + self.output_buffer)
 
     def host_total(self, p: LlamaCppPlacement) -> int:
         h = self.host_bytes(p)
@@ -514,7 +520,7 @@ class LlamaCppFootprint:
         steers by; whether it fits is pack's and fits_host's."""
         if not self.usable:
             return self.ram_capacity - self.host_total(LlamaCppPlacement(gpu_layers=0, cpu_moe=0, per_device=()))
-        need = sum(self._gpu_layer_cost(i, 0) for i in range(self.L)) + self.model.output_bytes + self.with_logits
+        need = self.pw[self.L] + self.pkv[self.L] + self.model.output_bytes + self.with_logits
         slack = sum(self.usable) - need
         if self.cap.unified:  # the host side shares the pool: the RAM left beside every layer on the GPU
             everything = LlamaCppPlacement(gpu_layers=self.L, cpu_moe=0, per_device=(self.L + 1,))
