@@ -16,6 +16,7 @@ Pure: no torch.
 from __future__ import annotations
 
 from bisect import bisect_right
+from functools import lru_cache
 from itertools import accumulate
 
 from .record import record
@@ -114,6 +115,30 @@ def layer_costs(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Reques
 
 def _prefix(values: tuple[int, ...]) -> list[int]:
     return list(accumulate(values, initial=0))
+
+
+def _weight_sums(weights: tuple[int, ...], experts: tuple[int, ...]) -> tuple[list[int], list[int], list[int]]:
+    """Prefix sums of the layers' weights and routed experts, and the largest layer from each on (0 past the last:
+    what a stream slot must hold); the same for a scheme's weights at every context the search probes, so the last
+    few are kept (each entry holds its tuples, so their ids in its key stay theirs)."""
+    key = (id(weights), id(experts))
+    hit = _WEIGHT_SUMS.get(key)
+    if hit is not None and hit[0] is weights and hit[1] is experts:
+        return hit[2]
+    if len(_WEIGHT_SUMS) >= 64:
+        _WEIGHT_SUMS.pop(next(iter(_WEIGHT_SUMS)))
+    sums = (_prefix(weights), _prefix(experts), list(accumulate(reversed(weights), max, initial=0))[::-1])
+    _WEIGHT_SUMS[key] = (weights, experts, sums)
+    return sums
+
+
+_WEIGHT_SUMS: dict[tuple[int, int], tuple] = {}
+
+
+@lru_cache(maxsize=16)
+def _zeros(n: int) -> tuple[int, ...]:
+    """No routed experts in n layers (one tuple per n: _weight_sums knows it by its id)."""
+    return (0,) * n
 
 
 def workspace_bytes(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Request,
@@ -328,11 +353,8 @@ class Footprint:
         self.workspace = dict(workspace)
         self.ws = sum(v for k, v in workspace.items() if k not in CPU_ONLY_WORKSPACE_TERMS)  # on a GPU
         self.ws_cpu = sum(workspace.values())
-        self.pw = _prefix(costs.weights)
+        self.pw, self.px, self.suffix_max_w = _weight_sums(costs.weights, costs.experts or _zeros(self.L))
         self.pkv = _prefix(costs.kv)
-        self.px = _prefix(costs.experts or (0,) * self.L)
-        # the largest layer from i on (0 past the last): what a stream slot must hold
-        self.suffix_max_w = list(accumulate(reversed(costs.weights), max, initial=0))[::-1]
         moe = sorted(spec.moe.moe_layers) if spec.moe is not None else []
         self.expert_end = [0] + [i + 1 for i in moe]  # with e layers' experts in RAM: layers before expert_end[e]
         o = hw.overheads

@@ -436,24 +436,27 @@ class DeviceRates:
     def layer_decode_s(self, w: DecodeWork, i: int, *, without_experts: bool = False) -> float:
         """One layer's decode step here; its routed experts too unless they are computed elsewhere."""
         bw = self.bandwidth_bytes_per_s
-        attention = max(w.kv_read_bytes[i] / (bw * self.kv.read),
-                        w.attention_flop[i] / (self.flop_per_s * self.kv.attention_compute))
-        experts = 0.0 if without_experts else self.experts_s(w.expert_bytes[i], w.expert_calls[i])
+        a = w.layout(i)
+        attention = max(a.kv_read / (bw * self.kv.read),
+                        a.attention_flop / (self.flop_per_s * self.kv.attention_compute))
+        experts = 0.0 if without_experts else self.experts_s(w.expert_bytes[i], w.expert_calls(i))
         return (self.weights_s(w.weights_bytes[i] - w.expert_bytes[i]) + experts + attention
                 + self.kv_update_s(w, i) + self.expand_s(w, i) + self.weights.per_layer_s)
 
     def expand_s(self, w: DecodeWork, i: int) -> float:
         """An MLA layer's expansion of its cached context: kv_b_proj's FLOPs or the bytes it moves, the longer."""
-        if not w.expand_flop or not w.expand_flop[i]:
+        a = w.layout(i)
+        if not a.expand_flop:
             return 0.0
-        return max(w.expand_flop[i] / (self.matmul_flop_per_s * self.weights.compute),
-                   w.expand_bytes[i] / (self.bandwidth_bytes_per_s * self.weights.bandwidth))
+        return max(a.expand_flop / (self.matmul_flop_per_s * self.weights.compute),
+                   a.expand_bytes / (self.bandwidth_bytes_per_s * self.weights.bandwidth))
 
     def kv_update_s(self, w: DecodeWork, i: int) -> float:
         """A quantized cache's extra work in layer i: its update traffic, and its fixed cost per layer."""
-        if not w.kv_update_bytes[i]:
+        update = w.layout(i).kv_update
+        if not update:
             return 0.0
-        return w.kv_update_bytes[i] / (self.bandwidth_bytes_per_s * self.kv.update) + self.kv.update_per_layer_s
+        return update / (self.bandwidth_bytes_per_s * self.kv.update) + self.kv.update_per_layer_s
 
     def prefill_s(self, flop: float, attention_flop: float, chunk_bytes: float, chunks: int) -> float:
         """A prefill's share on this device: its matmuls compute-bound, unless re-reading their weights each chunk
@@ -656,7 +659,7 @@ class _Model:
                 cpu_layers_s += n * self.rates[dev].layer_decode_s(w, i)
             elif how is _EXPERTS_IN_RAM:
                 resident_s += n * self.rates[dev].layer_decode_s(w, i, without_experts=True)
-                experts_s += n * cpu.experts_s(w.expert_bytes[i], w.expert_calls[i])
+                experts_s += n * cpu.experts_s(w.expert_bytes[i], w.expert_calls(i))
             else:
                 resident_s += n * self.rates[dev].layer_decode_s(w, i)
         head_s = self.main.weights_s(w.head_bytes)
@@ -686,10 +689,10 @@ class _Model:
         for (dev, how, link_bytes), i, n in self._grouped(w):
             bw = self.rates[dev].bandwidth_bytes_per_s
             if how is _EXPERTS_IN_RAM:
-                t_layer = ((w.weights_bytes[i] - w.expert_bytes[i] + w.kv_stored_bytes[i]) / bw
+                t_layer = ((w.weights_bytes[i] - w.expert_bytes[i] + w.layout(i).kv_stored) / bw
                            + w.expert_bytes[i] / cpu_bw)
             else:
-                t_layer = (w.weights_bytes[i] + w.kv_stored_bytes[i]) / bw
+                t_layer = (w.weights_bytes[i] + w.layout(i).kv_stored) / bw
             if how is _STREAMED:
                 t_layer = max(t_layer, link_bytes / self.link_bytes_per_s)
             t += n * t_layer

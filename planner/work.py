@@ -4,12 +4,12 @@ planner.speed divides them by a device's rates."""
 
 from __future__ import annotations
 
-from dataclasses import field
+import math
 from functools import cached_property
 
 from .record import record
 from .modelspec import ModelSpec, Role, dtype_bytes
-from .quant import KVScheme, WeightScheme, kv_bytes_per_layer
+from .quant import KVScheme, WeightScheme, layer_kv_bytes
 from .memory import LayerCosts
 
 # Per-spec figures (and per spec and prompt) the search asks for at every placement it prices, kept for the last few:
@@ -38,21 +38,6 @@ def _per_spec(fn):
     return memoized
 
 
-def decode_attention_flops_per_layer(spec: ModelSpec, context: int, batch: int) -> list[float]:
-    """FLOPs of one query token's attention per layer: QK^T (head_dim) and AV (V's head dim) over the cached tokens
-    (GQA saves none)."""
-    return spec.per_attention_layout(
-        lambda a: 2.0 * a.num_heads * (a.head_dim + a.value_dim) * a.cached_tokens(context) * batch)
-
-
-def mla_expand_per_layer(spec: ModelSpec, context: int, batch: int) -> tuple[list[float], list[float]]:
-    """(FLOPs, elements moved) of one decode step's MLA expansion per layer at `context` (0 for other layers)."""
-    flop = spec.per_attention_layout(lambda a: a.expand_flop_per_token * a.cached_tokens(context) * batch)
-    moved = spec.per_attention_layout(lambda a: float(a.expand_traffic_elements_per_token * a.cached_tokens(context)
-                                                      * batch))
-    return flop, moved
-
-
 @_per_spec
 def prefill_expand_flop_per_layer(spec: ModelSpec, prompt: int, chunk: int) -> list[float]:
     """FLOPs of the MLA expansions of a chunked prefill per layer (and sequence): each chunk expands the context so
@@ -60,11 +45,6 @@ def prefill_expand_flop_per_layer(spec: ModelSpec, prompt: int, chunk: int) -> l
     chunks = -(-prompt // chunk)
     expanded = chunk * (chunks - 1) * chunks // 2 + prompt  # sum of min(prompt, (k + 1) x chunk): every chunk full
     return spec.per_attention_layout(lambda a: a.expand_flop_per_token * expanded)  # but the last, which ends it
-
-
-def cached_elements_per_layer(spec: ModelSpec, context: int, batch: int) -> list[int]:
-    """Elements (K and V) each layer's cache holds at `context` tokens x `batch` sequences (windows capped)."""
-    return spec.per_attention_layout(lambda a: a.cached_tokens(context) * a.kv_elements_per_token * batch)
 
 
 def active_fraction(spec: ModelSpec, batch: int) -> float:
@@ -146,30 +126,48 @@ def prefill_flop(spec: ModelSpec, prompt: int, batch: int = 1) -> float:
     return matmul * batch + prefill_attention_flop(spec, prompt, batch)
 
 
+@record
+class LayoutWork:
+    """What one layer of an attention layout moves and computes at one decode step."""
+
+    kv_read: float  # the attention kernel's read of the cache, in the compute dtype
+    kv_stored: float  # the cache as stored (what a bandwidth roofline must read)
+    kv_update: float  # a quantized cache's extra update traffic
+    attention_flop: float
+    expand_flop: float  # MLA expansion's FLOPs (0: none)
+    expand_bytes: float  # MLA expansion's bytes moved
+
+
 @record(kw_only=True)
 class DecodeWork:
-    """What one decode step at one context moves and computes, per layer."""
+    """What one decode step at one context moves and computes, per layer: the weights from the per-layer reads, the
+    attention once per distinct layout (spec.attention_groups), `layout(i)` for layer i."""
 
     weights_bytes: list[float]  # read per layer (MoE: the routed experts only)
     expert_bytes: list[float]  # of those, the routed experts'
-    expert_calls: list[float]  # routed experts computed per layer (distinct experts the batch reaches)
-    kv_read_bytes: list[float]  # the attention kernel's read of the cache, in the compute dtype
-    kv_stored_bytes: list[float]  # the cache as stored (what a bandwidth roofline must read)
-    kv_update_bytes: list[float]  # a quantized cache's extra update traffic
-    attention_flop: list[float]
+    touched: float  # routed experts computed in a layer with experts (distinct experts the batch reaches)
+    layouts: tuple[LayoutWork, ...]  # per distinct attention layout
+    layout_of: tuple[int, ...]  # each layer's index into layouts
     head_bytes: float  # lm_head (or the tied embedding) and the final norm
-    expand_flop: list[float] = field(default_factory=list)  # MLA expansion's FLOPs per layer (empty: none)
-    expand_bytes: list[float] = field(default_factory=list)  # MLA expansion's bytes moved per layer
+
+    def layout(self, i: int) -> LayoutWork:
+        return self.layouts[self.layout_of[i]]
+
+    def expert_calls(self, i: int) -> float:
+        """Routed experts computed in layer i."""
+        return self.touched if self.expert_bytes[i] else 0.0
+
+    def per_layer(self, name: str) -> list[float]:
+        """One LayoutWork figure for every layer (kv_read, attention_flop, ...)."""
+        values = [getattr(w, name) for w in self.layouts]
+        return [values[g] for g in self.layout_of]
 
     @cached_property
     def kinds(self) -> list[int]:
         """Per layer, which of the distinct layers it is (equal work, so equal time on one device): a model has one
         to a few (dense and MoE layers, sliding and full attention), and the decode time of each is priced once."""
         seen: dict[tuple, int] = {}
-        none = [0.0] * len(self.weights_bytes)
-        return [seen.setdefault(key, len(seen)) for key in zip(
-            self.weights_bytes, self.expert_bytes, self.expert_calls, self.kv_read_bytes, self.kv_update_bytes,
-            self.attention_flop, self.expand_flop or none, self.expand_bytes or none)]
+        return [seen.setdefault(key, len(seen)) for key in zip(self.weights_bytes, self.expert_bytes, self.layout_of)]
 
     @cached_property
     def first_of_kind(self) -> list[int]:
@@ -192,26 +190,23 @@ def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int,
 
 def _decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,
                  costs: LayerCosts, read: ReadBytes) -> DecodeWork:
-    elements = cached_elements_per_layer(spec, context, batch)
     compute_bytes = dtype_bytes(scheme.compute_dtype)
-    stored = kv_bytes_per_layer(spec, kv, context, batch)
-    kv_read = [e * compute_bytes for e in elements] if kv.dequantizes_whole_layer else [float(b) for b in stored]
-    # an expanding MLA layer's kernel reads the expanded K and V, in the compute dtype, not the cache
-    expanded = spec.per_attention_layout(lambda a: a.attention_read_elements_per_token * a.cached_tokens(context)
-                                         * batch * compute_bytes if a.expands_cache else None)
-    expand_flop, expand_moved = mla_expand_per_layer(spec, context, batch)
-    return DecodeWork(
-        weights_bytes=read.total,
-        expert_bytes=read.experts,
-        expert_calls=[experts_touched(spec, batch) if b else 0.0 for b in read.experts],
-        kv_read_bytes=[x if x is not None else r for x, r in zip(expanded, kv_read)],
-        kv_stored_bytes=[float(b) for b in stored],
-        kv_update_bytes=[e * kv.update_extra_bytes_per_element for e in elements],
-        attention_flop=decode_attention_flops_per_layer(spec, context, batch),
-        head_bytes=float(costs.head_read),
-        expand_flop=expand_flop,
-        expand_bytes=[m * compute_bytes for m in expand_moved],
-    )
+
+    def layout(a) -> LayoutWork:
+        tokens = a.cached_tokens(context) * batch
+        elements = tokens * a.kv_elements_per_token
+        stored = float(math.ceil(layer_kv_bytes(a, kv, context, batch)))
+        # an expanding MLA layer's kernel reads the expanded K and V, in the compute dtype, not the cache
+        read = (a.attention_read_elements_per_token * tokens * compute_bytes if a.expands_cache
+                else elements * compute_bytes if kv.dequantizes_whole_layer else stored)
+        return LayoutWork(kv_read=read, kv_stored=stored, kv_update=elements * kv.update_extra_bytes_per_element,
+                          attention_flop=2.0 * a.num_heads * (a.head_dim + a.value_dim) * tokens,
+                          expand_flop=a.expand_flop_per_token * tokens,
+                          expand_bytes=float(a.expand_traffic_elements_per_token * tokens) * compute_bytes)
+
+    return DecodeWork(weights_bytes=read.total, expert_bytes=read.experts, touched=experts_touched(spec, batch),
+                      layouts=tuple(layout(a) for a, _ in spec.attention_groups), layout_of=spec.attention_group_of,
+                      head_bytes=float(costs.head_read))
 
 
 @_per_spec

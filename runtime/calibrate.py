@@ -277,12 +277,13 @@ def _sample(hw: HardwareProfile, spec, quant: str, kv_dtype: str, prompt: int, m
         bandwidth_bytes_per_s=hw.gpu.memory_bandwidth_bytes_per_s if on_gpu else hw.host.ram_bandwidth_bytes_per_s,
         peak_flops=hw.gpu.bf16_flops if on_gpu else cpu_float_peak(hw.host)[0],
         matmul_peak_flops=None if on_gpu else cpu_matmul_peak(hw.host, scheme)[0],
-        bytes_read_per_token=sum(work.weights_bytes) + work.head_bytes, kv_bytes_per_token=sum(work.kv_read_bytes),
-        attention_flops_per_token=sum(work.attention_flop), attention_impl=attention_impl,
+        bytes_read_per_token=sum(work.weights_bytes) + work.head_bytes,
+        kv_bytes_per_token=sum(work.per_layer("kv_read")),
+        attention_flops_per_token=sum(work.per_layer("attention_flop")), attention_impl=attention_impl,
         num_layers=spec.num_layers, decode_s_per_token=1.0 / result.decode_tokens_per_s_median,
         prefill_flops=prefill_flop(spec, prompt), prefill_attention_flops=prefill_attention_flop(spec, prompt),
         prefill_chunks=-(-prompt // matrix.prefill_chunk),
-        prefill_s=result.ttft_s, kv_dtype=kv_dtype, kv_update_bytes_per_token=sum(work.kv_update_bytes),
+        prefill_s=result.ttft_s, kv_dtype=kv_dtype, kv_update_bytes_per_token=sum(work.per_layer("kv_update")),
         label=f"{spec.name} {quant} {kv_dtype} KV prompt {prompt}")
 
 

@@ -71,12 +71,12 @@ def test_decode_expansion_work_is_the_up_projection_of_the_whole_context():
     scheme, kv = SCHEMES["bf16"], KV_SCHEMES["bf16"]
     for ctx in (512, 3000):
         w = decode_work(spec, scheme, kv, 1, ctx, layer_costs(spec, scheme, kv, req(ctx)))
-        assert w.expand_flop == [2.0 * ctx * LORA * HEADS * (NOPE + V)] * 3
+        assert w.per_layer("expand_flop") == [2.0 * ctx * LORA * HEADS * (NOPE + V)] * 3
         moved = LORA + ROPE + HEADS * ((NOPE + V) + NOPE + (NOPE + ROPE))
-        assert w.expand_bytes == [float(ctx * moved * BF16)] * 3
-        assert w.kv_read_bytes == [float(ctx * HEADS * (NOPE + ROPE + V) * BF16)] * 3
-        assert w.attention_flop == [2.0 * HEADS * (NOPE + ROPE + V) * ctx] * 3
-        assert w.kv_stored_bytes == [float(ctx * (LORA + ROPE) * BF16)] * 3  # the cache itself stays compressed
+        assert w.per_layer("expand_bytes") == [float(ctx * moved * BF16)] * 3
+        assert w.per_layer("kv_read") == [float(ctx * HEADS * (NOPE + ROPE + V) * BF16)] * 3
+        assert w.per_layer("attention_flop") == [2.0 * HEADS * (NOPE + ROPE + V) * ctx] * 3
+        assert w.per_layer("kv_stored") == [float(ctx * (LORA + ROPE) * BF16)] * 3  # the cache itself stays compressed
 
 
 def test_planned_decode_cost_grows_with_the_context_as_the_expansion_implies():
@@ -125,7 +125,7 @@ def test_llama_cpp_and_other_attention_have_no_expansion():
     for s in (as_run(spec), spec_from_config({**DS3, "model_type": "llama", "num_key_value_heads": 2,
                                               "head_dim": 16}, name="llama")):
         w = decode_work(s, scheme, kv, 1, 1000, layer_costs(s, scheme, kv, req(1000)))
-        assert not any(w.expand_flop) and not any(w.expand_bytes)
+        assert not any(w.per_layer("expand_flop")) and not any(w.per_layer("expand_bytes"))
         assert "mla_expanded_kv" not in workspace_bytes(s, scheme, kv, req(1000))
 
 

@@ -270,9 +270,10 @@ def test_a_quantized_kv_cache_in_ram_warns_of_allocator_retention():
     ("meta-llama/Llama-3.1-70B", "rtx-4090", 8192, {"gpu_layers": 30, "offload": "stream"}),
 ])
 def test_pricing_each_kind_of_layer_once_changes_no_number(model, hardware, context, forced, monkeypatch):
-    """work.DecodeWork.kinds groups layers of equal work so that a decode prices each kind once per device; every
-    number of the plan equals the one priced layer by layer (each layer its own kind)."""
-    from vramplan.planner import work
+    """work.DecodeWork.kinds groups layers of equal work so that a decode prices each kind once per device (and
+    work.prefill_kinds a prefill); every number of the plan equals the one priced layer by layer (each layer its own
+    kind), up to rounding."""
+    from vramplan.planner import speed, work
 
     spec, hw = model_spec(model), resolve_profile(hardware)[0]
     req = Request(context=context, **forced)
@@ -282,6 +283,13 @@ def test_pricing_each_kind_of_layer_once_changes_no_number(model, hardware, cont
     assert len(kinds) == spec.num_layers and 1 <= len(set(kinds)) <= 4 < spec.num_layers
     monkeypatch.setattr(work.DecodeWork, "kinds", property(lambda w: list(range(len(w.weights_bytes)))))
     monkeypatch.setattr(work, "_SPEC_MEMO", {})  # no work grouped before
+    grouped_prefill = work.prefill_kinds
+
+    def each_layer(spec, prompt, chunk):  # the prefill's kinds too: one per layer
+        kinds, values = grouped_prefill(spec, prompt, chunk)
+        return list(range(len(kinds))), [values[k] for k in kinds]
+
+    monkeypatch.setattr(speed, "prefill_kinds", each_layer)
     _assert_close(plan(spec, hw, req).to_dict(), grouped.to_dict())
 
 

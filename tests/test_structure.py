@@ -224,10 +224,11 @@ def test_records_share_methods_that_behave_as_dataclass_generates():
     inheritance; and every frozen dataclass the planner defines is a record, so it has exactly those."""
     import importlib
     import pkgutil
+    import sys
     from dataclasses import FrozenInstanceError, dataclass, field, is_dataclass, replace
 
     import vramplan.planner as planner_pkg
-    from vramplan.planner.record import SHARED, record
+    from vramplan.planner.record import FROZEN, SHARED, record
 
     def variants(decorate, kw):
         @decorate
@@ -259,7 +260,19 @@ def test_records_share_methods_that_behave_as_dataclass_generates():
                 assert hash(r2) == hash(p2)
                 with pytest.raises(FrozenInstanceError):
                     r.a = 5
+                with pytest.raises(FrozenInstanceError):
+                    r.z = 5
+                with pytest.raises(FrozenInstanceError):
+                    del r.b
         assert RB(1) != RC(1) and RC(1) != RB(1) and (RB(1) == 1) is False  # another class: NotImplemented
+        for cls in (RB, PB):  # a subclass that is not a dataclass: its fields frozen, other attributes its own
+            class Loose(cls):
+                pass
+            o = Loose(1)
+            o.z = 5
+            del o.z
+            with pytest.raises(FrozenInstanceError):
+                o.a = 2
     with pytest.raises(TypeError, match="a record shares them"):
         @record
         class Own:
@@ -276,7 +289,10 @@ def test_records_share_methods_that_behave_as_dataclass_generates():
                     and obj.__dataclass_params__.frozen:
                 frozen.append(obj)
     assert len(frozen) > 60
-    not_records = [c.__qualname__ for c in frozen if any(getattr(c, k) is not f for k, f in SHARED.items())]
+    if sys.version_info[:2] in ((3, 11), (3, 12)):
+        assert FROZEN  # the frozen pair shared where dataclass lets it be
+    not_records = [c.__qualname__ for c in frozen
+                   if any(getattr(c, k) is not f for k, f in {**SHARED, **FROZEN}.items())]
     assert not not_records, f"frozen dataclasses that are not records: {not_records}"
 
 
