@@ -225,9 +225,22 @@ def _sources(spec: ModelSpec) -> list[_Source]:
         raise UnsupportedArchitectureError(
             f"{spec.name}: no GGUF mapping for model_type {spec.model_type!r}; "
             f"supported: {', '.join(GGUF_ARCHITECTURES)}")
-    out = _generated_sources(spec)
-    for t in spec.tensors:
-        out.extend(_layer_sources(spec, t) if t.layer is not None else [_non_layer_source(spec, t)])
+    out = _generated_sources(spec) + [_non_layer_source(spec, t) for t in spec.non_layer_tensors()]
+    templates: dict[tuple, list[_Source]] = {}  # a layer like one converted before: its tensors renamed
+    for i in range(spec.num_layers):
+        tensors = spec.layer_tensors(i)
+        prefix = f"model.layers.{i}."
+        key = tuple((t.name.removeprefix(prefix), t.shape, t.transposed) for t in tensors)
+        first = templates.get(key)
+        if first is None:
+            templates[key] = converted = [s for t in tensors for s in _layer_sources(spec, t)]
+            out.extend(converted)
+            continue
+        j = first[0].layer
+        old_blk, old_hf, blk = f"blk.{j}.", f"model.layers.{j}.", f"blk.{i}."
+        out.extend(_Source(name=blk + f.name.removeprefix(old_blk), layer=i, shape=f.shape, f32=f.f32,
+                           stored=f.stored, hf_name=prefix + f.hf_name.removeprefix(old_hf))
+                   for f in first)
     return out
 
 
@@ -263,6 +276,7 @@ class _Inventory:
     firsts: tuple[int, ...]
     counters: tuple[tuple[int, int, int, int], ...]
     info_bytes: int  # the tensor infos in the file's header (tensor_info_bytes), the same in every file type
+    category_counts: Counter  # how many tensors each category has
     # The decoder layers by their tensors' (group, rows, routed experts?): each layer's kind, and each kind's tensors;
     # the tensors outside the layers as (name, group, rows); and every (group, rows) with how many tensors have it.
     layer_kind_of: tuple[int, ...]
@@ -340,7 +354,7 @@ def _inventory(spec: ModelSpec) -> _Inventory:
     layer_kind_of = tuple(kinds.setdefault(tuple(t), len(kinds)) for t in per_layer)
     inv = _Inventory(sources=sources, quantizable=quantizable, categories=categories, rows=rows,
                      group_of=group_of, firsts=firsts, counters=counters,
-                     info_bytes=sum(_info_bytes(s.name, s.shape) for s in sources),
+                     info_bytes=sum(_info_bytes(s.name, s.shape) for s in sources), category_counts=Counter(categories),
                      layer_kind_of=layer_kind_of, layer_kinds=tuple(kinds), outside=tuple(outside),
                      sized=tuple((g, n, k) for (g, n), k in Counter((g, n) for g, (n, _) in zip(group_of, rows))
                                  .items()))
@@ -372,7 +386,7 @@ def _select_types_each(spec: ModelSpec, inv: _Inventory, file_type: GGUFFileType
     A tensor convert wrote pre-quantized (`stored`: gpt-oss's MXFP4 experts) keeps its type: llama-quantize would refuse
     to change it ("requantizing from type mxfp4 is disabled" without --allow-requantize), and the published gpt-oss
     GGUFs keep their experts MXFP4 at every file type (unsloth/gpt-oss-120b-GGUF: Q2_K to F16 all 58-61 GB)."""
-    qs = _QuantizeState(_model_facts(spec), inv.categories, imatrix)
+    qs = _QuantizeState(_model_facts(spec), inv.category_counts, imatrix)
     return [_tensor_type(qs, file_type, s, q, c) for s, q, c in zip(inv.sources, inv.quantizable, inv.categories)]
 
 
@@ -385,7 +399,7 @@ def _select_types(spec: ModelSpec, inv: _Inventory, file_type: GGUFFileType, ima
 def _select_group_types(spec: ModelSpec, inv: _Inventory, file_type: GGUFFileType, imatrix: bool) -> list[str]:
     """Each group of alike tensors (_alike) typed once, by its first tensor with the counters the walk has there: a
     405B model's 1138 tensors are 30-some groups."""
-    qs = _QuantizeState(_model_facts(spec), inv.categories, imatrix)
+    qs = _QuantizeState(_model_facts(spec), inv.category_counts, imatrix)
     group_types = []
     for k, counters in zip(inv.firsts, inv.counters):
         qs.i_attention_wv, qs.i_ffn_down, qs.i_ffn_gate, qs.i_ffn_up = counters

@@ -6,6 +6,8 @@ planner only.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from .record import record
 from .errors import PlanError
 from .ggml_types import GGML_TYPES
@@ -117,11 +119,13 @@ class _ModelFacts:
 class _QuantizeState:
     """quantize_state_impl: the counters llama-quantize advances tensor by tensor."""
 
-    def __init__(self, facts: _ModelFacts, categories: tuple[str, ...], imatrix: bool) -> None:
+    def __init__(self, facts: _ModelFacts, categories: tuple[str, ...] | Counter, imatrix: bool) -> None:
+        """`categories`: every tensor's (or how many tensors each has)."""
+        counts = categories if isinstance(categories, Counter) else Counter(categories)
         self.facts = facts
         self.has_imatrix = imatrix
-        self.n_attention_wv = sum(1 for c in categories if c in ATTN_V_LIKE)
-        self.has_tied_embeddings = "output" not in categories
+        self.n_attention_wv = sum(counts[c] for c in ATTN_V_LIKE)
+        self.has_tied_embeddings = not counts["output"]
         self.n_ffn_down = facts.n_layer  # n_ffn_down = n_ffn_gate = n_ffn_up = n_layer_all
         self.i_attention_wv = 0
         self.i_ffn_down = 0
