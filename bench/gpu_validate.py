@@ -7,7 +7,7 @@ which gets a fresh machine and a copy of the repository, finds what an earlier o
 and, when $OUT is set, into $OUT as one archive plus status.json and summary.md (a device call brings back at most
 8 files).
 
-    bench/gpu_validate.sh --steps env,probe,pytest-gpu,run-bf16,decode-profile --budget-s 250   # device call A
+    bench/gpu_validate.sh --steps env,probe,pytest-gpu,run-int8-wo,run-int4-wo,run-compiled --budget-s 540  # call A
     bench/gpu_validate.sh --steps calibrate,accuracy,offload-nf4 --budget-s 545                  # device call B
     bench/gpu_validate.sh --cpu-smoke                                    # every step, tiny, on this CPU (minutes)
 """
@@ -47,10 +47,12 @@ def gpu_steps() -> list[Step]:
     """The GPU steps in the order of two device calls that fit a session's 15 minutes of device time (each call also
     pays a machine start of a minute or two): call A checks the machine and the CUDA paths, call B measures.
 
-        call A: env,probe,pytest-gpu,run-nf4,run-bf16,decode-profile     (~3 min)
+        call A: env,probe,pytest-gpu,run-int8-wo,run-int4-wo,run-compiled     (~6 min: three compiles of an 8B)
         call B: calibrate,accuracy,offload-nf4,oom,offload-bf16 (~7 min)
         not yet run: run-int8 (where bnb-int8's extra VRAM goes), run-compiled (vramplan run --compile), compiled
-        (transformers' eager vs compiled decode)
+        (transformers' eager vs compiled decode), run-int8-wo / run-int4-wo (torch's weight-only kernels, compiled)
+    pytest-gpu runs every `-m gpu` test: the offload engine's, and tests/test_weight_only.py's CUDA layouts and CUDA
+    graph replay of int8-wo / int4-wo.
     """
     model = "llama-3.1-8b"  # 8B, unseen by the calibration (1B and 3B models)
     return [
@@ -94,6 +96,13 @@ def gpu_steps() -> list[Step]:
         Step("offload-bf16", f"{PY} bench/offload.py --model {model} --quant bf16 --gpu-layers 16 --context 544 "
                              "--max-new-tokens 16 --hardware {profile} --machine gpu-bf16 --out {work}", 90,
              ("offload-gpu-bf16.json", "offload-gpu-bf16.md")),
+        # torch's weight-only kernels, decoded compiled (the only way they decode): the runtime issue's int8 / int4 rows
+        Step("run-int8-wo", f"{PY} cli.py run --model {model} --dummy-weights --quant int8-wo --context 4k "
+                            "--prompt-tokens 1024 --max-new-tokens 64 --hardware {profile} --json "
+                            "> {work}/run-int8-wo.json", 180, ("run-int8-wo.json",)),
+        Step("run-int4-wo", f"{PY} cli.py run --model {model} --dummy-weights --quant int4-wo --context 4k "
+                            "--prompt-tokens 1024 --max-new-tokens 64 --hardware {profile} --json "
+                            "> {work}/run-int4-wo.json", 180, ("run-int4-wo.json",)),
         # vramplan's own compiled decode (--compile), the same 8B bf16 row as run-bf16
         Step("run-compiled", f"{PY} cli.py run --model {model} --dummy-weights --quant bf16 --compile --context 4k "
                              "--prompt-tokens 1024 --max-new-tokens 64 --hardware {profile} --json "

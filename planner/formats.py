@@ -88,20 +88,22 @@ def _vramplan_weights() -> list[Format]:
     for s in SCHEMES.values():
         out.append(Format(engine="vramplan", name=s.name, kind=WEIGHTS, bits=s.bits,
                           quality_cost_pct=s.quality.ppl_increase_pct, quality_source=s.quality.source,
-                          devices=s.devices, decode=EAGER,
+                          devices=s.devices, decode=GRAPH if s.compiled_only else EAGER,
                           compiles=s.name in COMPILE_SCHEMES or s.name in CPU_COMPILE_SCHEMES,
                           nearest={"llama.cpp": _bits_key(_GGUF_FOR_BITS, s.bits), "ollama": _bits_key(
                               _GGUF_FOR_BITS, s.bits), "vllm": s.name if s.name in VLLM_WEIGHTS else _bits_key(
-                              _VLLM_FOR_BITS, s.bits), "transformers": s.name, "vramplan": s.name}))
+                              _VLLM_FOR_BITS, s.bits), "transformers": _bits_key(_VRAMPLAN_FOR_BITS, s.bits)
+                              if s.compiled_only else s.name, "vramplan": s.name}))
     return out
 
 
 def _transformers_weights() -> list[Format]:
     """Plain transformers loads vramplan's schemes through the same libraries (bitsandbytes, optimum-quanto; torchao
-    for w8a8), op by op."""
+    for w8a8), op by op; not the ones vramplan decodes compiled only (its generate() is eager)."""
     return [Format(engine="transformers", name=f.name, kind=WEIGHTS, bits=f.bits, quality_cost_pct=f.quality_cost_pct,
                    quality_source=f.quality_source, devices=f.devices, decode=EAGER, compiles=False,
-                   nearest={**f.nearest, "vramplan": f.name, "transformers": f.name}) for f in _vramplan_weights()]
+                   nearest={**f.nearest, "vramplan": f.name, "transformers": f.name})
+            for f in _vramplan_weights() if f.decode == EAGER]
 
 
 def _gguf_weights(engine: str) -> list[Format]:

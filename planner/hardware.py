@@ -204,7 +204,7 @@ class Overheads:
 # compiled decode, routed experts, the KV-cache update, llama.cpp's kernels), and attention per implementation (the
 # kernel transformers runs, ModelSpec.attention_impl, or llama.cpp's); tests/test_structure.py checks them against
 # what the speed model and the fits use. Another name is a typo that would never be looked up.
-CALIBRATION_BACKENDS = ("torch", "bnb", "quanto", "compiled", "experts", "kv-update", "llama.cpp")
+CALIBRATION_BACKENDS = ("torch", "bnb", "quanto", "torch-wo", "compiled", "experts", "kv-update", "llama.cpp")
 ATTENTION_PREFIXES = ("attn-", "prefill-attn-")
 ATTENTION_IMPLS = ("sdpa", "eager", "llama.cpp")
 

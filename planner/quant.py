@@ -83,6 +83,9 @@ class WeightScheme:
     # int8 into int32 (runtime.quantize.Int8Dynamic: torch._int_mm); 16: the activations stay in the compute dtype
     # (weight-only). Same weight bytes either way.
     activation_bits: int = 16
+    # Decodes as one compiled graph only (runtime.compiled, runtime.weight_only): torch's weight-only kernels, whose
+    # eager path on a GPU dequantizes every weight each call.
+    compiled_only: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -94,8 +97,13 @@ class WeightScheme:
         if not self.quantized:
             return False
         if t.kind is Kind.EXPERTS:
+            if self.backend == TORCH_WO_BACKEND:
+                return False
             return not (self.backend == "quanto" and self.bits == 4 and experts_int4_group(*t.matrix_shape) is None)
-        return t.kind is Kind.LINEAR and t.layer is not None
+        if t.kind is not Kind.LINEAR or t.layer is None:
+            return False
+        return not (self.backend == TORCH_WO_BACKEND and self.bits == 4
+                    and not tinygemm_packs(*t.matrix_shape, self.group_size))
 
     def tensor_bytes(self, t: TensorSpec, load_dtype: str | None = None) -> int:
         """Exact bytes this scheme stores for one tensor."""
@@ -209,6 +217,25 @@ _INT8DQ = ("torchao's int8 dynamic activation + int8 weight (int8dq: symmetric a
            "lm_eval WikiText perplexity: Llama-3-8B bf16 7.441, int8dq 7.581 (+1.9 %), int8 weight-only 7.447; "
            "Llama-2-7B 12.212, 12.262 (+0.4 %), 12.204. The larger of the two")
 
+# torch's own weight-only kernels, gpt-fast's path (runtime.weight_only): int8 rows with a bf16 scale each, and int4 in
+# tinygemm's layout (_weight_int4pack_mm on CUDA) with a bf16 scale and zero per group of 64. Dense layers' linears
+# only: routed experts and lm_head stay in the load dtype. Quality: torchao/quantization/README.md (pytorch/ao
+# fd6e4b1), lm_eval WikiText word perplexity of torchao's int8wo / int4wo-64, which quantize the same way.
+TORCH_WO_BACKEND = "torch-wo"
+TINYGEMM_INNER_K_TILES = 8  # _convert_weight_to_int4pack's innerKTiles: in_features a multiple of 8 x 16
+_TORCHAO_WO = ("torchao/quantization/README.md (pytorch/ao fd6e4b1), lm_eval WikiText perplexity, A100: Llama-2-7B "
+               "bf16 12.212, int8wo 12.204, int4wo-64 12.843 (+5.2 %); Llama-3-8B 7.441, 7.447 (+0.1 %), 8.316 "
+               "(+11.8 %); H100: Llama-3.1-8B 7.54, 7.56 (+0.3 %), 8.44 (+11.9 %)")
+
+
+def tinygemm_packs(out_features: int, in_features: int, group_size: int | None) -> bool:
+    """Whether tinygemm's int4 layout takes a [out, in] matrix: rows in tiles of 8, the input dimension in tiles of
+    TINYGEMM_INNER_K_TILES x 16 and in whole groups (aten _convert_weight_to_int4pack; gpt-fast's
+    _check_linear_int4_k). A linear it does not take stays in the load dtype."""
+    return (group_size is not None and out_features % 8 == 0 and in_features % (TINYGEMM_INNER_K_TILES * 16) == 0
+            and in_features % group_size == 0)
+
+
 SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
     WeightScheme(name="bf16", backend="torch", bits=16, devices=("cuda", "cpu", "mps"),
                  description="bfloat16, unquantized",
@@ -241,6 +268,17 @@ SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
                  description="optimum-quanto qint4 weights, group 128, scale + shift per group",
                  quality=QualityCost(ppl_increase_pct=4.8, source="AWQ (Lin et al. 2023, arXiv:2306.00978) Table 4: "
                                      "Llama-2-7B WikiText-2 perplexity FP16 5.47, INT4 g128 round-to-nearest 5.73")),
+    WeightScheme(name="int8-wo", backend=TORCH_WO_BACKEND, bits=8, row_scales=True, row_scale_bytes=2.0,
+                 devices=("cuda",), streams_on=(), compiled_only=True,
+                 description="int8 weight-only, a bf16 scale per row (torchao int8wo, gpt-fast int8), decoded "
+                             "compiled: torch's kernels in one CUDA graph",
+                 quality=QualityCost(ppl_increase_pct=0.3, source=_TORCHAO_WO + ": the largest int8wo cost")),
+    WeightScheme(name="int4-wo", backend=TORCH_WO_BACKEND, bits=4, group_size=64, scale_bytes=4.0,
+                 devices=("cuda",), streams_on=(), compiled_only=True,
+                 description="int4 weight-only, group 64 with a bf16 scale and zero (torchao int4wo-64, gpt-fast "
+                             "int4, tinygemm), decoded compiled: torch's kernels in one CUDA graph",
+                 quality=QualityCost(ppl_increase_pct=5.2, source=_TORCHAO_WO + ": Llama-2-7B's, the model "
+                                     "quanto-int4's figure comes from; Llama-3 loses about twice as much")),
 ]}
 
 

@@ -63,7 +63,8 @@ EXPERT_PLACEMENTS = ("gpu", "cpu")
 # What a compiled decode (--compile: a static KV cache and one torch.compile'd step, runtime/compiled.py) runs:
 # unquantized weights with a cache of the same dtype, every layer on one device (bitsandbytes' and quanto's kernels
 # break the graph; the offload engine moves weights between steps).
-COMPILE_SCHEMES = {"bf16": "bf16", "fp16": "fp16"}  # weights -> the KV cache dtype they compile with
+# weights -> the KV cache dtype they compile with (int8-wo / int4-wo: torch's weight-only kernels, compiled only)
+COMPILE_SCHEMES = {"bf16": "bf16", "fp16": "fp16", "int8-wo": "bf16", "int4-wo": "bf16"}
 # On a machine without a GPU the quanto schemes' layers call torch's CPU kernels themselves
 # (runtime.quantize.direct_kernels), which inductor compiles through (tested: the eager tokens): with a bf16 cache,
 # dense models (vramplan's quantized experts route tokens in Python). On a GPU quanto's compiled decode is unmeasured.

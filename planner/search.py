@@ -180,6 +180,11 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
     `weights` and `read` (weight bytes a decode step reads per layer) are shared across KV dtypes."""
     base = dict(weight_quant=scheme.name, kv_dtype=kv.name,
                 quality_cost_pct=scheme.quality.ppl_increase_pct + kv.quality.ppl_increase_pct)
+    if scheme.compiled_only and not req.compiled and not device_refusal(scheme, hw):
+        if req.eager:
+            return Candidate(**base, fits=False, reason=f"{scheme.name} decodes compiled only (torch's weight-only "
+                                                        "kernels in one graph): --eager leaves it out")
+        req = replace(req, compiled=True)
     why_not = device_refusal(scheme, hw) or kv_refusal(spec, kv) or _compile_ok(spec, hw, req, scheme, kv)
     if why_not:
         return Candidate(**base, fits=False, reason=why_not)
@@ -234,11 +239,16 @@ def _compile_ok(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weig
     if not req.compiled:
         return None
     runs = compile_schemes(hw.has_gpu)
+    if scheme.compiled_only and runs.get(scheme.name) not in (None, kv.name):
+        return f"{scheme.name} decodes compiled, with a {runs[scheme.name]} cache only"
     if runs.get(scheme.name) != kv.name:
         return (f"--compile runs {', '.join(f'{w} weights with a {k} cache' for w, k in runs.items())} here "
                 "(a static cache torch.compile captures; bitsandbytes' kernels break the graph"
                 + ("; quanto's compiled decode is unmeasured on a GPU)" if hw.has_gpu else ")"))
     if scheme.quantized and spec.moe is not None:
+        if scheme.compiled_only:
+            return (f"{scheme.name} decodes compiled, and an MoE's routing is not captured in vramplan's graph yet: "
+                    "dense models only")
         return (f"--compile: {scheme.name}'s routed experts are vramplan's own modules, which route tokens in Python "
                 "(a graph break): run it eager")
     return None
@@ -254,7 +264,9 @@ def speed_scheme(req: Request, scheme: WeightScheme) -> WeightScheme:
     """The scheme whose constants price the decode: with --compile, a compiled decode of the same bytes (its fitted
     constants, no eager dispatch); else the scheme itself. (On a CPU the quanto schemes price as themselves:
     speed.efficiency scales their per-layer cost by COMPILED_CPU_PER_LAYER_FACTOR.)"""
-    return compiled_scheme(16) if req.compiled and scheme.name in COMPILE_SCHEMES else speed_stand_in(scheme)
+    if req.compiled and scheme.name in COMPILE_SCHEMES:
+        return compiled_scheme(min(scheme.bits, 16), scheme.group_size)
+    return speed_stand_in(scheme)
 
 
 def overflow_reason(mem: MemoryBreakdown, c: Choice) -> str:

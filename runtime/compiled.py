@@ -4,7 +4,8 @@ Eager decode issues every op of every layer from Python: on the H200 a Llama-3.2
 which the GPU was busy 3.9 (bench/results/gpu-nvidia-h200-2). Here the step is one compiled graph over a
 transformers StaticCache (fixed shapes: the cache holds `max_len` tokens from the start), replayed as a CUDA graph on
 a GPU (mode "reduce-overhead"); on a CPU inductor compiles it ("default"). The prefill stays eager, through the same
-cache. The first decode steps compile (tens of seconds; `vramplan run` does them in its untimed warm-up).
+cache. The first decode steps compile (tens of seconds; `vramplan run` does them in its untimed warm-up and reports
+their time); inductor's on-disk cache (inductor_cache) makes a later run's compile shorter.
 
 What compiles: unquantized weights (bf16, fp16) with a KV cache of the model's dtype, every layer on one device; on
 a machine without a GPU also quanto's int8 / int4 / w8a8 layers, whose modules call torch's CPU kernels themselves
@@ -16,10 +17,26 @@ graph, quanto's compiled decode on a GPU is unmeasured, and the offload engine m
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
+from .files import CacheDirError, cache_dir
 from .generate import cache_argument, forward_logits
+
+INDUCTOR_CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def inductor_cache() -> str | None:
+    """Where inductor keeps what it compiled, reused by the next run: $TORCHINDUCTOR_CACHE_DIR, else vramplan's
+    cache's inductor/ (kept across reboots, where torch's default lives under /tmp), set for this process."""
+    if not os.environ.get(INDUCTOR_CACHE_VAR):
+        try:
+            os.environ[INDUCTOR_CACHE_VAR] = str(cache_dir() / "inductor")
+        except CacheDirError:
+            return None
+    return os.environ[INDUCTOR_CACHE_VAR]
 
 
 class StaticDecoder:
@@ -29,6 +46,7 @@ class StaticDecoder:
         from transformers import StaticCache
 
         self.model, self.device, self.max_len = model, torch.device(device), max_len
+        self.inductor_cache = inductor_cache()
         self.cache = StaticCache(config=model.config, max_cache_len=max_len)
         self._arg = cache_argument(type(model))
         self.mode = "reduce-overhead" if self.device.type == "cuda" else "default"

@@ -370,7 +370,9 @@ class _Attempt:
                 report.notes.append(_eager_fallback(exc))
             if static is not None:
                 report.notes.append(f"decode compiled: a static cache of {static.max_len} tokens, torch.compile mode "
-                                    f"{static.mode!r}; compiled in the warm-up (not timed)")
+                                    f"{static.mode!r}; compiled in the warm-up (not timed: the measured warm-up)"
+                                    + (f", inductor's cache in {static.inductor_cache}" if static.inductor_cache
+                                       else ""))
         def warm_with(static):
             return warm_up(loaded.model, ids.to(model_device(loaded.model)), report.plan.request.prefill_chunk,
                            KV_SCHEMES[c.kv_dtype], static=static)

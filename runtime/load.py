@@ -23,7 +23,7 @@ from vramplan.planner.errors import (
     ModelNotFoundError,
     VramplanError,
 )
-from vramplan.planner.quant import WeightScheme
+from vramplan.planner.quant import TORCH_WO_BACKEND, WeightScheme
 from vramplan.planner.sources import read_safetensors_header, weight_files
 from vramplan.runtime.devices import resolve_device
 from vramplan.runtime.dummy import build_dummy
@@ -140,6 +140,12 @@ def load_model(
     if dummy_weights:
         model = build_dummy(config, dtype, scheme, device, device_map, seed, trust_remote_code, on_layer,
                             random_device=random_device)
+    elif scheme.backend == TORCH_WO_BACKEND:  # in the compute dtype on the CPU, then each layer on its device
+        model = _load_checkpoint(model_dir, config, dtype, scheme, "cpu", None, allow_pickle, trust_remote_code)
+        for layer in decoder_layers(model, num_layers)[1]:
+            backend(scheme).quantize(layer, scheme, dtype, device)
+            release_freed_heap()
+        model.to(device)
     else:
         model = _load_checkpoint(model_dir, config, dtype, scheme, device, device_map, allow_pickle, trust_remote_code)
         _quantize_loaded_experts(model, num_layers, scheme, device, device_map)

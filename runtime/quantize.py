@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from vramplan.planner.errors import VramplanError
-from vramplan.planner.quant import INT8PACK_IN_MULTIPLE, WeightScheme, cpu_head_scheme
+from vramplan.planner.quant import INT8PACK_IN_MULTIPLE, TORCH_WO_BACKEND, WeightScheme, cpu_head_scheme
 from vramplan.runtime.experts import int8_dynamic_mm, quanto_int8_rows, quantize_experts
 from vramplan.runtime.measure import is_oom
 
@@ -75,6 +75,28 @@ class BitsAndBytes(Backend):
         if offloaded:
             out.append("offloaded layers stay unquantized in the compute dtype (transformers' bnb cpu offload)")
         return out
+
+
+class TorchWeightOnly(Backend):
+    """int8-wo / int4-wo: torch's weight-only kernels (runtime.weight_only). A checkpoint loads in the compute dtype
+    on the CPU and each decoder layer is quantized on its device (runtime.load), as dummy layers are here."""
+
+    name = TORCH_WO_BACKEND
+
+    def quantize(self, module, scheme, dtype, device):
+        from .weight_only import quantize_linears
+
+        try:
+            quantize_linears(module, scheme, device)
+        except (RuntimeError, NotImplementedError) as exc:
+            if is_oom(exc):
+                raise  # the caller re-plans; not a missing feature
+            raise unsupported(scheme, device, exc) from exc
+        module.to(device)
+
+    def notes(self, scheme, offloaded):
+        return [f"{scheme.name}: every linear of the decoder layers quantized at load by torch's weight-only kernels "
+                "(routed experts and lm_head stay in the load dtype); it decodes compiled"]
 
 
 class Quanto(Backend):
@@ -354,7 +376,7 @@ def quantize_cpu_head(model: nn.Module, scheme: WeightScheme) -> str | None:
 # mlp.router); transformers' module patterns match them as suffixes.
 ROUTER_MODULE_NAMES = ("router",)
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (Unquantized(), BitsAndBytes(), Quanto())}
+BACKENDS: dict[str, Backend] = {b.name: b for b in (Unquantized(), BitsAndBytes(), Quanto(), TorchWeightOnly())}
 
 
 def backend(scheme: WeightScheme) -> Backend:

@@ -56,7 +56,7 @@ def test_expert_placement_forced_cpu_gpu_and_n(capsys):
     assert code == 0 and g["expert_placement"] == "gpu" and g["expert_layers_in_ram"] == []
     assert g["gpu_layers"] < 32 and g["offload"] != "none"
     runs_here = [x for x in gpu["candidates"] if "does not run on" not in (x["reason"] or "")]
-    assert runs_here and all(x["expert_placement"] in ("gpu", None) for x in runs_here)
+    assert runs_here and all(x.get("expert_placement") in ("gpu", None) for x in runs_here)
 
     code, n = plan_json(capsys, *MIXTRAL, "--expert-placement", "20")
     e = n["choice"]

@@ -179,3 +179,14 @@ def test_the_compiled_default_is_cudas_only():
     assert p.fits and not p.decode_compiled and not any(c.compiled for c in p.candidates)
     with pytest.raises(PlanError, match="--eager is vramplan's runtime's decode mode"):
         Request(context=8192, engine="llama.cpp", eager=True)
+
+
+def test_inductor_keeps_what_it_compiled_in_vramplans_cache(monkeypatch, tmp_path):
+    """The next run reuses the compiled step: inductor's cache goes to vramplan's cache unless the user named one."""
+    from vramplan.runtime.compiled import inductor_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # restored after the test, whatever inductor_cache sets
+    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path))
+    assert inductor_cache() == str(tmp_path / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert inductor_cache() == str(tmp_path / "mine")

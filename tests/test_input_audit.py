@@ -10,6 +10,7 @@ import re
 import pytest
 
 from cli_helpers import assert_one_line_error, isolate, run_cli as main
+from vramplan.planner.quant import KV_SCHEMES, SCHEMES
 
 
 @pytest.fixture(autouse=True)
@@ -313,14 +314,15 @@ def test_all_shows_every_candidate_and_the_constants(capsys):
     code, out, err = main(capsys, *PLAN_8B, "--all")
     assert code == 0, err
     d = json.loads(main(capsys, *PLAN_8B, "--json")[1])
-    assert len(candidate_rows(out)) == len(d["candidates"]) == 50
+    assert len(candidate_rows(out)) == len(d["candidates"]) == len(SCHEMES) * len(KV_SCHEMES)  # every pair
     assert "constants used" in out and all(name in out for name in d["constants"])
     assert "more candidates" not in err
 
 
 def test_json_keeps_everything(capsys):
     d = json.loads(main(capsys, *PLAN_8B, "--json")[1])
-    assert len(d["candidates"]) == 50 and len(d["constants"]) > 10 and d["choice"]["weight_quant"] == "bf16"
+    assert len(d["candidates"]) == len(SCHEMES) * len(KV_SCHEMES) and len(d["constants"]) > 10
+    assert d["choice"]["weight_quant"] == "bf16"
 
 
 def test_nothing_fits_shows_the_nearest_candidates(capsys):

@@ -94,7 +94,7 @@ def transformers_candidates(spec: ModelSpec, hw: HardwareProfile, req: Request, 
     from ..work import read_bytes_per_layer
 
     schemes = weight_schemes(spec, req.quant) if req.quant or published_scheme(spec) else [
-        s for s in SCHEMES.values() if s.activation_bits == 16]
+        s for s in SCHEMES.values() if s.activation_bits == 16 and not s.compiled_only]  # generate() is eager
     kvs = [KV_SCHEMES[k] for k in req.kv_dtype] if req.kv_dtype else list(KV_SCHEMES.values())
     L, cap = spec.num_layers, ram_capacity(hw, req)
     out = []

@@ -1,0 +1,155 @@
+"""torch's own weight-only kernels for the int8-wo and int4-wo schemes (planner.quant), gpt-fast's path: a decoder
+layer's plain nn.Linear layers quantized at load, tensor by tensor on the device they run on, and decoded as one
+compiled graph (runtime.compiled; on a GPU a CUDA graph replay).
+
+- Int8WeightOnly: int8 [out, in], one scale per row (absmax / 127, in the compute dtype). On a GPU the product is
+  F.linear(x, w.to(x.dtype)) * scale, which inductor fuses into one kernel reading the int8 bytes (gpt-fast's
+  WeightOnlyInt8Linear); on the CPU torch._weight_int8pack_mm.
+- Int4WeightOnly: 4-bit codes in groups of `group_size` along each row, with a bf16 scale and zero per group
+  (value = (code - 8) x scale + zero: gpt-fast's group_quantize_tensor), packed in tinygemm's layout: on a GPU
+  _convert_weight_to_int4pack (int32 [out/8, in/128, 32, 4]) for _weight_int4pack_mm, on the CPU
+  _convert_weight_to_int4pack_for_cpu (uint8 [out, in/2]) for _weight_int4pack_mm_for_cpu. Both hold out x in / 2
+  bytes of codes and in / group_size x out x 4 bytes of scales and zeros, as planner.quant counts them.
+
+A linear tinygemm does not take (planner.quant.tinygemm_packs) stays as it is, as the planner counts it; lm_head and
+routed experts stay in the load dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from vramplan.planner.quant import INT8PACK_IN_MULTIPLE, TINYGEMM_INNER_K_TILES, WeightScheme, tinygemm_packs
+
+# Rows quantized at a time: the float32 working copy of one block, not of a whole matrix (a 405B model's MLP
+# projection is 53248 x 16384).
+ROWS_PER_BLOCK = 4096
+
+
+class Int8WeightOnly(nn.Module):
+    """int8 rows with one scale each (see the module docstring)."""
+
+    def __init__(self, data: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = data.shape
+        self.register_buffer("data", data)
+        self.register_buffer("scale", scale)
+        self.bias = bias
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, device: torch.device | str) -> "Int8WeightOnly":
+        weight = linear.weight.detach()
+        data = torch.empty(weight.shape, dtype=torch.int8, device=device)
+        scale = torch.empty(weight.shape[0], dtype=weight.dtype, device=device)
+        for start in range(0, weight.shape[0], ROWS_PER_BLOCK):
+            rows = weight[start:start + ROWS_PER_BLOCK].to(device, torch.float32)
+            s = (rows.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+            data[start:start + ROWS_PER_BLOCK] = (rows / s[:, None]).round().clamp(-128, 127).to(torch.int8)
+            scale[start:start + ROWS_PER_BLOCK] = s.to(weight.dtype)
+        bias = linear.bias.detach().to(device) if linear.bias is not None else None
+        return cls(data, scale, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.data.device.type == "cpu" and (x.numel() == self.in_features
+                                              or self.in_features % INT8PACK_IN_MULTIPLE == 0):
+            a = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
+            out = torch._weight_int8pack_mm(a, self.data, self.scale).reshape(*x.shape[:-1], self.out_features)
+        else:  # inductor fuses the int8 -> compute-dtype conversion into the matmul's read of the weights
+            out = F.linear(x, self.data.to(x.dtype)) * self.scale.to(x.dtype)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(x.dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        """The [out, in] matrix the kernel multiplies by, in fp32."""
+        return self.data.float() * self.scale.float()[:, None]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight-only rows"
+
+
+class Int4WeightOnly(nn.Module):
+    """4-bit groups in tinygemm's layout (see the module docstring)."""
+
+    def __init__(self, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int, out_features: int,
+                 in_features: int, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features, self.group_size = out_features, in_features, group_size
+        self.register_buffer("packed", packed)
+        self.register_buffer("scale_zeros", scale_zeros)
+        self.bias = bias
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int, device: torch.device | str) -> "Int4WeightOnly":
+        weight = linear.weight.detach()
+        out_features, in_features = weight.shape
+        on_gpu = torch.device(device).type == "cuda"
+        packs, scales = [], []
+        for start in range(0, out_features, ROWS_PER_BLOCK):  # row blocks of a multiple of 8: tinygemm's row tiles
+            codes, scale_zeros = group_quantize(weight[start:start + ROWS_PER_BLOCK].to(device, torch.float32),
+                                                group_size)
+            packs.append(pack_int4(codes, on_gpu))
+            scales.append(scale_zeros)
+        bias = linear.bias.detach().to(device) if linear.bias is not None else None
+        return cls(torch.cat(packs), torch.cat(scales, dim=1), group_size, out_features, in_features, bias)
+
+    def _product(self, a: torch.Tensor) -> torch.Tensor:
+        """bf16 rows [m, in] by the matrix: [m, out]."""
+        if self.packed.device.type == "cpu":
+            return torch._weight_int4pack_mm_for_cpu(a, self.packed, self.group_size, self.scale_zeros)
+        return torch._weight_int4pack_mm(a, self.packed, self.group_size, self.scale_zeros)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._product(x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous())
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        """The [out, in] matrix the kernel multiplies by, in fp32 (the kernel applied to the identity)."""
+        identity = torch.eye(self.in_features, dtype=torch.bfloat16, device=self.packed.device)
+        return self._product(identity).t().float()
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int4 weight-only groups of "
+                f"{self.group_size}")
+
+
+def group_quantize(rows: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 rows [n, k] -> int32 codes 0..15 [n, k] and bf16 scale and zero [k / group_size, n, 2]: per group,
+    scale = (max - min) / 15 and zero = min + 8 x scale, so that value = (code - 8) x scale + zero."""
+    n, k = rows.shape
+    groups = rows.reshape(-1, group_size)
+    low, high = groups.amin(dim=1, keepdim=True), groups.amax(dim=1, keepdim=True)
+    scale = (high - low).clamp(min=1e-6) / 15
+    zero = low + scale * 8
+    codes = groups.sub(low).div(scale).round().clamp(0, 15).to(torch.int32).reshape(n, k)
+    scale_zeros = torch.cat([scale.reshape(n, -1, 1), zero.reshape(n, -1, 1)], dim=2).transpose(0, 1)
+    return codes, scale_zeros.to(torch.bfloat16).contiguous()
+
+
+def pack_int4(codes: torch.Tensor, on_gpu: bool) -> torch.Tensor:
+    """int32 codes [n, k] in tinygemm's layout for the device: CUDA's from uint8 pairs (the even column in the high
+    nibble), the CPU's from the codes themselves."""
+    if on_gpu:
+        pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
+        return torch._convert_weight_to_int4pack(pairs.contiguous(), TINYGEMM_INNER_K_TILES)
+    return torch._convert_weight_to_int4pack_for_cpu(codes.contiguous(), TINYGEMM_INNER_K_TILES)
+
+
+def quantize_linears(module: nn.Module, scheme: WeightScheme, device: torch.device | str) -> int:
+    """Every plain nn.Linear of `module` (a decoder layer, or a model's decoder layers) that the scheme quantizes,
+    replaced by its weight-only module on `device`; returns how many. The rest of `module` is left where it is."""
+    swaps = []
+    for name, m in module.named_modules():
+        if type(m) is not nn.Linear or name.endswith("lm_head"):
+            continue
+        if scheme.bits == 8:
+            swaps.append((name, Int8WeightOnly.from_linear(m, device)))
+        elif tinygemm_packs(m.out_features, m.in_features, scheme.group_size):
+            swaps.append((name, Int4WeightOnly.from_linear(m, scheme.group_size, device)))
+    for name, new in swaps:
+        module.set_submodule(name, new)
+    return len(swaps)
