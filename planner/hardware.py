@@ -134,6 +134,11 @@ class GPUSpec:
         return None if cc is None else tuple(int(x) for x in cc.split("."))  # type: ignore[return-value]
 
 
+# The kernel each CPU scheme decodes with, by the name of its HostSpec rate (runtime.quantize: Bf16Rows, Int8Rows,
+# Int4Groups, Int8Dynamic; runtime.probe.measure.measure_cpu_decode_kernels times them).
+CPU_DECODE_KERNELS = {"bf16": "bf16", "int8": "quanto-int8", "int4": "quanto-int4", "int8_dynamic": "quanto-w8a8"}
+
+
 @record(kw_only=True)
 class HostSpec:
     """The CPU side: RAM, its bandwidth, cores and what a bf16 matmul achieves on them (and, where measured, an fp32
@@ -152,13 +157,22 @@ class HostSpec:
     # dispatch, kernel launches) at batch 1: eager decode on a fast GPU waits on it (planner.speed). None: unknown,
     # the speed model's default (planner.speed.DEFAULT_EAGER_DISPATCH_PER_LAYER_S).
     eager_dispatch_per_layer_s: float | None = None
+    # Bytes of weights per second each CPU decode kernel streams from RAM at one row (CPU_DECODE_KERNELS; the probe
+    # times them): which kernel is fast depends on the CPU (planner.speed prices each scheme's). None: not measured.
+    cpu_decode_bf16_bytes_per_s: float | None = None
+    cpu_decode_int8_bytes_per_s: float | None = None
+    cpu_decode_int4_bytes_per_s: float | None = None
+    cpu_decode_int8_dynamic_bytes_per_s: float | None = None
+
+    def decode_kernel_rate(self, kernel: str) -> float | None:
+        return getattr(self, f"cpu_decode_{kernel}_bytes_per_s")
 
     def __post_init__(self) -> None:
         _check_int(self, "ram_bytes", minimum=1)
         _check_float(self, "ram_bandwidth_bytes_per_s")
         _check_int(self, "cpu_cores", minimum=1, maximum=MAX_CPU_CORES, why=" (cores of one host)")
         _check_float(self, "cpu_bf16_flops")
-        for name in ("cpu_fp32_flops", "cpu_int8_ops"):
+        for name in ("cpu_fp32_flops", "cpu_int8_ops", *(f"cpu_decode_{k}_bytes_per_s" for k in CPU_DECODE_KERNELS)):
             if getattr(self, name) is not None:
                 _check_float(self, name)
         if self.eager_dispatch_per_layer_s is not None:

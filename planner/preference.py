@@ -47,6 +47,12 @@ def _balanced(runnable: list[Candidate], req: Request) -> tuple[Candidate, list[
                f"{' that keeps the quality floor' if kept else ''}, i.e. at least {req.balanced_speed_fraction:.0%} of "
                f"{top:.2f} tok/s ({fastest.weight_quant} + {fastest.kv_dtype} KV); {len(within)} of {len(runnable)} "
                "options qualify"]
+    if fastest is not choice and top > choice.speed.decode_tokens_per_s:
+        reasons.append(f"it trades {top / choice.speed.decode_tokens_per_s:.2f}x the decode speed for quality: "
+                       f"{fastest.weight_quant} + {fastest.kv_dtype} KV decodes at {top:.2f} tok/s for "
+                       f"~{fastest.quality_cost_pct:.1f} % perplexity over bf16, within the floor (--prefer speed "
+                       f"takes it); this plan {choice.speed.decode_tokens_per_s:.2f} tok/s for "
+                       f"~{choice.quality_cost_pct:.1f} %")
     dropped = [c for c in runnable if c.quality_cost_pct > cap]
     floor = f"the quality floor (at most {cap:g} % perplexity over bf16, planner.request.BALANCED_MAX_QUALITY_COST_PCT)"
     if not kept:

@@ -20,8 +20,8 @@ from typing import Any, Callable, Mapping
 
 from .record import record
 from .errors import ProfileError, UnitError
-from .hardware import (SCHEMA_VERSION, Calibration, CalibrationEntry, FittedEntry, GPUSpec, HardwareProfile, HostSpec,
-                       LinkSpec, Overheads, PublicFit, _FieldError)
+from .hardware import (CPU_DECODE_KERNELS, SCHEMA_VERSION, Calibration, CalibrationEntry, FittedEntry, GPUSpec,
+                       HardwareProfile, HostSpec, LinkSpec, Overheads, PublicFit, _FieldError)
 from .textfiles import read_text
 from .units import GiB, KiB, MiB, TiB, OutOfRangeError, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
 from .yaml_strict import safe_load_strict
@@ -198,6 +198,8 @@ OPT_SIZE = _Kind('a size like "700 MiB" (or null)', lambda v: None if v is None 
 OPT_NUMBER = _Kind("a number (or null)", lambda v: None if v is None else _parse_number(v), _ident)
 OPT_TIME = _Kind('a time like "750 us" (or null)', lambda v: None if v is None else TIME.parse(v),
                  lambda v: None if v is None else TIME.format(v))
+OPT_BANDWIDTH = _Kind('a bandwidth like "9.2 GB/s" (or null)', lambda v: None if v is None else BANDWIDTH.parse(v),
+                      lambda v: None if v is None else BANDWIDTH.format(v))
 OPT_COMPUTE = _Kind('a compute rate like "1.2 TFLOPS" (or null)', lambda v: None if v is None else COMPUTE.parse(v),
                     lambda v: None if v is None else COMPUTE.format(v))
 CC = _Kind('a quoted compute capability like "8.9" (or null)', _parse_opt_str, _ident)
@@ -221,6 +223,7 @@ _HOST_KEYS = {
     "cpu_fp32_compute": ("cpu_fp32_flops", OPT_COMPUTE, None),
     "cpu_int8_compute": ("cpu_int8_ops", OPT_COMPUTE, None),
     "eager_dispatch_per_layer": ("eager_dispatch_per_layer_s", OPT_TIME, None),
+    **{f"cpu_decode_{k}": (f"cpu_decode_{k}_bytes_per_s", OPT_BANDWIDTH, None) for k in CPU_DECODE_KERNELS},
 }
 _LINK_KEYS = {
     "name": ("name", STR, _REQUIRED),

@@ -17,8 +17,8 @@ from .datasheets import (APPLE_CHIPS, DEFAULT_ALLOCATOR_RESERVE_BYTES, DEFAULT_C
                          DEFAULT_KERNEL_LAUNCH_S, GPU_FLOPS_PER_BYTE_GUESS, UNIFIED_NVIDIA_GPUS, _apple_chip,
                          norm_gpu_name, apple_gpu_share, estimate_gpu_bf16_flops, match_datasheet, typical_link)
 from .host import NATIVE_BF16_FLAGS, busy_note, estimate_cpu_flops, load_average, read_host
-from .measure import (Measurement, measure_cpu_matmul, measure_gpu_matmul_bf16, measure_gpu_memory_bandwidth,
-                      measure_host_link, measure_kernel_launch, measure_ram_bandwidth)
+from .measure import (Measurement, measure_cpu_decode_kernels, measure_cpu_matmul, measure_gpu_matmul_bf16,
+                      measure_gpu_memory_bandwidth, measure_host_link, measure_kernel_launch, measure_ram_bandwidth)
 from .measure import FULL_RAM_COPY_BYTES, FULL_REPEATS, QUICK_RAM_COPY_BYTES, QUICK_RAM_REPEATS
 from .nvml import NvmlGpu, NvmlUnavailable, filter_visible, nvml_process_memory, nvml_used_memory, read_nvml
 
@@ -224,6 +224,21 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
             notes.append(how)
         cpu_rates[kind] = rate
 
+    decode: dict[str, float] = {}
+    if torch is not None:  # the full probe (the quick one imports no torch): which decode kernel is fast, timed
+        say("timing the CPU decode kernels (which is fast depends on the CPU)")
+        try:
+            kernels = measure_cpu_decode_kernels(torch)
+        except Exception as e:  # noqa: BLE001 - a kernel this torch lacks: the scheme keeps its default
+            notes.append(f"CPU decode kernels not timed ({type(e).__name__}: {e})")
+            kernels = {}
+        for name, m in kernels.items():
+            measurements[m.name] = m
+            decode[name] = m.value
+        if kernels:
+            notes.append("CPU decode kernels timed (weights streamed at one row): " + ", ".join(
+                f"{name} {format_bandwidth(m.value)}" for name, m in kernels.items()))
+
     host_spec = HostSpec(
         ram_bytes=host.effective_ram_bytes,
         ram_bandwidth_bytes_per_s=_bw(ram_bw),
@@ -231,6 +246,7 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
         cpu_bf16_flops=_fl(cpu_rates["bf16"]),
         cpu_fp32_flops=None if cpu_rates["fp32"] is None else _fl(cpu_rates["fp32"]),
         cpu_int8_ops=None if cpu_rates["int8"] is None else _fl(cpu_rates["int8"]),
+        **{f"cpu_decode_{name}_bytes_per_s": _bw(rate) for name, rate in decode.items()},
     )
 
     # -- GPUs -----------------------------------------------------------------

@@ -90,6 +90,52 @@ CPU_MATMUL_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192)
 CPU_MATMUL_TARGET_S = 0.05
 
 
+# The kernel each CPU scheme decodes with (planner.hardware.CPU_DECODE_KERNELS), timed one row by a weight matrix of
+# about this many bytes in its own format: well past the caches, so the rate is the weights streamed from RAM.
+CPU_DECODE_BYTES = 64 * MiB
+
+
+def measure_cpu_decode_kernels(torch: Any, repeats: int = 5, nbytes: int = CPU_DECODE_BYTES
+                               ) -> dict[str, Measurement]:
+    """Bytes of weights per second each CPU decode kernel streams from RAM at one row, on all torch threads: bf16
+    (torch.mv, runtime.quantize.Bf16Rows), int8 rows (_weight_int8pack_mm), int4 groups of 128
+    (_weight_int4pack_mm_for_cpu) and int8 x int8 (runtime.experts.int8_dynamic_mm: quanto-w8a8's). Which is fast
+    depends on the CPU, not on its nominal FLOPS: on an AVX2 EPYC without VNNI the int8 x int8 product streamed 1.9
+    GB/s where the int8 rows streamed 9.0 (2 threads, 2026-11-29)."""
+    from vramplan.runtime.experts import int8_dynamic_mm
+
+    k = 4096
+    n = nbytes // k // 8 * 8  # rows of an int8 matrix of that many bytes
+    row = torch.randn(1, k).to(torch.bfloat16)
+    int8 = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    scale = torch.rand(n).to(torch.bfloat16)
+    bf16 = torch.randn(n // 2, k).to(torch.bfloat16)  # the same bytes in bf16
+    codes = torch.randint(0, 16, (2 * n, k), dtype=torch.int32)  # and in int4
+    packed = torch._convert_weight_to_int4pack_for_cpu(codes, 8)
+    scale_zeros = torch.rand(k // 128, 2 * n, 2).to(torch.bfloat16)
+    del codes
+    kernels = {
+        "bf16": (lambda: torch.mv(bf16, row[0]), bf16.numel() * 2, "torch.mv bf16"),
+        "int8": (lambda: torch._weight_int8pack_mm(row, int8, scale), int8.numel(), "torch._weight_int8pack_mm"),
+        "int4": (lambda: torch._weight_int4pack_mm_for_cpu(row, packed, 128, scale_zeros),
+                 packed.numel() + scale_zeros.numel() * 2, "torch._weight_int4pack_mm_for_cpu, groups of 128"),
+        "int8_dynamic": (lambda: int8_dynamic_mm(row, int8, scale), int8.numel(),
+                         "runtime.experts.int8_dynamic_mm (torch._int_mm)"),
+    }
+    out = {}
+    for name, (product, nbytes, label) in kernels.items():
+        product()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            product()
+            times.append(time.perf_counter() - t0)
+        out[name] = _median_measurement(f"cpu_decode_{name}", "B/s", nbytes, times,
+                                        f"{label}, one row by {format_bytes(nbytes)} of weights, "
+                                        f"{torch.get_num_threads()} threads")
+    return out
+
+
 def measure_cpu_matmul(torch: Any, kind: str, repeats: int = 5) -> Measurement:
     """A square CPU matmul's rate on all torch threads (FLOP/s; int8: multiply-adds counted as 2 ops), `kind` one of
     bf16, fp32, int8 (torch._int_mm, int8 x int8 into int32 sums: the kernel of quanto-w8a8's matmuls,
