@@ -28,6 +28,7 @@ from rich.text import Text
 from vramplan.planner.choice import experts_in_ram_text
 from vramplan.planner.errors import VramplanError
 from vramplan.planner.modelspec import INVENTORY_HAND_WRITTEN
+from vramplan.planner.hardware import CPU_DECODE_KERNELS
 from vramplan.planner.quoting import one_line
 from vramplan.planner.units import (format_bandwidth, format_bytes, format_count, format_duration, format_flops,
                                     format_tokens)
@@ -400,6 +401,8 @@ def profile(p: Any, path: Any = None) -> None:
              ["  CPU bf16 compute", format_flops(h.cpu_bf16_flops)]]
     rows += [[f"  CPU {label} compute", format_flops(v)] for label, v in (("fp32", h.cpu_fp32_flops),
                                                                           ("int8", h.cpu_int8_ops)) if v is not None]
+    rows += [[f"  CPU decode {kernel} ({scheme})", format_bandwidth(rate)]
+             for kernel, scheme in CPU_DECODE_KERNELS.items() if (rate := h.decode_kernel_rate(kernel))]
     if p.link is not None:
         lk = p.link
         rows += [["link", lk.name],

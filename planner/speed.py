@@ -259,9 +259,11 @@ def _efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> Effic
 
 
 # A one-row product streams its weights faster than a whole decode step reads them (the step's other ops, its caches'
-# misses): the measured kernel rate over the RAM bandwidth is taken at this fraction, fitted on the Xeon dev VM where
-# both were known (quanto-int8: 0.46 a step, its _weight_int8pack_mm row at 0.62 of the RAM copy rate, 2026-11-29).
-DECODE_KERNEL_STEP_FRACTION = 0.75
+# misses): the measured kernel rate over the RAM bandwidth is taken at this fraction. Fitted on the 2-core AVX2 EPYC
+# VM (no AVX-512, no VNNI; 2026-11-29): `vramplan run` of Qwen2.5-0.5B (dummy weights, a 128-token prompt, 48 new
+# tokens) matched at 0.55 / 0.59 / 0.69 / 0.65 of its kernels' rates for bf16 / quanto-int8 / -int4 / -w8a8 (15.2 /
+# 14.6 / 7.0 / 2.8 GB/s; RAM 34.1 GB/s): their median. Llama-3.2-1B is held out (bench/results/vs-engines-cpu-epyc-*).
+DECODE_KERNEL_STEP_FRACTION = 0.62
 
 
 def _decode_kernel_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> tuple[float, str] | None:
