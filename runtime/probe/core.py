@@ -16,7 +16,8 @@ from vramplan.planner.units import (GiB, MiB, format_bandwidth, format_bytes, fo
 from .datasheets import (APPLE_CHIPS, DEFAULT_ALLOCATOR_RESERVE_BYTES, DEFAULT_CUDA_CONTEXT_BYTES,
                          DEFAULT_KERNEL_LAUNCH_S, GPU_FLOPS_PER_BYTE_GUESS, UNIFIED_NVIDIA_GPUS, _apple_chip,
                          norm_gpu_name, apple_gpu_share, estimate_gpu_bf16_flops, match_datasheet, typical_link)
-from .host import NATIVE_BF16_FLAGS, busy_note, estimate_cpu_flops, load_average, read_host
+from .host import (INT8_DOT_FLAGS, NATIVE_BF16_FLAGS, NO_INT8_DOT_DYNAMIC_RAM_SHARE, busy_note, estimate_cpu_flops,
+                   load_average, read_host)
 from .measure import (Measurement, measure_cpu_decode_kernels, measure_cpu_matmul, measure_gpu_matmul_bf16,
                       measure_gpu_memory_bandwidth, measure_host_link, measure_kernel_launch, measure_ram_bandwidth)
 from .measure import FULL_RAM_COPY_BYTES, FULL_REPEATS, QUICK_RAM_COPY_BYTES, QUICK_RAM_REPEATS
@@ -225,6 +226,13 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
         cpu_rates[kind] = rate
 
     decode: dict[str, float] = {}
+    if torch is None and "avx2" in host.cpu_flags and not INT8_DOT_FLAGS & set(host.cpu_flags):
+        decode["int8_dynamic"] = NO_INT8_DOT_DYNAMIC_RAM_SHARE * ram_bw
+        notes.append(f"CPU int8 x int8 decode (quanto-w8a8's kernel) estimated at "
+                     f"{format_bandwidth(decode['int8_dynamic'])}: no int8 dot-product instructions (VNNI) in the "
+                     f"CPU's flags, where that kernel streams about {NO_INT8_DOT_DYNAMIC_RAM_SHARE:.3f} of the RAM "
+                     "bandwidth "
+                     "(runtime.probe.host.NO_INT8_DOT_DYNAMIC_RAM_SHARE); `vramplan probe` times it")
     if torch is not None:  # the full probe (the quick one imports no torch): which decode kernel is fast, timed
         say("timing the CPU decode kernels (which is fast depends on the CPU)")
         try:

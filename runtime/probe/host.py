@@ -51,6 +51,12 @@ CPU_INT8_OPS_PER_CYCLE: tuple[tuple[str, float, str], ...] = (
     ("avx512_vnni", 256.0, "AVX-512 VNNI (vpdpbusd, 2 units)"),
 )
 DEFAULT_CPU_GHZ = 2.5
+# An x86 CPU without int8 dot-product instructions multiplies int8 by int8 (torch._int_mm: quanto-w8a8's kernel) far
+# slower than it streams int8 weights into bf16 products: on the 2-core AVX2 EPYC VM (2026-11-29) one row by 64 MiB of
+# int8 weights took 2.8 GB/s against _weight_int8pack_mm's 14.6, with RAM copying at 34.1. The quick probe (no torch)
+# estimates that kernel's rate at this share of the RAM bandwidth there; `vramplan probe` times it.
+INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+NO_INT8_DOT_DYNAMIC_RAM_SHARE = 2.8 / 34.1
 
 @dataclass(frozen=True)
 class HostReading:
@@ -201,8 +207,8 @@ def read_cgroup_cpu(root: Path = Path("/sys/fs/cgroup"),
     return min(limits) if limits else None
 
 
-_RELEVANT_FLAGS = {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "asimd", "sve",
-                   "sve2", "bf16", "i8mm"}
+_RELEVANT_FLAGS = {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "avx_vnni",
+                   "amx_int8", "asimd", "sve", "sve2", "bf16", "i8mm"}
 
 
 def parse_cpuinfo(text: str) -> tuple[str | None, tuple[str, ...], float | None]:
