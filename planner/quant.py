@@ -86,6 +86,7 @@ class WeightScheme:
     # Decodes as one compiled graph only (runtime.compiled, runtime.weight_only): torch's weight-only kernels, whose
     # eager path on a GPU dequantizes every weight each call.
     compiled_only: bool = False
+    min_capability: tuple[int, int] | None = None  # the least CUDA compute capability its kernels run on
 
     @property
     def quantized(self) -> bool:
@@ -275,6 +276,7 @@ SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
                  quality=QualityCost(ppl_increase_pct=0.3, source=_TORCHAO_WO + ": the largest int8wo cost")),
     WeightScheme(name="int4-wo", backend=TORCH_WO_BACKEND, bits=4, group_size=64, scale_bytes=4.0,
                  devices=("cuda",), streams_on=(), compiled_only=True,
+                 min_capability=(8, 0),  # tinygemm (aten/src/ATen/native/cuda/int4mm.cu) is built for sm80 and up
                  description="int4 weight-only, group 64 with a bf16 scale and zero (torchao int4wo-64, gpt-fast "
                              "int4, tinygemm), decoded compiled: torch's kernels in one CUDA graph",
                  quality=QualityCost(ppl_increase_pct=5.2, source=_TORCHAO_WO + ": Llama-2-7B's, the model "

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import threading
 from dataclasses import FrozenInstanceError, dataclass, field, fields
 from operator import attrgetter
 from typing import Any, Callable, TypeVar, dataclass_transform, overload
@@ -84,12 +85,19 @@ def _frozen_dataclass(c: T, kw_only: bool) -> T:
     """dataclass(c, frozen=True, ...) with the shared frozen pair where this Python lets it be given."""
     if not FROZEN:
         return dataclass(c, frozen=True, repr=False, eq=False, kw_only=kw_only)
-    made = dataclasses._frozen_get_del_attr  # type: ignore[attr-defined]
-    dataclasses._frozen_get_del_attr = lambda cls, fields, globals: tuple(FROZEN.values())  # type: ignore
-    try:
-        return dataclass(c, frozen=True, repr=False, eq=False, kw_only=kw_only)
-    finally:
-        dataclasses._frozen_get_del_attr = made  # type: ignore[attr-defined]
+    with _SWAP:  # a frozen dataclass another thread defines meanwhile keeps its own pair
+        made = dataclasses._frozen_get_del_attr  # type: ignore[attr-defined]
+        dataclasses._frozen_get_del_attr = lambda cls, fields, globals: tuple(FROZEN.values())  # type: ignore
+        try:
+            c = dataclass(c, frozen=True, repr=False, eq=False, kw_only=kw_only)
+        finally:
+            dataclasses._frozen_get_del_attr = made  # type: ignore[attr-defined]
+    for fn in FROZEN.values():  # dataclass names the shared functions after the class it set them on last
+        fn.__qualname__ = f"record.{fn.__name__}"
+    return c
+
+
+_SWAP = threading.Lock()
 
 
 @overload

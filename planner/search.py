@@ -41,6 +41,10 @@ def device_refusal(scheme: WeightScheme, hw: HardwareProfile) -> str | None:
     device = hw.accelerator or "cpu"
     if device not in scheme.devices:
         return f"{scheme.name} does not run on {device}"
+    need = scheme.min_capability
+    if need is not None and device == "cuda" and (have := hw.devices[0].capability) is not None and have < need:
+        return (f"{scheme.name} needs compute capability {need[0]}.{need[1]} or newer (its kernel's); "
+                f"{hw.devices[0].name} has {have[0]}.{have[1]}")
     return None
 
 
@@ -399,8 +403,9 @@ def _alternatives(spec, hw, req) -> list[Alternative]:
     """When nothing fits: the longest context each scheme could hold, best first."""
     out = []
     for scheme in SCHEMES.values():
-        if device_refusal(scheme, hw):
-            continue
+        if device_refusal(scheme, hw) or scheme.compiled_only:  # those fit on one device or not at all: no shorter
+            continue                                            # context frees their split
+
         weights = weight_costs(spec, scheme, not hw.has_gpu)
         for kv_name in ALTERNATIVE_KV_DTYPES:
             kv = KV_SCHEMES[kv_name]

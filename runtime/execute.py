@@ -149,7 +149,7 @@ def predicted_for_run(p: Plan, spec: ModelSpec, hw: HardwareProfile, prompt_toke
     c = p.choice
     context = max(1, min(total_tokens, p.request.context))
     req = replace(p.request, context=context, prompt_tokens=min(prompt_tokens, context), quant=(c.weight_quant,),
-                  kv_dtype=(c.kv_dtype,))
+                  kv_dtype=(c.kv_dtype,), compiled=p.decode_compiled)  # priced as the plan decodes (a default too)
     memory, speed = assess(spec, hw, req, c)
     gpu = memory.gpu
     return Metrics(decode_tokens_per_s=speed.decode_tokens_per_s, ttft_s=speed.ttft_s,
@@ -357,7 +357,8 @@ class _Attempt:
         ids = (torch.cat([base_ids, torch.tensor([report.tokens], dtype=base_ids.dtype)], dim=-1)
                if report.tokens else base_ids)
         static = None
-        forced = report.plan.request.compiled  # --compile; else the plan's default, which falls back to eager
+        # --compile, or a scheme that decodes compiled only; else the plan's default, which falls back to eager
+        forced = report.plan.request.compiled or getattr(SCHEMES.get(c.weight_quant), "compiled_only", False)
         if report.plan.decode_compiled:  # a static cache for the whole run and the compiled decode step
             from .compiled import StaticDecoder
 

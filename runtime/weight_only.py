@@ -21,11 +21,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from vramplan.planner.quant import INT8PACK_IN_MULTIPLE, TINYGEMM_INNER_K_TILES, WeightScheme, tinygemm_packs
+from vramplan.planner.quant import (INT8PACK_IN_MULTIPLE, TINYGEMM_INNER_K_TILES, TINYGEMM_OUT_MULTIPLE, WeightScheme,
+                                   tinygemm_packs)
 
 # Rows quantized at a time: the float32 working copy of one block, not of a whole matrix (a 405B model's MLP
-# projection is 53248 x 16384).
+# projection is 53248 x 16384). A multiple of the row tiles of both int4 layouts (CUDA's 8, the CPU's up to 64), so
+# that blocks packed apart concatenate into the whole matrix's layout.
 ROWS_PER_BLOCK = 4096
+assert ROWS_PER_BLOCK % 64 == 0
 
 
 class Int8WeightOnly(nn.Module):
@@ -87,7 +90,7 @@ class Int4WeightOnly(nn.Module):
         out_features, in_features = weight.shape
         on_gpu = torch.device(device).type == "cuda"
         packs, scales = [], []
-        for start in range(0, out_features, ROWS_PER_BLOCK):  # row blocks of a multiple of 8: tinygemm's row tiles
+        for start in range(0, out_features, ROWS_PER_BLOCK):  # row blocks of whole row tiles (ROWS_PER_BLOCK)
             codes, scale_zeros = group_quantize(weight[start:start + ROWS_PER_BLOCK].to(device, torch.float32),
                                                 group_size)
             packs.append(pack_int4(codes, on_gpu))
@@ -123,11 +126,14 @@ def group_quantize(rows: torch.Tensor, group_size: int) -> tuple[torch.Tensor, t
     n, k = rows.shape
     groups = rows.reshape(-1, group_size)
     low, high = groups.amin(dim=1, keepdim=True), groups.amax(dim=1, keepdim=True)
-    scale = (high - low).clamp(min=1e-6) / 15
-    zero = low + scale * 8
-    codes = groups.sub(low).div(scale).round().clamp(0, 15).to(torch.int32).reshape(n, k)
+    # the kernel rebuilds values from the bf16 scale and zero: the codes are rounded against those (gpt-fast's
+    # group_quantize_tensor_from_qparams)
+    scale = ((high - low).clamp(min=1e-6) / 15).to(torch.bfloat16)
+    zero = (low + scale.float() * 8).to(torch.bfloat16)
+    start = zero.float() - 8 * scale.float()
+    codes = groups.sub(start).div(scale.float()).round().clamp(0, 15).to(torch.int32).reshape(n, k)
     scale_zeros = torch.cat([scale.reshape(n, -1, 1), zero.reshape(n, -1, 1)], dim=2).transpose(0, 1)
-    return codes, scale_zeros.to(torch.bfloat16).contiguous()
+    return codes, scale_zeros.contiguous()
 
 
 def pack_int4(codes: torch.Tensor, on_gpu: bool) -> torch.Tensor:
@@ -148,7 +154,9 @@ def quantize_linears(module: nn.Module, scheme: WeightScheme, device: torch.devi
             continue
         if scheme.bits == 8:
             swaps.append((name, Int8WeightOnly.from_linear(m, device)))
-        elif tinygemm_packs(m.out_features, m.in_features, scheme.group_size):
+        elif tinygemm_packs(m.out_features, m.in_features, scheme.group_size) and (
+                torch.device(device).type == "cuda" or m.out_features % TINYGEMM_OUT_MULTIPLE == 0):
+            # (the CPU's packing takes rows in sixteens, CUDA's in eights: the plan counts CUDA's)
             swaps.append((name, Int4WeightOnly.from_linear(m, scheme.group_size, device)))
     for name, new in swaps:
         module.set_submodule(name, new)

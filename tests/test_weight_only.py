@@ -133,3 +133,43 @@ def test_on_a_gpu_the_kernels_match_and_the_graph_replays(scheme):
     static = StaticDecoder(model, max_len=24, device=torch.device("cuda"))
     warm_up(model, prompt, 8, static=static)
     assert generate(model, prompt, max_new_tokens=8, prefill_chunk=8, static=static).tokens == eager.tokens
+
+
+def test_what_runs_them_never_prices_or_runs_them_eager():
+    """The run's prediction is the plan's decode mode (compiled here, as the plan chose it), plain transformers
+    refuses them (its generate() is eager), and a GPU older than tinygemm's sm80 refuses int4-wo."""
+    from dataclasses import replace
+
+    from vramplan.planner.engines import BY_NAME, plan_for_engine
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.request import Request
+    from vramplan.planner.search import plan
+    from vramplan.planner.sources import model_spec
+    from vramplan.runtime.execute import predicted_for_run
+
+    spec, hw = model_spec("llama-3.1-8b"), resolve_profile("h200")[0]
+    for quant in ("int8-wo", "bf16"):  # a compiled-only scheme, and bf16's compiled default
+        p = plan(spec, hw, Request(context=4096, prompt_tokens=1024, quant=(quant,), kv_dtype=("bf16",)))
+        assert p.decode_compiled
+        run = predicted_for_run(p, spec, hw, 1024, 1024 + 32)
+        assert run.decode_tokens_per_s == pytest.approx(p.predicted.decode_tokens_per_s, rel=0.02)
+    t = BY_NAME["transformers"].plan(spec, hw, Request(context=4096, quant=("int8-wo",), engine="transformers"))
+    assert not t.fits and "generate() runs eager" in t.candidates[0].reason
+    assert plan_for_engine(spec, hw, Request(context=4096, quant=("int8-wo",))).fits
+    old = replace(hw, gpus=(replace(hw.gpus[0], compute_capability="7.5"),))
+    with pytest.raises(PlanError, match="int4-wo needs compute capability 8.0 or newer"):
+        plan(spec, old, Request(context=4096, quant=("int4-wo",)))
+    assert all(not c.fits for c in plan(spec, old, Request(context=4096)).candidates if c.weight_quant == "int4-wo")
+    assert plan(spec, old, Request(context=4096, quant=("int8-wo",), kv_dtype=("bf16",))).fits
+
+
+def test_blocks_of_rows_pack_into_the_whole_matrixs_layout(monkeypatch):
+    """int4 rows quantized a block at a time (ROWS_PER_BLOCK) give the products of the matrix packed whole."""
+    from vramplan.runtime import weight_only
+
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(256, 320, bias=False, dtype=torch.bfloat16)
+    x = torch.randn(2, 256, dtype=torch.bfloat16)
+    whole = Int4WeightOnly.from_linear(linear, 64, "cpu")(x)
+    monkeypatch.setattr(weight_only, "ROWS_PER_BLOCK", 64)
+    assert torch.equal(Int4WeightOnly.from_linear(linear, 64, "cpu")(x), whole)

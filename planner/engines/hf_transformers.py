@@ -103,7 +103,9 @@ def transformers_candidates(spec: ModelSpec, hw: HardwareProfile, req: Request, 
         for k in kvs:
             base = dict(weight_quant=s.name, kv_dtype=k.name,
                         quality_cost_pct=s.quality.ppl_increase_pct + k.quality.ppl_increase_pct)
-            if why := device_refusal(s, hw) or kv_refusal(spec, k):
+            compiled_only = (f"{s.name} is vramplan's compiled decode of torch's weight-only kernels: plain "
+                             "transformers' generate() runs eager") if s.compiled_only else None
+            if why := device_refusal(s, hw) or kv_refusal(spec, k) or compiled_only:
                 out.append(Candidate(**base, fits=False, reason=why))
                 continue
             fp = footprint(spec, hw, req, s, k, weights)

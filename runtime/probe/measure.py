@@ -109,11 +109,11 @@ def measure_cpu_decode_kernels(torch: Any, repeats: int = 5, nbytes: int = CPU_D
     row = torch.randn(1, k).to(torch.bfloat16)
     int8 = torch.randint(-127, 128, (n, k), dtype=torch.int8)
     scale = torch.rand(n).to(torch.bfloat16)
-    bf16 = torch.randn(n // 2, k).to(torch.bfloat16)  # the same bytes in bf16
-    codes = torch.randint(0, 16, (2 * n, k), dtype=torch.int32)  # and in int4
-    packed = torch._convert_weight_to_int4pack_for_cpu(codes, 8)
+    bf16 = int8[: n // 2].to(torch.bfloat16)  # the same bytes in bf16
+    # and in int4, packed 1024 rows at a time (whole row tiles): no int32 copy of the whole matrix
+    packed = torch.cat([torch._convert_weight_to_int4pack_for_cpu(
+        torch.randint(0, 16, (min(1024, 2 * n - r), k), dtype=torch.int32), 8) for r in range(0, 2 * n, 1024)])
     scale_zeros = torch.rand(k // 128, 2 * n, 2).to(torch.bfloat16)
-    del codes
     kernels = {
         "bf16": (lambda: torch.mv(bf16, row[0]), bf16.numel() * 2, "torch.mv bf16"),
         "int8": (lambda: torch._weight_int8pack_mm(row, int8, scale), int8.numel(), "torch._weight_int8pack_mm"),
