@@ -97,12 +97,9 @@ def gpu_steps() -> list[Step]:
                              "--max-new-tokens 16 --hardware {profile} --machine gpu-bf16 --out {work}", 90,
              ("offload-gpu-bf16.json", "offload-gpu-bf16.md")),
         # torch's weight-only kernels, decoded compiled (the only way they decode): the runtime issue's int8 / int4 rows
-        Step("run-int8-wo", f"{PY} cli.py run --model {model} --dummy-weights --quant int8-wo --context 4k "
-                            "--prompt-tokens 1024 --max-new-tokens 64 --hardware {profile} --json "
-                            "> {work}/run-int8-wo.json", 180, ("run-int8-wo.json",)),
-        Step("run-int4-wo", f"{PY} cli.py run --model {model} --dummy-weights --quant int4-wo --context 4k "
-                            "--prompt-tokens 1024 --max-new-tokens 64 --hardware {profile} --json "
-                            "> {work}/run-int4-wo.json", 180, ("run-int4-wo.json",)),
+        *(Step(f"run-{q}", f"{PY} cli.py run --model {model} --dummy-weights --quant {q} --context 4k "
+                           "--prompt-tokens 1024 --max-new-tokens 64 --hardware {profile} --json "
+                           f"> {{work}}/run-{q}.json", 180, (f"run-{q}.json",)) for q in ("int8-wo", "int4-wo")),
         # vramplan's own compiled decode (--compile), the same 8B bf16 row as run-bf16
         Step("run-compiled", f"{PY} cli.py run --model {model} --dummy-weights --quant bf16 --compile --context 4k "
                              "--prompt-tokens 1024 --max-new-tokens 64 --hardware {profile} --json "

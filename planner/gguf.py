@@ -390,12 +390,6 @@ def _select_types_each(spec: ModelSpec, inv: _Inventory, file_type: GGUFFileType
     return [_tensor_type(qs, file_type, s, q, c) for s, q, c in zip(inv.sources, inv.quantizable, inv.categories)]
 
 
-def _select_types(spec: ModelSpec, inv: _Inventory, file_type: GGUFFileType, imatrix: bool) -> list[str]:
-    """_select_types_each's types, from each group's (_select_group_types)."""
-    types = _select_group_types(spec, inv, file_type, imatrix)
-    return [types[g] for g in inv.group_of]
-
-
 def _select_group_types(spec: ModelSpec, inv: _Inventory, file_type: GGUFFileType, imatrix: bool) -> list[str]:
     """Each group of alike tensors (_alike) typed once, by its first tensor with the counters the walk has there: a
     405B model's 1138 tensors are 30-some groups."""

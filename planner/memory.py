@@ -19,6 +19,7 @@ from bisect import bisect_right
 from functools import lru_cache
 from itertools import accumulate
 
+from .memo import ObjectMemo
 from .record import record
 from .capacity import capacity
 from .hardware import HardwareProfile
@@ -120,19 +121,12 @@ def _prefix(values: tuple[int, ...]) -> list[int]:
 def _weight_sums(weights: tuple[int, ...], experts: tuple[int, ...]) -> tuple[list[int], list[int], list[int]]:
     """Prefix sums of the layers' weights and routed experts, and the largest layer from each on (0 past the last:
     what a stream slot must hold); the same for a scheme's weights at every context the search probes, so the last
-    few are kept (each entry holds its tuples, so their ids in its key stay theirs)."""
-    key = (id(weights), id(experts))
-    hit = _WEIGHT_SUMS.get(key)
-    if hit is not None and hit[0] is weights and hit[1] is experts:
-        return hit[2]
-    if len(_WEIGHT_SUMS) >= 64:
-        _WEIGHT_SUMS.pop(next(iter(_WEIGHT_SUMS)))
-    sums = (_prefix(weights), _prefix(experts), list(accumulate(reversed(weights), max, initial=0))[::-1])
-    _WEIGHT_SUMS[key] = (weights, experts, sums)
-    return sums
+    few are kept."""
+    return _WEIGHT_SUMS.get((weights, experts), (), lambda: (
+        _prefix(weights), _prefix(experts), list(accumulate(reversed(weights), max, initial=0))[::-1]))
 
 
-_WEIGHT_SUMS: dict[tuple[int, int], tuple] = {}
+_WEIGHT_SUMS = ObjectMemo(64)
 
 
 @lru_cache(maxsize=16)

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+from .memo import ObjectMemo
 from .record import record
 from .hardware import CPU_DECODE_KERNELS, HardwareProfile, HostSpec
 from .choice import Choice, ComputeDevice, OffloadMode
@@ -427,22 +428,14 @@ def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: Weig
 
 
 # The rates of the last few (hardware, device, model, scheme, cache): a search prices many placements of each.
-RATES_MEMO_SIZE = 64
-_RATES_MEMO: dict[tuple, tuple[tuple, DeviceRates]] = {}
+_RATES_MEMO = ObjectMemo(64)
 
 
 def _rates_of(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme,
               compiled: bool) -> DeviceRates:
-    """_rates, made once for the same objects (each entry keeps them, so their ids in its key stay theirs)."""
-    key = (id(hw), device, id(spec), id(scheme), id(kv), compiled)
-    hit = _RATES_MEMO.get(key)
-    if hit is not None and hit[0][0] is hw and hit[0][1] is spec and hit[0][2] is scheme and hit[0][3] is kv:
-        return hit[1]
-    if len(_RATES_MEMO) >= RATES_MEMO_SIZE:
-        _RATES_MEMO.pop(next(iter(_RATES_MEMO)))
-    rates = _rates(hw, device, spec, scheme, kv, compiled)
-    _RATES_MEMO[key] = ((hw, spec, scheme, kv), rates)
-    return rates
+    """_rates, made once for the same objects."""
+    return _RATES_MEMO.get((hw, spec, scheme, kv), (device, compiled),
+                           lambda: _rates(hw, device, spec, scheme, kv, compiled))
 
 
 @record(kw_only=True)

@@ -7,33 +7,21 @@ from __future__ import annotations
 import math
 from functools import cached_property
 
+from .memo import ObjectMemo
 from .record import record
 from .modelspec import ModelSpec, Role, dtype_bytes
 from .quant import KVScheme, WeightScheme, layer_kv_bytes
 from .memory import LayerCosts
 
-# Per-spec figures (and per spec and prompt) the search asks for at every placement it prices, kept for the last few:
-# each entry holds its spec, so the id in its key cannot be reused while it lives (planner.gguf keeps its tensors so).
-SPEC_MEMO_SIZE = 256
-_SPEC_MEMO: dict[tuple, tuple[ModelSpec, object]] = {}
-
-
-def _memo_get(spec: ModelSpec, key: tuple, make):
-    """The memo's entry for `key` (whose first item is id(spec)), made by `make()` when missing."""
-    hit = _SPEC_MEMO.get(key)
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    if len(_SPEC_MEMO) >= SPEC_MEMO_SIZE:
-        _SPEC_MEMO.pop(next(iter(_SPEC_MEMO)))
-    value = make()
-    _SPEC_MEMO[key] = (spec, value)
-    return value
+# Per-spec figures (and per spec and prompt, and a decode's work) the search asks for at every placement it prices,
+# kept for the last few.
+_SPEC_MEMO = ObjectMemo(256)
 
 
 def _per_spec(fn):
     """`fn(spec, *args)` computed once per spec and arguments, as a tuple (callers share it)."""
     def memoized(spec: ModelSpec, *args) -> tuple[float, ...]:
-        return _memo_get(spec, (id(spec), fn.__name__, *args), lambda: tuple(fn(spec, *args)))
+        return _SPEC_MEMO.get((spec,), (fn.__name__, *args), lambda: tuple(fn(spec, *args)))
     memoized.__doc__, memoized.__name__ = fn.__doc__, fn.__name__
     return memoized
 
@@ -183,9 +171,9 @@ def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int,
     """What a decode step at `context` moves and computes per layer; the same work for equal arguments is built once
     (the search prices many placements of one scheme and cache at the same two contexts)."""
     read = read if read is not None else read_bytes_per_layer(spec, scheme, batch)
-    key = (id(spec), "decode_work", scheme.compute_dtype, kv, batch, context, costs.head_read, tuple(read.total),
+    key = ("decode_work", scheme.compute_dtype, kv, batch, context, costs.head_read, tuple(read.total),
            tuple(read.experts))
-    return _memo_get(spec, key, lambda: _decode_work(spec, scheme, kv, batch, context, costs, read))
+    return _SPEC_MEMO.get((spec,), key, lambda: _decode_work(spec, scheme, kv, batch, context, costs, read))
 
 
 def _decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,
@@ -231,4 +219,4 @@ def prefill_kinds(spec: ModelSpec, prompt: int, chunk: int
             matmul_flop_per_layer(spec), prefill_expand_flop_per_layer(spec, prompt, chunk),
             prefill_attention_flop_per_layer(spec, prompt), expert_flop_share(spec))]
         return kinds, list(seen)
-    return _memo_get(spec, (id(spec), "prefill_kinds", prompt, chunk), make)
+    return _SPEC_MEMO.get((spec,), ("prefill_kinds", prompt, chunk), make)

@@ -21,9 +21,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from vramplan.planner.errors import VramplanError
-from vramplan.planner.quant import INT8PACK_IN_MULTIPLE, TORCH_WO_BACKEND, WeightScheme, cpu_head_scheme
+from vramplan.planner.quant import TORCH_WO_BACKEND, WeightScheme, cpu_head_scheme
 from vramplan.runtime.experts import int8_dynamic_mm, quanto_int8_rows, quantize_experts
 from vramplan.runtime.measure import is_oom
+from vramplan.runtime.weight_only import Int8WeightOnly, quantize_linears
 
 
 class Backend:
@@ -84,8 +85,6 @@ class TorchWeightOnly(Backend):
     name = TORCH_WO_BACKEND
 
     def quantize(self, module, scheme, dtype, device):
-        from .weight_only import quantize_linears
-
         try:
             quantize_linears(module, scheme, device)
         except (RuntimeError, NotImplementedError) as exc:
@@ -125,7 +124,7 @@ class Quanto(Backend):
                     sub._buffers[name] = buffer.float()
 
 
-class Int8Rows(nn.Module):
+class Int8Rows(Int8WeightOnly):
     """An int8 weight-only linear for the CPU: int8 [out, in] + one scale per row in the compute dtype, multiplied by
     torch's _weight_int8pack_mm, the kernel quanto's qint8 runs there, called directly (quanto's own path adds an
     autograd Function and a custom op per call: 7.5 of 60 ms of a Qwen2.5-0.5B decode step, 168 calls).
@@ -136,15 +135,8 @@ class Int8Rows(nn.Module):
 
     ROWS_PER_BLOCK = 8192
 
-    def __init__(self, data: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
-        super().__init__()
-        self.out_features, self.in_features = data.shape
-        self.register_buffer("data", data)
-        self.register_buffer("scale", scale)
-        self.bias = bias
-
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "Int8Rows":
+    def from_linear(cls, linear: nn.Linear) -> "Int8Rows":  # type: ignore[override]  (quanto's, on the CPU)
         weight = linear.weight.detach()
         data = torch.empty(weight.shape, dtype=torch.int8)
         scale = torch.empty(weight.shape[0], dtype=weight.dtype)
@@ -158,20 +150,6 @@ class Int8Rows(nn.Module):
     def from_quanto(cls, qlinear: nn.Module) -> "Int8Rows":
         weight = qlinear.weight
         return _with_scalars(cls(weight._data, weight._scale.view(-1), qlinear.bias), qlinear)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = x.reshape(-1, self.in_features).to(self.scale.dtype)
-        if a.shape[0] == 1 or self.in_features % INT8PACK_IN_MULTIPLE == 0:
-            out = torch._weight_int8pack_mm(a.contiguous(), self.data, self.scale)
-        else:  # the kernel crashes on several rows of such a width: dequantize, as quanto's fallback does
-            out = a @ (self.data.to(a.dtype) * self.scale[:, None]).t()
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-
-    def dequantize(self) -> torch.Tensor:
-        """The [out, in] matrix the kernel multiplies by, in fp32."""
-        return self.data.float() * self.scale.float()[:, None]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 rows"

@@ -32,7 +32,8 @@ assert ROWS_PER_BLOCK % 64 == 0
 
 
 class Int8WeightOnly(nn.Module):
-    """int8 rows with one scale each (see the module docstring)."""
+    """int8 rows with one scale each (see the module docstring); runtime.quantize.Int8Rows, quanto's qint8 layers run
+    by the same CPU kernel, is one of them."""
 
     def __init__(self, data: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -55,15 +56,17 @@ class Int8WeightOnly(nn.Module):
         return cls(data, scale, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.data.device.type == "cpu" and (x.numel() == self.in_features
-                                              or self.in_features % INT8PACK_IN_MULTIPLE == 0):
-            a = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
-            out = torch._weight_int8pack_mm(a, self.data, self.scale).reshape(*x.shape[:-1], self.out_features)
-        else:  # inductor fuses the int8 -> compute-dtype conversion into the matmul's read of the weights
+        if self.data.device.type != "cpu":  # inductor fuses the int8 -> compute-dtype conversion into the matmul
             out = F.linear(x, self.data.to(x.dtype)) * self.scale.to(x.dtype)
+            return (out + self.bias if self.bias is not None else out).to(x.dtype)
+        a = x.reshape(-1, self.in_features).to(self.scale.dtype)
+        if a.shape[0] == 1 or self.in_features % INT8PACK_IN_MULTIPLE == 0:
+            out = torch._weight_int8pack_mm(a.contiguous(), self.data, self.scale)
+        else:  # the kernel crashes on several rows of such a width: dequantize, as quanto's fallback does
+            out = a @ (self.data.to(a.dtype) * self.scale[:, None]).t()
         if self.bias is not None:
             out = out + self.bias
-        return out.to(x.dtype)
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def dequantize(self) -> torch.Tensor:
         """The [out, in] matrix the kernel multiplies by, in fp32."""

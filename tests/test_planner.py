@@ -282,7 +282,7 @@ def test_pricing_each_kind_of_layer_once_changes_no_number(model, hardware, cont
                               layer_costs(spec, SCHEMES["bf16"], KV_SCHEMES["bf16"], req)).kinds
     assert len(kinds) == spec.num_layers and 1 <= len(set(kinds)) <= 4 < spec.num_layers
     monkeypatch.setattr(work.DecodeWork, "kinds", property(lambda w: list(range(len(w.weights_bytes)))))
-    monkeypatch.setattr(work, "_SPEC_MEMO", {})  # no work grouped before
+    monkeypatch.setattr(work, "_SPEC_MEMO", work.ObjectMemo(256))  # no work grouped before
     grouped_prefill = work.prefill_kinds
 
     def each_layer(spec, prompt, chunk):  # the prefill's kinds too: one per layer

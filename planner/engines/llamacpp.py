@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import field, fields, replace
 from functools import lru_cache
 
+from ..memo import ObjectMemo
 from ..record import record
 from ..choice import Choice, ComputeDevice, OffloadMode, experts_in_ram_text
 from ..errors import PlanError
@@ -242,18 +243,10 @@ def speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_type
                    ) -> tuple[HardwareProfile, str]:
     """_speed_hardware, the same objects for the same arguments (the last few kept: the speed model's memos know a
     machine by its object)."""
-    key = (id(hw), id(spec), file_type, kv_type)
-    hit = _SPEED_HARDWARE.get(key)
-    if hit is not None and hit[0] is hw and hit[1] is spec:
-        return hit[2]
-    if len(_SPEED_HARDWARE) >= 64:
-        _SPEED_HARDWARE.pop(next(iter(_SPEED_HARDWARE)))
-    out = _speed_hardware(hw, spec, file_type, kv_type)
-    _SPEED_HARDWARE[key] = (hw, spec, out)  # held with it: their ids cannot be reused while the entry lives
-    return out
+    return _SPEED_HARDWARE.get((hw, spec), (file_type, kv_type), lambda: _speed_hardware(hw, spec, file_type, kv_type))
 
 
-_SPEED_HARDWARE: dict[tuple, tuple] = {}
+_SPEED_HARDWARE = ObjectMemo(64)
 
 
 def _speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_type: str) -> tuple[HardwareProfile, str]:

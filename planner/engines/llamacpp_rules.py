@@ -17,6 +17,7 @@ import math
 from itertools import accumulate
 from dataclasses import replace
 
+from ..memo import ObjectMemo
 from ..capacity import Capacity
 from ..record import record
 from ..gguf import GGML_TYPES, GGUFTensor, gguf_sums
@@ -281,17 +282,10 @@ def as_run(spec: ModelSpec) -> ModelSpec:
     """The model as llama.cpp runs it: without the sliding windows it drops (its speed attends the whole context),
     and without transformers' MLA expansion (`without_mla_expansion`). The same object for the same spec (the last
     few kept): the speed model's memos know a model by its object."""
-    hit = _AS_RUN.get(id(spec))
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    if len(_AS_RUN) >= 8:
-        _AS_RUN.pop(next(iter(_AS_RUN)))
-    run = _as_run(spec)
-    _AS_RUN[id(spec)] = (spec, run)  # the spec held with it: its id cannot be reused while the entry lives
-    return run
+    return _AS_RUN.get((spec,), (), lambda: _as_run(spec))
 
 
-_AS_RUN: dict[int, tuple[ModelSpec, ModelSpec]] = {}
+_AS_RUN = ObjectMemo(8)
 
 
 def _as_run(spec: ModelSpec) -> ModelSpec:
