@@ -98,19 +98,23 @@ def markdown(out: dict) -> str:
     lines = [f"# Engines side by side on {out['machine']}", "", f"{out['date']}; {out['platform']}; {out['versions']}",
              f"prompt {out['prompt_tokens']} tokens, {out['new_tokens']} new tokens, {out['threads']} threads; "
              "each run a fresh process, one after the other", "",
-             "| model | bits | engine | decode tok/s | x fastest | TTFT s | peak RAM GiB | predicted decode |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| model | bits | engine | decode tok/s | x fastest | TTFT s | peak RAM GiB | planned RAM GiB | "
+             "predicted decode |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in out["rows"]:
         r = row["result"]
         if "error" in r:
-            lines.append(f"| {row['model']} | {row['bits']} | {row['engine']} | error: {r['error']} | | | | |")
+            lines.append(f"| {row['model']} | {row['bits']} | {row['engine']} | error: {r['error']} | | | | | |")
             continue
         pred = (r.get("predicted") or {}).get("decode_tokens_per_s")
+        ram = (r.get("predicted") or {}).get("peak_ram_bytes")
         lines.append(f"| {row['model']} | {row['bits']} | {row['engine']} ({row['scheme']}) | "
                      f"{r['decode_tokens_per_s']:.1f} | {row.get('vs_fastest', 0):.2f} | {r['ttft_s']:.3f} | "
-                     f"{r['peak_ram_bytes'] / 2**30:.2f} | {'-' if pred is None else f'{pred:.1f}'} |")
+                     f"{r['peak_ram_bytes'] / 2**30:.2f} | {'-' if ram is None else f'{ram / 2**30:.2f}'} | "
+                     f"{'-' if pred is None else f'{pred:.1f}'} |")
     lines += ["", "x fastest: against the fastest row at that width; the recommended plan's row against the fastest "
-              "row of that model at any width."]
+              "row of that model at any width. planned RAM: what the run's plan counts in RAM (llama.cpp's plan for its"
+              " rows); peak RAM: the process' peak RSS, mapped file pages included."]
     return "\n".join(lines) + "\n"
 
 

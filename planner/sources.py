@@ -420,12 +420,14 @@ def index_shards(text: str, where: str) -> list[str]:
 
 @record
 class HeaderTensor:
-    """One tensor of a safetensors header: name, dtype and shape (no data)."""
+    """One tensor of a safetensors header: name, dtype and shape (no data), and where its bytes start after the
+    header (0 where only the shape is known: a hub listing)."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
+    start: int = 0
 
 
 def read_safetensors_header(path: Path) -> list[HeaderTensor]:
@@ -486,7 +488,7 @@ def parse_safetensors_header(raw: bytes, data_len: int, where: str) -> list[Head
         if end < start or end > data_len or end - start != nbytes:
             raise CheckpointError(f"{where}: tensor {name!r} has data offsets that do not fit its shape or the file "
                                   "(truncated?)")
-        out.append(HeaderTensor(name, dtype, shape, end - start))
+        out.append(HeaderTensor(name, dtype, shape, end - start, start))
     return out
 
 

@@ -1,4 +1,5 @@
-"""Dummy weights: a real architecture built from its config alone, with seeded random weights.
+"""Dummy weights: a real architecture built from its config alone, with seeded random weights; and the layer by layer
+build they share with a checkpoint's own loader (runtime/layerwise.py).
 
 Speed and memory do not depend on weight values, so benchmarks and `vramplan run --dummy-weights`
 measure a model nobody downloaded. The model is built decoder layer by decoder layer and each layer
@@ -10,7 +11,7 @@ weights + 0.2 GiB (measured on a 2-core, 24 GiB machine: 374 s).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -27,18 +28,42 @@ DEFAULT_INIT_STD = 0.02  # when a config has no initializer_range
 def build_dummy(config, dtype: torch.dtype, scheme: WeightScheme, device: str, device_map: dict | None, seed: int,
                 trust_remote_code: bool, on_layer: Callable[[int], None] | None = None,
                 random_device: str | None = None) -> nn.Module:
-    """The architecture with seeded random weights, quantized like a loaded checkpoint.
+    """The architecture with seeded random weights, quantized like a loaded checkpoint (build_layerwise).
 
-    Built on the CPU with transformers' ``no_init_weights`` (parameters are allocated but not written, so no slow
-    default init; buffers such as RoPE frequencies are real), then filled decoder layer by decoder layer with
-    ``uniform_`` of the config's init std (faster than ``normal_``) and quantized right away, so that at most one
-    layer is held unquantized at a time; an unquantized layer bound for a GPU moves there before it is filled. Norm
-    weights get the model's own ``_init_weights`` (ones, or zeros for Gemma's 1 + w norms), biases zeros.
-    ``on_layer(1)`` follows it decoder layer by decoder layer.
+    Each tensor gets ``uniform_`` of the config's init std (faster than ``normal_``); norm weights get the model's own
+    ``_init_weights`` (ones, or zeros for Gemma's 1 + w norms), biases zeros.
 
     ``random_device`` (a CUDA device) draws the values there, a chunk of at most ``RANDOM_CHUNK`` elements at a time,
     and copies them in: the CPU's generator is serial (about 200 M values/s, 40 s for an 8B model), a GPU's draws
     them in milliseconds. Same seed, same device kind: same weights; the CPU and a GPU draw different ones.
+    """
+    std = float(getattr(config, "initializer_range", None) or DEFAULT_INIT_STD)
+    draw = _Draw(random_device, seed)
+    done: set[int] = set()
+    model = build_layerwise(config, dtype, scheme, device, device_map, trust_remote_code,
+                            lambda model, modules: _random_init(model, (m for _, m in modules), std, draw, done),
+                            on_layer)
+    draw.close()
+    assert model is not None  # no check: always built
+    return model
+
+
+# fill(model, modules): writes the values of the parameters (and buffers) of `modules`, (qualified name, module) pairs
+Fill = Callable[[nn.Module, Iterable[tuple[str, nn.Module]]], None]
+
+
+def build_layerwise(config, dtype: torch.dtype, scheme: WeightScheme, device: str, device_map: dict | None,
+                    trust_remote_code: bool, fill: Fill, on_layer: Callable[[int], None] | None = None,
+                    check: Callable[[nn.Module], bool] | None = None) -> nn.Module | None:
+    """The architecture built from its config with its values written by ``fill``, quantized like a loaded
+    checkpoint, decoder layer by decoder layer: at most one layer is ever held unquantized.
+
+    Built on the CPU with transformers' ``no_init_weights`` (parameters are allocated but not written, so their pages
+    are never touched and no slow default init runs; buffers such as RoPE frequencies are real), then filled decoder
+    layer by decoder layer and each layer quantized right away (on its target device), its fused MoE experts too (per
+    expert, runtime/experts.py), then the modules outside the layers. An unquantized layer bound for a GPU moves there
+    before it is filled. ``check(model)`` on the unfilled skeleton may refuse it (None is returned, nothing written).
+    ``on_layer(1)`` follows it decoder layer by decoder layer.
     """
     from transformers.initialization import no_init_weights
 
@@ -47,19 +72,18 @@ def build_dummy(config, dtype: torch.dtype, scheme: WeightScheme, device: str, d
                                                  **attention_kwargs(config))
     model.tie_weights()  # no_init_weights skips it along with init_weights
     keep_in_fp32(model, dtype)
-    std = float(getattr(config, "initializer_range", None) or DEFAULT_INIT_STD)
-    draw = _Draw(random_device, seed)
+    if check is not None and not check(model):
+        return None
     num_layers = int(config.num_hidden_layers)
     layers_path, layers = decoder_layers(model, num_layers)
-    done: set[int] = set()
 
     for index, layer in enumerate(layers):
         target = device if device_map is None else device_map[f"{layers_path}.{index}"]
         if not scheme.quantized and target != "cpu":
-            # an unquantized GPU layer goes there before its values are drawn: the model never sits whole in host
+            # an unquantized GPU layer goes there before its values are written: the model never sits whole in host
             # RAM (measured on an H200: Llama-3.1-8B bf16 peaked at 15.9 GiB of RSS when moved at the end)
             layer.to(target)
-        _random_init(model, layer.modules(), std, draw, done)
+        fill(model, layer.named_modules(prefix=f"{layers_path}.{index}"))
         quantize_here = scheme.quantized and not (device_map is not None and target == "cpu")
         if quantize_here:
             backend(scheme).quantize(layer, scheme, dtype, target)
@@ -68,8 +92,7 @@ def build_dummy(config, dtype: torch.dtype, scheme: WeightScheme, device: str, d
         if on_layer is not None:
             on_layer(1)
     in_layers = {id(m) for layer in layers for m in layer.modules()}  # after the swaps
-    _random_init(model, (m for m in model.modules() if id(m) not in in_layers), std, draw, done)
-    draw.close()
+    fill(model, ((name, m) for name, m in model.named_modules() if id(m) not in in_layers))
 
     if device_map is not None:
         from accelerate import dispatch_model

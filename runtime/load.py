@@ -28,6 +28,7 @@ from vramplan.planner.sources import read_safetensors_header, weight_files
 from vramplan.runtime.devices import resolve_device
 from vramplan.runtime.dummy import build_dummy
 from vramplan.runtime.experts import quantize_experts
+from vramplan.runtime.layerwise import load_layerwise
 from vramplan.runtime.measure import is_oom
 from vramplan.runtime.modeling import attention_kwargs, config_from_dict, config_from_dir, decoder_layers
 from vramplan.runtime.attention import pack_single_queries
@@ -40,6 +41,9 @@ COMPUTE_DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,  # a reference mode for tests: everything unquantized held in fp32
 }
 UNQUANTIZED_DTYPES = {"bfloat16": "bf16", "float16": "fp16"}  # an unquantized scheme's dtype -> compute dtype
+# the backends whose checkpoints on one device load a layer at a time (runtime/layerwise.py); transformers' own
+# loaders for the rest (bitsandbytes quantizes as it loads; an unquantized model maps the file)
+LAYERWISE_BACKENDS = ("quanto", TORCH_WO_BACKEND)
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
@@ -140,15 +144,23 @@ def load_model(
     if dummy_weights:
         model = build_dummy(config, dtype, scheme, device, device_map, seed, trust_remote_code, on_layer,
                             random_device=random_device)
-    elif scheme.backend == TORCH_WO_BACKEND:  # in the compute dtype on the CPU, then each layer on its device
-        model = _load_checkpoint(model_dir, config, dtype, scheme, "cpu", None, allow_pickle, trust_remote_code)
-        for layer in decoder_layers(model, num_layers)[1]:
-            backend(scheme).quantize(layer, scheme, dtype, device)
-            release_freed_heap()
-        model.to(device)
     else:
-        model = _load_checkpoint(model_dir, config, dtype, scheme, device, device_map, allow_pickle, trust_remote_code)
-        _quantize_loaded_experts(model, num_layers, scheme, device, device_map)
+        model = None
+        if device_map is None and scheme.backend in LAYERWISE_BACKENDS:  # read and quantized a layer at a time
+            model = load_layerwise(model_dir, config, dtype, scheme, device, trust_remote_code, on_layer)
+            if model is not None:
+                notes.append("the checkpoint was read and quantized one decoder layer at a time (no layer held "
+                             "unquantized but the one being read)")
+        if model is None and scheme.backend == TORCH_WO_BACKEND:  # in the compute dtype on the CPU, then each layer
+            model = _load_checkpoint(model_dir, config, dtype, scheme, "cpu", None, allow_pickle, trust_remote_code)
+            for layer in decoder_layers(model, num_layers)[1]:
+                backend(scheme).quantize(layer, scheme, dtype, device)
+                release_freed_heap()
+            model.to(device)
+        elif model is None:
+            model = _load_checkpoint(model_dir, config, dtype, scheme, device, device_map, allow_pickle,
+                                     trust_remote_code)
+            _quantize_loaded_experts(model, num_layers, scheme, device, device_map)
     model.eval()
     model.requires_grad_(False)
     # the fp32 reference mode keeps the model as loaded (quanto's own layers, lm_head as it is), except a scheme whose
