@@ -137,6 +137,9 @@ class GPUSpec:
 # The kernel each CPU scheme decodes with, by the name of its HostSpec rate (runtime.quantize: Bf16Rows, Int8Rows,
 # Int4Groups, Int8Dynamic; runtime.probe.measure.measure_cpu_decode_kernels times them).
 CPU_DECODE_KERNELS = {"bf16": "bf16", "int8": "quanto-int8", "int4": "quanto-int4", "int8_dynamic": "quanto-w8a8"}
+# The kernels the runtime runs by more than one path, and those paths (runtime.cpu_paths): the probe times each and
+# records the fastest (HostSpec.cpu_decode_<kernel>_path), whose rate is the kernel's.
+CPU_DECODE_PATHS = {"bf16": ("mv", "linear"), "int8_dynamic": ("int_mm", "fbgemm")}
 
 
 @record(kw_only=True)
@@ -163,6 +166,10 @@ class HostSpec:
     cpu_decode_int8_bytes_per_s: float | None = None
     cpu_decode_int4_bytes_per_s: float | None = None
     cpu_decode_int8_dynamic_bytes_per_s: float | None = None
+    # The path the runtime runs each of CPU_DECODE_PATHS' kernels by (the probe's fastest). None: runtime.cpu_paths'
+    # default for the CPU's instruction set.
+    cpu_decode_bf16_path: str | None = None
+    cpu_decode_int8_dynamic_path: str | None = None
 
     def decode_kernel_rate(self, kernel: str) -> float | None:
         return getattr(self, f"cpu_decode_{kernel}_bytes_per_s")
@@ -177,6 +184,10 @@ class HostSpec:
                 _check_float(self, name)
         if self.eager_dispatch_per_layer_s is not None:
             _check_float(self, "eager_dispatch_per_layer_s", positive=False, maximum=1.0)
+        for kernel, paths in CPU_DECODE_PATHS.items():
+            path = getattr(self, f"cpu_decode_{kernel}_path")
+            if path is not None and path not in paths:
+                raise _FieldError(f"cpu_decode_{kernel}_path", f"must be one of {', '.join(paths)}, got {path!r}")
 
 
 @record(kw_only=True)

@@ -80,8 +80,9 @@ def weight_costs(spec: ModelSpec, scheme: WeightScheme, cpu_only: bool = False) 
             head += b  # lm_head, final norm, tied embedding
             lm_head = t if t.role in (Role.LM_HEAD, Role.EMBEDDING) else lm_head
     head_read = None
-    if cpu_only and lm_head is not None and cpu_head_scheme(scheme, lm_head.shape[-1]) is not None:
-        stored, quantized = scheme.tensor_bytes(lm_head, load), cpu_head_bytes(lm_head)
+    head_scheme = cpu_head_scheme(scheme, lm_head.shape[-1]) if cpu_only and lm_head is not None else None
+    if head_scheme is not None:
+        stored, quantized = scheme.tensor_bytes(lm_head, load), cpu_head_bytes(lm_head, head_scheme)
         head_read = head - stored + quantized
         head += quantized if spec.tie_word_embeddings else quantized - stored
     return WeightCosts(layers=tuple(spec.per_layer(lambda ts: scheme.bytes_of(ts, load))), embed_bytes=embed,

@@ -20,8 +20,8 @@ from typing import Any, Callable, Mapping
 
 from .record import record
 from .errors import ProfileError, UnitError
-from .hardware import (CPU_DECODE_KERNELS, SCHEMA_VERSION, Calibration, CalibrationEntry, FittedEntry, GPUSpec,
-                       HardwareProfile, HostSpec, LinkSpec, Overheads, PublicFit, _FieldError)
+from .hardware import (CPU_DECODE_KERNELS, CPU_DECODE_PATHS, SCHEMA_VERSION, Calibration, CalibrationEntry, FittedEntry,
+                       GPUSpec, HardwareProfile, HostSpec, LinkSpec, Overheads, PublicFit, _FieldError)
 from .textfiles import read_text
 from .units import GiB, KiB, MiB, TiB, OutOfRangeError, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
 from .yaml_strict import safe_load_strict
@@ -202,6 +202,7 @@ OPT_BANDWIDTH = _Kind('a bandwidth like "9.2 GB/s" (or null)', lambda v: None if
                       lambda v: None if v is None else BANDWIDTH.format(v))
 OPT_COMPUTE = _Kind('a compute rate like "1.2 TFLOPS" (or null)', lambda v: None if v is None else COMPUTE.parse(v),
                     lambda v: None if v is None else COMPUTE.format(v))
+OPT_STR = _Kind("a string (or null)", _parse_opt_str, _ident)
 CC = _Kind('a quoted compute capability like "8.9" (or null)', _parse_opt_str, _ident)
 
 # yaml key -> (field, kind, default) ; default _REQUIRED means the key must be present.
@@ -224,6 +225,7 @@ _HOST_KEYS = {
     "cpu_int8_compute": ("cpu_int8_ops", OPT_COMPUTE, None),
     "eager_dispatch_per_layer": ("eager_dispatch_per_layer_s", OPT_TIME, None),
     **{f"cpu_decode_{k}": (f"cpu_decode_{k}_bytes_per_s", OPT_BANDWIDTH, None) for k in CPU_DECODE_KERNELS},
+    **{f"cpu_decode_{k}_path": (f"cpu_decode_{k}_path", OPT_STR, None) for k in CPU_DECODE_PATHS},
 }
 _LINK_KEYS = {
     "name": ("name", STR, _REQUIRED),

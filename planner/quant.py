@@ -115,6 +115,8 @@ class WeightScheme:
             return self._experts_bytes(t)
         n = t.numel
         out_features = t.shape[0]
+        if self.bits == 8 and self.activation_bits == 8:
+            return fbgemm_linear_bytes(out_features, t.shape[-1]) + self.fixed_bytes_per_tensor  # + quanto's scalars
         if self.bits == 8:
             return n + int(out_features * self.row_scale_bytes) + self.fixed_bytes_per_tensor
         if self.bits == 4:
@@ -216,7 +218,9 @@ _QLORA = ("QLoRA (Dettmers et al. 2023, arXiv:2305.14314) Table 2: mean Pile-CC 
 _INT8DQ = ("torchao's int8 dynamic activation + int8 weight (int8dq: symmetric absmax int8 per weight row and per "
            "activation token, the scheme quanto-w8a8 runs), torchao/quantization/README.md (pytorch/ao 03d01ad), "
            "lm_eval WikiText perplexity: Llama-3-8B bf16 7.441, int8dq 7.581 (+1.9 %), int8 weight-only 7.447; "
-           "Llama-2-7B 12.212, 12.262 (+0.4 %), 12.204. The larger of the two")
+           "Llama-2-7B 12.212, 12.262 (+0.4 %), 12.204. The larger of the two. On x86 vramplan runs it by fbgemm, "
+           "whose activations take 7 bits (runtime.cpu_paths): a coarser step than int8dq's, not measured in "
+           "perplexity")
 
 # torch's own weight-only kernels, gpt-fast's path (runtime.weight_only): int8 rows with a bf16 scale each, and int4 in
 # tinygemm's layout (_weight_int4pack_mm on CUDA) with a bf16 scale and zero per group of 64. Dense layers' linears
@@ -261,8 +265,9 @@ SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
                                      "fp16 (SmoothQuant, Xiao et al. 2022, arXiv:2211.10438, W8A16 rows)")),
     WeightScheme(name="quanto-w8a8", backend="quanto", bits=8, row_scales=True, row_scale_bytes=2.0,
                  fixed_bytes_per_tensor=8, devices=("cpu",), streams_on=(), cpu_head="quanto-w8a8", activation_bits=8,
-                 description="optimum-quanto qint8 weights x int8 activations (absmax per token, at each matmul): "
-                             "torch's int8 x int8 matmul on the CPU (VNNI), torchao's int8dq recipe",
+                 description="optimum-quanto qint8 weights x int8 activations (absmax per token, at each matmul), "
+                             "torchao's int8dq recipe: on x86 fbgemm's int8 kernel (7-bit activations), elsewhere "
+                             "torch's _int_mm",
                  quality=QualityCost(ppl_increase_pct=1.9, source=_INT8DQ)),
     WeightScheme(name="quanto-int4", backend="quanto", bits=4, group_size=128, scale_bytes=4.0,
                  fixed_bytes_per_tensor=8, devices=("cuda", "cpu", "mps"), streams_on=(), cpu_head="quanto-int8",
@@ -305,10 +310,27 @@ def cpu_head_scheme(scheme: WeightScheme, in_features: int) -> WeightScheme | No
     return SCHEMES[scheme.cpu_head]
 
 
-def cpu_head_bytes(t: TensorSpec) -> int:
-    """lm_head [out, in] as runtime.quantize.Int8Rows.from_linear stores it: int8 [out, in] + one bf16 scale per row."""
+def cpu_head_bytes(t: TensorSpec, head: WeightScheme) -> int:
+    """lm_head [out, in] as runtime.quantize.Int8Rows.from_linear stores it: int8 [out, in] + one bf16 scale per row;
+    under quanto-w8a8, packed for fbgemm (fbgemm_linear_bytes)."""
     out_features, in_features = t.matrix_shape
+    if head.activation_bits == 8:
+        return fbgemm_linear_bytes(out_features, in_features)
     return out_features * in_features + 2 * out_features
+
+
+# fbgemm's packed int8 matrix, as torch.ops.quantized.linear_prepack builds it on x86 (runtime.cpu_paths'
+# FbgemmInt8Dynamic, quanto-w8a8's default path there): the input dimension padded to a multiple of FBGEMM_K_BLOCK,
+# and FBGEMM_ROW_BYTES a row (an int32 column offset, an fp32 scale, an int32 zero point). Measured by the RSS a
+# prepack added on the AVX2 EPYC VM (torch 2.13): 140 bytes a row over int8 at in_features 896 (padded to 1024),
+# 268 at 4864 (5120), 139 at 897. Where the runtime takes torch._int_mm's path instead (a profile's record, or a
+# CPU without fbgemm), it holds the int8 rows and a bf16 scale a row: fewer bytes than counted.
+FBGEMM_K_BLOCK = 512
+FBGEMM_ROW_BYTES = 12
+
+
+def fbgemm_linear_bytes(out_features: int, in_features: int) -> int:
+    return out_features * (math.ceil(in_features / FBGEMM_K_BLOCK) * FBGEMM_K_BLOCK + FBGEMM_ROW_BYTES)
 
 
 @record(kw_only=True)

@@ -324,6 +324,7 @@ class _Attempt:
         from .generate import (STATIC_WARM_UP_STEPS, STOP_INTERRUPTED, STOP_OOM, compute_device, generate, model_device,
                                warm_up)
         from .measure import is_oom
+        from .cpu_paths import recorded_paths
         from .load import load_model
 
         report, c, spec = self.report, self.report.plan.choice, self.spec
@@ -343,7 +344,8 @@ class _Attempt:
                 dummy_weights=not self.use_checkpoint,
                 device="cpu" if offloaded else device, allow_pickle=self.allow_pickle,
                 trust_remote_code=self.trust_remote_code, seed=self.seed, tokenizer=self.tokenizer, on_layer=advance,
-                random_device=devices[0] if c.on_gpu else None, cpu_alone=not c.on_gpu)
+                random_device=devices[0] if c.on_gpu else None, cpu_alone=not c.on_gpu,
+                cpu_paths=None if c.on_gpu else recorded_paths(self.hw.host))
         if offloaded:
             from .offload import apply_offload
 

@@ -25,6 +25,8 @@ from vramplan.planner.errors import (
 )
 from vramplan.planner.quant import TORCH_WO_BACKEND, WeightScheme
 from vramplan.planner.sources import read_safetensors_header, weight_files
+from vramplan.runtime.cpu_paths import describe as describe_paths
+from vramplan.runtime.cpu_paths import resolve as resolve_paths
 from vramplan.runtime.devices import resolve_device
 from vramplan.runtime.dummy import build_dummy
 from vramplan.runtime.experts import quantize_experts
@@ -85,6 +87,7 @@ def load_model(
     on_layer: Callable[[int], None] | None = None,
     random_device: str | None = None,
     cpu_alone: bool | None = None,
+    cpu_paths: Mapping[str, str] | None = None,
 ) -> LoadedModel:
     """Load ``source`` (a local model directory, or a config dict with ``dummy_weights``) quantized by ``scheme``.
 
@@ -102,8 +105,11 @@ def load_model(
     for a model loaded on the CPU that an offload engine then places on GPUs (it gives the layers it leaves to the
     CPU their kernels itself).
 
-    ``on_layer(1)`` follows a dummy build decoder layer by decoder layer (a checkpoint's load shows
-    transformers' own "Loading weights" bar).
+    ``cpu_paths``: the CPU kernel paths of a model run on the CPU alone (runtime.cpu_paths.recorded_paths: the hardware
+    profile's record; None: the CPU's defaults).
+
+    ``on_layer(1)`` follows the build decoder layer by decoder layer (a checkpoint that transformers' loader takes shows
+    its own "Loading weights" bar).
     """
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"unknown compute_dtype {compute_dtype!r}; one of {', '.join(COMPUTE_DTYPES)}")
@@ -166,11 +172,13 @@ def load_model(
     # the fp32 reference mode keeps the model as loaded (quanto's own layers, lm_head as it is), except a scheme whose
     # numerics are its own kernel's: quanto-w8a8 gets its kernels and its int8 head in fp32 too
     if cpu_alone and device == "cpu" and (compute_dtype == "bf16" or scheme.activation_bits < 16):
-        head_note = quantize_cpu_head(model, scheme)
+        paths = resolve_paths(cpu_paths)
+        head_note = quantize_cpu_head(model, scheme, paths)
         notes += [head_note] if head_note else []
-        if direct := direct_kernels(model, scheme.activation_bits):
+        if direct := direct_kernels(model, scheme.activation_bits, paths):
+            kernels = ("bf16",) if scheme.activation_bits == 16 else tuple(paths)
             notes.append(f"{direct} layers run vramplan's direct CPU kernels: the same weights, without quanto's "
-                         "per-call overhead, and one-row bf16 products as matrix-vector products")
+                         f"per-call overhead; paths: {describe_paths(cpu_paths, kernels)}")
         if pack_single_queries(model):
             notes.append("decode attention groups the query heads that share a KV head: the same result, without "
                          "torch's slow grouped-query path on the CPU")

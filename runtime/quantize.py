@@ -12,9 +12,10 @@ phimoe's routers), plus the fused MoE experts, which vramplan quantizes itself, 
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
-from typing import Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 from torch import nn
@@ -22,6 +23,7 @@ from torch.nn import functional as F
 
 from vramplan.planner.errors import VramplanError
 from vramplan.planner.quant import TORCH_WO_BACKEND, WeightScheme, cpu_head_scheme
+from vramplan.runtime.cpu_paths import FbgemmInt8Dynamic, default_path, resolve
 from vramplan.runtime.experts import int8_dynamic_mm, quanto_int8_rows, quantize_experts
 from vramplan.runtime.measure import is_oom
 from vramplan.runtime.weight_only import Int8WeightOnly, quantize_linears
@@ -231,11 +233,8 @@ class Bf16Rows(nn.Linear):
 
     @staticmethod
     def pays_here() -> bool:
-        """Where the GEMV was measured faster: a CPU without native bf16 dot products. With AVX512-BF16 or AMX,
-        oneDNN's bf16 GEMM has them and the GEMV path is unmeasured, so F.linear stays."""
-        cpu = torch.cpu
-        return not (getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
-                    or getattr(cpu, "_is_amx_tile_supported", lambda: False)())
+        """Whether bf16 rows run by GEMV here: the path runtime.cpu_paths picks without a profile's record."""
+        return default_path("bf16") == "mv"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_cpu:  # moved to a GPU
@@ -298,44 +297,59 @@ def _with_scalars(module: nn.Module, qlinear: nn.Module) -> nn.Module:
     return module
 
 
-def direct_kernels(model: nn.Module, activation_bits: int = 16) -> int:
+def direct_kernels(model: nn.Module, activation_bits: int = 16, paths: Mapping[str, str] | None = None) -> int:
     """Every layer on the CPU (a model run there alone, or the layers an offload computes there) whose kernel
     vramplan can call itself is replaced by a module over the same tensors (same bytes, same kernel or, for bf16, the
     same sums by GEMV): a frozen quanto QLinear in qint8 by Int8Rows, in qint4 with tinygemm's layout by Int4Groups,
-    and a plain bf16 nn.Linear by Bf16Rows (on a CPU without native bf16: Bf16Rows.pays_here); returns how many.
-    Other layouts (quanto's generic 4-bit packing, fp16, bitsandbytes) stay as they are. With `activation_bits` 8
-    (the scheme's: quanto-w8a8) every qint8 QLinear on the CPU becomes an Int8Dynamic, whatever its scale's dtype."""
-    swaps = []
+    and a plain bf16 nn.Linear by Bf16Rows where `paths` (runtime.cpu_paths.resolve: the profile's record, else the
+    CPU's default) runs bf16 rows by "mv"; returns how many. Other layouts (quanto's generic 4-bit packing, fp16,
+    bitsandbytes) stay as they are. With `activation_bits` 8 (the scheme's: quanto-w8a8) every qint8 QLinear on the
+    CPU becomes an Int8Dynamic (path "int_mm") or an FbgemmInt8Dynamic ("fbgemm"), whatever its scale's dtype. Each
+    is swapped in as it is made, so a repacked layout (fbgemm's) never coexists with all of its sources."""
+    paths = resolve(paths)
+    swaps: list[tuple[str, Callable[[], nn.Module]]] = []
     quanto = "optimum.quanto" in sys.modules  # no QLinear exists before quanto is imported (it takes 1-2 s)
     if quanto:
         from optimum.quanto import qint8
         from optimum.quanto.nn import QLinear
         from optimum.quanto.tensor.weights.tinygemm import TinyGemmWeightQBitsTensor
-    gemv = Bf16Rows.pays_here()
+    gemv = paths["bf16"] == "mv"
+    fbgemm = paths["int8_dynamic"] == "fbgemm"
     for name, m in model.named_modules():
         if type(m) is nn.Linear:
             if gemv and m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu":
-                swaps.append((name, Bf16Rows.of(m)))
+                swaps.append((name, functools.partial(Bf16Rows.of, m)))
             continue
         if not quanto or type(m) is not QLinear or m.activation_qtype is not None:
             continue
         if type(m.weight) is TinyGemmWeightQBitsTensor and m.weight._data._data.device.type == "cpu":
-            swaps.append((name, Int4Groups(m)))
+            swaps.append((name, functools.partial(Int4Groups, m)))
         elif getattr(m.weight, "qtype", None) is qint8 and m.weight._data.dtype == torch.int8 \
                 and m.weight._data.device.type == "cpu":
             if activation_bits == 8:
-                swaps.append((name, Int8Dynamic.from_quanto(m)))
+                swaps.append((name, functools.partial(_dynamic, m, fbgemm)))
             elif m.weight._scale.dtype == torch.bfloat16:
-                swaps.append((name, Int8Rows.from_quanto(m)))
-    for name, module in swaps:
-        model.set_submodule(name, module)
-    return len(swaps)
+                swaps.append((name, functools.partial(Int8Rows.from_quanto, m)))
+    del m
+    count = len(swaps)
+    swaps.reverse()
+    while swaps:  # each source let go of (its partial dropped) once its replacement is in
+        name, make = swaps.pop()
+        model.set_submodule(name, make())
+        del make
+    return count
 
 
-def quantize_cpu_head(model: nn.Module, scheme: WeightScheme) -> str | None:
+def _dynamic(qlinear: nn.Module, fbgemm: bool) -> nn.Module:
+    rows = Int8Dynamic.from_quanto(qlinear)
+    return FbgemmInt8Dynamic.from_rows(rows) if fbgemm else rows
+
+
+def quantize_cpu_head(model: nn.Module, scheme: WeightScheme, paths: Mapping[str, str] | None = None) -> str | None:
     """On a model that runs on the CPU alone, store lm_head as planner.quant.cpu_head_scheme says (int8 rows for the
-    quanto schemes), as the plan counts it; a tied embedding keeps its own tensor for the lookup. Returns a note for
-    the run's report, or None when the head stays as it is."""
+    quanto schemes; quanto-w8a8's by the int8 x int8 path of `paths`, runtime.cpu_paths.resolve), as the plan counts
+    it; a tied embedding keeps its own tensor for the lookup. Returns a note for the run's report, or None when the head
+    stays as it is."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     head_scheme = cpu_head_scheme(scheme, head.in_features) if type(head) is nn.Linear else None
     if head_scheme is None:
@@ -343,7 +357,12 @@ def quantize_cpu_head(model: nn.Module, scheme: WeightScheme) -> str | None:
     name = next(n for n, m in model.named_modules() if m is head)
     tied = head.weight is getattr(model.get_input_embeddings(), "weight", None)
     rows = Int8Dynamic if head_scheme.activation_bits == 8 else Int8Rows
-    model.set_submodule(name, rows.from_linear(head))
+    module = rows.from_linear(head)
+    del head
+    if rows is Int8Dynamic and resolve(paths)["int8_dynamic"] == "fbgemm":
+        model.set_submodule(name, nn.Identity())  # the bf16 head goes (unless tied) before its packed copy is made
+        module = FbgemmInt8Dynamic.from_rows(module)
+    model.set_submodule(name, module)
     per_token = ", its input quantized per token" if rows is Int8Dynamic else ""
     return (f"the output layer (lm_head) is kept in int8 rows on the CPU, as {head_scheme.name} stores its weights"
             f"{per_token}: it is read whole for every token, so this halves that read"

@@ -107,8 +107,11 @@ def is_wrapper(tensor: torch.Tensor) -> bool:
 def count_tensor_bytes(model: nn.Module) -> dict[str, int]:
     """Bytes held by every parameter and buffer of ``model`` (opened up by `module_leaves`), per device ("cpu",
     "cuda:0"), each storage once (tied embeddings, bnb's CB aliasing the int8 data), at its full size. Tensors on
-    the meta device (accelerate's offloaded parameters) count their nominal size."""
+    the meta device (accelerate's offloaded parameters) count their nominal size. A module that holds its weights
+    outside torch tensors (fbgemm's packed rows, runtime.cpu_paths) adds its `packed_nbytes` on the CPU."""
     by_device: dict[str, int] = defaultdict(int)
+    for module in model.modules():
+        by_device["cpu"] += getattr(module, "packed_nbytes", 0)
     seen: set[tuple[str, int]] = set()
     for leaf in module_leaves(model):
         t = leaf.tensor
@@ -122,7 +125,7 @@ def count_tensor_bytes(model: nn.Module) -> dict[str, int]:
             continue
         seen.add(key)
         by_device[device] += storage.nbytes()
-    return dict(by_device)
+    return {d: n for d, n in by_device.items() if n or d != "cpu"}
 
 
 def release_freed_heap() -> None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from vramplan.planner.hardware import CPU_DECODE_KERNELS
+from vramplan.planner.hardware import CPU_DECODE_KERNELS, CPU_DECODE_PATHS
 from vramplan.planner.profile_yaml import dumps_profile, loads_profile
 from vramplan.planner.profiles import resolve_profile
 from vramplan.planner.quant import SCHEMES
@@ -24,11 +24,20 @@ def _with_rates(**rates):
 
 def test_the_probe_times_every_schemes_kernel():
     torch = pytest.importorskip("torch")
-    from vramplan.runtime.probe.measure import measure_cpu_decode_kernels
+    from vramplan.runtime.probe.measure import PATH_MARGIN, measure_cpu_decode_kernels
 
-    got = measure_cpu_decode_kernels(torch, repeats=1, nbytes=4 << 20)
-    assert set(got) == set(CPU_DECODE_KERNELS)
+    from vramplan.runtime.cpu_paths import fbgemm_available
+
+    got, paths = measure_cpu_decode_kernels(torch, repeats=1, nbytes=4 << 20)
+    timed_paths = {"bf16_mv", "bf16_linear", "int8_dynamic_int_mm"} | ({"int8_dynamic_fbgemm"} if fbgemm_available()
+                                                                        else set())
+    assert set(got) == set(CPU_DECODE_KERNELS) | timed_paths
     assert all(m.value > 0 and m.unit == "B/s" and "one row" in m.method for m in got.values())
+    assert set(paths) == set(CPU_DECODE_PATHS) and all(p in CPU_DECODE_PATHS[k] for k, p in paths.items())
+    for kernel, path in paths.items():  # the kernel's rate is its recorded path's, which is at least near the fastest
+        assert got[kernel].value == got[f"{kernel}_{path}"].value
+        assert got[kernel].value * PATH_MARGIN >= max(got[f"{kernel}_{p}"].value for p in CPU_DECODE_PATHS[kernel]
+                                                     if f"{kernel}_{p}" in got)
 
 
 def test_a_profile_keeps_the_rates():

@@ -446,8 +446,9 @@ def test_quick_probe_samples_bf16_where_the_flags_do_not_decide_it(monkeypatch):
 @pytest.mark.parametrize("flags, estimated", [(("avx2", "fma"), True), (("avx2", "avx512f", "avx512_vnni"), False),
                                                (("asimd",), False)])
 def test_quick_probe_estimates_int8_x_int8_where_no_dot_product_instructions(monkeypatch, flags, estimated):
-    """x86 without VNNI multiplies int8 by int8 slowly (quanto-w8a8's kernel): the quick probe, which times no kernel,
-    estimates its rate from the RAM bandwidth there and leaves it to the defaults elsewhere."""
+    """x86 without VNNI multiplies int8 by int8 (quanto-w8a8's kernel) by fbgemm's AVX2 path: the quick probe, which
+    times no kernel, estimates its rate from the RAM bandwidth there and records that path, and leaves both to the
+    defaults elsewhere."""
     import dataclasses
 
     from vramplan.runtime.probe.host import NO_INT8_DOT_DYNAMIC_RAM_SHARE
@@ -458,6 +459,7 @@ def test_quick_probe_estimates_int8_x_int8_where_no_dot_product_instructions(mon
     h = probe(quick=True).profile.host
     rate = h.cpu_decode_int8_dynamic_bytes_per_s
     assert (rate is not None) == estimated and h.cpu_decode_int8_bytes_per_s is None
+    assert h.cpu_decode_int8_dynamic_path == ("fbgemm" if estimated else None) and h.cpu_decode_bf16_path is None
     if estimated:
         assert rate == pytest.approx(NO_INT8_DOT_DYNAMIC_RAM_SHARE * h.ram_bandwidth_bytes_per_s, rel=0.01)
 

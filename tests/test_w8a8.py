@@ -12,6 +12,7 @@ import torch
 from conftest import tiny_config_dict
 from vramplan.planner.errors import VramplanError
 from vramplan.planner.quant import SCHEMES
+from vramplan.runtime.cpu_paths import fbgemm_available
 from vramplan.runtime.experts import int8_dynamic_mm
 from vramplan.runtime.generate import generate, synthetic_prompt, warm_up
 from vramplan.runtime.load import load_model
@@ -54,11 +55,19 @@ def test_int8_dynamic_mm_differs_from_weight_only_by_the_activation_rounding():
     assert 1e-4 < rel < 2e-2
 
 
+FBGEMM = pytest.mark.skipif(not fbgemm_available(), reason="this torch has no fbgemm (x86 builds do)")
+
+
 @pytest.fixture(scope="module")
 def tiny_models():
+    """bf16, quanto-int8, and quanto-w8a8 by each int8 x int8 path ("quanto-w8a8" by _int_mm, "w8a8-fbgemm")."""
     config = tiny_config_dict("llama", tie_word_embeddings=False)
-    return {q: load_model(config, scheme=SCHEMES[q], dummy_weights=True, seed=3, device="cpu")
-            for q in ("bf16", "quanto-int8", "quanto-w8a8")}
+    models = {q: load_model(config, scheme=SCHEMES[q], dummy_weights=True, seed=3, device="cpu",
+                            cpu_paths={"int8_dynamic": "int_mm"}) for q in ("bf16", "quanto-int8", "quanto-w8a8")}
+    if fbgemm_available():
+        models["w8a8-fbgemm"] = load_model(config, scheme=SCHEMES["quanto-w8a8"], dummy_weights=True, seed=3,
+                                           device="cpu", cpu_paths={"int8_dynamic": "fbgemm"})
+    return models
 
 
 def test_w8a8_loads_every_linear_and_the_head_as_int8_dynamic(tiny_models):
@@ -70,7 +79,53 @@ def test_w8a8_loads_every_linear_and_the_head_as_int8_dynamic(tiny_models):
     rows = [n for n, m in int8.model.named_modules() if type(m) is Int8Rows]
     assert dynamic == rows and "lm_head" in dynamic and len(dynamic) == 2 * 7 + 1
     assert any("its input quantized per token" in n for n in w8a8.notes)
+    assert any("int8_dynamic by int_mm (the profile)" in n for n in w8a8.notes)
     assert count_tensor_bytes(w8a8.model) == count_tensor_bytes(int8.model)  # the same bytes: only the matmul differs
+
+
+@FBGEMM
+def test_w8a8_by_fbgemm_packs_every_linear_and_the_head_and_counts_their_bytes(tiny_models):
+    from vramplan.planner.quant import fbgemm_linear_bytes
+    from vramplan.runtime.cpu_paths import FbgemmInt8Dynamic
+    from vramplan.runtime.quantize import Int8Rows
+    from vramplan.runtime.tensors import count_tensor_bytes
+
+    fb, int8 = tiny_models["w8a8-fbgemm"], tiny_models["quanto-int8"]
+    packed = {n: m for n, m in fb.model.named_modules() if type(m) is FbgemmInt8Dynamic}
+    rows = {n: m for n, m in int8.model.named_modules() if type(m) is Int8Rows}
+    assert packed.keys() == rows.keys() and "lm_head" in packed
+    assert any("int8_dynamic by fbgemm (the profile)" in n for n in fb.notes)
+    for name, m in packed.items():  # the packed rows are quanto's int8 rows and scales (the same seed: the same)
+        data, scale = m.unpacked()
+        assert torch.equal(data, rows[name].data) and torch.allclose(scale, rows[name].scale.float(), rtol=1e-6)
+    # no int8 rows kept beside the packed ones (quanto's fp32 scalars are); the packed bytes counted as
+    # planner.quant.fbgemm_linear_bytes
+    extra = sum(fbgemm_linear_bytes(m.out_features, m.in_features) - m.out_features * (m.in_features + 2)
+                for m in packed.values())
+    assert count_tensor_bytes(fb.model)["cpu"] == count_tensor_bytes(int8.model)["cpu"] + extra
+
+
+@FBGEMM
+def test_fbgemm_path_is_per_token_at_seven_bits():
+    """Each token quantized by its own absmax: a small-valued token beside an outlier token keeps its precision (one
+    scale for the whole input would round it to nothing), within 7-bit steps of the exact product."""
+    from vramplan.runtime.cpu_paths import FbgemmInt8Dynamic
+
+    g = torch.Generator().manual_seed(0)
+    data = torch.randint(-127, 128, (48, 256), dtype=torch.int8, generator=g)
+    scale = (torch.rand(48, generator=g) / 100).to(torch.bfloat16)
+    m = FbgemmInt8Dynamic(data, scale, None)
+    x = torch.randn(3, 256, generator=g).to(torch.bfloat16)
+    x[1] *= 1000  # an outlier token
+    x[2] /= 1000  # a small one
+    out = m(x).float()
+    exact = x.double() @ (data.double() * scale.double().reshape(-1, 1)).t()
+    for r in range(3):
+        rel = ((out[r].double() - exact[r]).norm() / exact[r].norm()).item()
+        assert rel < 0.03, (r, rel)
+    alone = m(x[2:3]).float()
+    assert ((alone[0] - out[2]).norm() / out[2].norm()).item() < 0.03  # as alone, up to the shared 7-bit grid
+    assert torch.equal(m(torch.zeros(2, 256, dtype=torch.bfloat16)), torch.zeros(2, 48, dtype=torch.bfloat16))
 
 
 def test_w8a8_logits_stay_near_bf16_and_near_weight_only_int8(tiny_models):
@@ -83,6 +138,8 @@ def test_w8a8_logits_stay_near_bf16_and_near_weight_only_int8(tiny_models):
 
     assert rel("quanto-w8a8", "bf16") < 0.05 and rel("quanto-int8", "bf16") < 0.05
     assert rel("quanto-w8a8", "quanto-int8") > 1e-4  # it did quantize the activations
+    if "w8a8-fbgemm" in logits:  # 7-bit activations: further from int8 weight-only than _int_mm's 8, still near bf16
+        assert rel("w8a8-fbgemm", "bf16") < 0.05 and rel("w8a8-fbgemm", "quanto-int8") > 1e-4
 
 
 def test_w8a8_refuses_anything_but_the_cpu_alone_before_building(monkeypatch):
@@ -114,15 +171,23 @@ def test_w8a8_experts_multiply_int8_tokens():
 # ---------------------------------------------------------------- the planner
 
 
-def test_the_planner_counts_w8a8_as_int8_and_offers_it_only_without_a_gpu():
+def test_the_planner_counts_w8a8_as_fbgemm_packs_it_and_offers_it_only_without_a_gpu():
     from vramplan.planner.profiles import resolve_profile
     from vramplan.planner.request import Request
     from vramplan.planner.search import plan
     from vramplan.planner.sources import model_spec
 
+    from vramplan.planner.modelspec import Kind
+    from vramplan.planner.quant import fbgemm_linear_bytes
+
     spec = model_spec("qwen2.5-0.5b")
     w8a8, int8 = SCHEMES["quanto-w8a8"], SCHEMES["quanto-int8"]
-    assert w8a8.bytes_of(spec.tensors) == int8.bytes_of(spec.tensors)
+    linears = [t for t in spec.tensors if int8.touches(t)]
+    assert linears and all(t.kind is Kind.LINEAR for t in linears)
+    # hidden 896 pads to 1024 in fbgemm's blocks; 12 bytes a row against quanto's 2-byte scale; both keep quanto's 8
+    assert w8a8.bytes_of(spec.tensors) - int8.bytes_of(spec.tensors) == sum(
+        fbgemm_linear_bytes(*t.matrix_shape) + 8 - int8.tensor_bytes(t) for t in linears)
+    assert fbgemm_linear_bytes(896, 896) == 896 * (1024 + 12) and fbgemm_linear_bytes(10, 4096) == 10 * 4108
     assert w8a8.quality.ppl_increase_pct > int8.quality.ppl_increase_pct and "7.581" in w8a8.quality.source
     cpu = plan(spec, resolve_profile("cpu-ddr5-desktop")[0], Request(context=4096, quant=("quanto-w8a8",)))
     assert cpu.fits and cpu.choice.weight_quant == "quanto-w8a8" and not cpu.choice.on_gpu
@@ -170,19 +235,24 @@ def test_compile_on_a_cpu_takes_the_quanto_schemes_but_not_their_experts_nor_on_
 # ---------------------------------------------------------------- compiled decode on the CPU
 
 
-@pytest.mark.parametrize("quant", ["quanto-int8", "quanto-w8a8", "quanto-int4"])
-def test_a_compiled_cpu_decode_of_the_quanto_schemes_gives_the_eager_tokens(quant):
+@pytest.mark.parametrize("quant, path", [("quanto-int8", None), ("quanto-w8a8", "int_mm"),
+                                         pytest.param("quanto-w8a8", "fbgemm", marks=FBGEMM), ("quanto-int4", None)])
+def test_a_compiled_cpu_decode_of_the_quanto_schemes_gives_the_eager_tokens(quant, path):
     """inductor compiles through the direct kernels (Int8Rows' _weight_int8pack_mm, Int8Dynamic's _int_mm and its
-    per-token quantization, Int4Groups' _weight_int4pack_mm_for_cpu; quanto's own QLinear where a layer keeps it) and
-    gives the tokens eager gives, on a tiny model (at real sizes they part at the random weights' near-ties:
-    bench/results/compiled-cpu-cpu-dev.md)."""
+    per-token quantization, fbgemm's packed rows through a custom op, Int4Groups' _weight_int4pack_mm_for_cpu;
+    quanto's own QLinear where a layer keeps it) and gives the tokens eager gives, on a tiny model (at real sizes they
+    part at the random weights' near-ties: bench/results/compiled-cpu-cpu-dev.md)."""
     from vramplan.runtime.compiled import StaticDecoder
+    from vramplan.runtime.cpu_paths import FbgemmInt8Dynamic
     from vramplan.runtime.quantize import Int4Groups, Int8Dynamic, Int8Rows
 
     # hidden 256: the MLP's inputs (256, 512) take tinygemm's groups of 128, so int4 has Int4Groups layers too
     model = load_model(tiny_config_dict("llama", hidden_size=256, intermediate_size=512), scheme=SCHEMES[quant],
-                       dummy_weights=True, seed=5, device="cpu").model
-    assert any(type(m) in (Int8Rows, Int8Dynamic, Int4Groups) for m in model.modules() if m is not model.lm_head)
+                       dummy_weights=True, seed=5, device="cpu", cpu_paths={"int8_dynamic": path} if path else None
+                       ).model
+    kinds = {type(m) for m in model.modules() if m is not model.lm_head}
+    assert kinds & {Int8Rows, Int8Dynamic, Int4Groups, FbgemmInt8Dynamic}
+    assert path is None or (FbgemmInt8Dynamic in kinds) == (path == "fbgemm")
     prompt = synthetic_prompt(16, 512, seed=2)
     eager = generate(model, prompt, max_new_tokens=8, prefill_chunk=16)
     static = StaticDecoder(model, max_len=16 + 8, device=torch.device("cpu"))

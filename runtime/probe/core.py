@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from vramplan.planner.hardware import SCHEMA_VERSION, GPUSpec, HardwareProfile, HostSpec, LinkSpec, Overheads
+from vramplan.planner.hardware import (CPU_DECODE_KERNELS, SCHEMA_VERSION, GPUSpec, HardwareProfile, HostSpec, LinkSpec,
+                                       Overheads)
 from vramplan.planner.units import (GiB, MiB, format_bandwidth, format_bytes, format_flops, parse_bandwidth,
                                     parse_flops, parse_seconds)
 from .datasheets import (APPLE_CHIPS, DEFAULT_ALLOCATOR_RESERVE_BYTES, DEFAULT_CUDA_CONTEXT_BYTES,
@@ -226,26 +227,30 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
         cpu_rates[kind] = rate
 
     decode: dict[str, float] = {}
+    paths: dict[str, str] = {}
     if torch is None and "avx2" in host.cpu_flags and not INT8_DOT_FLAGS & set(host.cpu_flags):
         decode["int8_dynamic"] = NO_INT8_DOT_DYNAMIC_RAM_SHARE * ram_bw
+        paths["int8_dynamic"] = "fbgemm"
         notes.append(f"CPU int8 x int8 decode (quanto-w8a8's kernel) estimated at "
-                     f"{format_bandwidth(decode['int8_dynamic'])}: no int8 dot-product instructions (VNNI) in the "
-                     f"CPU's flags, where that kernel streams about {NO_INT8_DOT_DYNAMIC_RAM_SHARE:.3f} of the RAM "
-                     "bandwidth "
-                     "(runtime.probe.host.NO_INT8_DOT_DYNAMIC_RAM_SHARE); `vramplan probe` times it")
+                     f"{format_bandwidth(decode['int8_dynamic'])} by fbgemm's path: no int8 dot-product instructions "
+                     f"(VNNI) in the CPU's flags, where fbgemm streams about {NO_INT8_DOT_DYNAMIC_RAM_SHARE:.3f} of "
+                     "the RAM bandwidth (runtime.probe.host.NO_INT8_DOT_DYNAMIC_RAM_SHARE); `vramplan probe` times it")
     if torch is not None:  # the full probe (the quick one imports no torch): which decode kernel is fast, timed
         say("timing the CPU decode kernels (which is fast depends on the CPU)")
         try:
-            kernels = measure_cpu_decode_kernels(torch)
+            kernels, paths = measure_cpu_decode_kernels(torch)
         except Exception as e:  # noqa: BLE001 - a kernel this torch lacks: the scheme keeps its default
             notes.append(f"CPU decode kernels not timed ({type(e).__name__}: {e})")
-            kernels = {}
+            kernels, paths = {}, {}
         for name, m in kernels.items():
             measurements[m.name] = m
-            decode[name] = m.value
+            if name in CPU_DECODE_KERNELS:
+                decode[name] = m.value
         if kernels:
             notes.append("CPU decode kernels timed (weights streamed at one row): " + ", ".join(
-                f"{name} {format_bandwidth(m.value)}" for name, m in kernels.items()))
+                f"{name} {format_bandwidth(m.value)}" for name, m in kernels.items() if name not in paths)
+                + "; the runtime runs " + ", ".join(f"{k} by {p}" for k, p in paths.items())
+                + ", the faster (runtime.cpu_paths)")
 
     host_spec = HostSpec(
         ram_bytes=host.effective_ram_bytes,
@@ -255,6 +260,7 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
         cpu_fp32_flops=None if cpu_rates["fp32"] is None else _fl(cpu_rates["fp32"]),
         cpu_int8_ops=None if cpu_rates["int8"] is None else _fl(cpu_rates["int8"]),
         **{f"cpu_decode_{name}_bytes_per_s": _bw(rate) for name, rate in decode.items()},
+        **{f"cpu_decode_{name}_path": path for name, path in paths.items()},
     )
 
     # -- GPUs -----------------------------------------------------------------

@@ -51,12 +51,13 @@ CPU_INT8_OPS_PER_CYCLE: tuple[tuple[str, float, str], ...] = (
     ("avx512_vnni", 256.0, "AVX-512 VNNI (vpdpbusd, 2 units)"),
 )
 DEFAULT_CPU_GHZ = 2.5
-# An x86 CPU without int8 dot-product instructions multiplies int8 by int8 (torch._int_mm: quanto-w8a8's kernel) far
-# slower than it streams int8 weights into bf16 products: on the 2-core AVX2 EPYC VM (2026-11-29) one row by 64 MiB of
-# int8 weights took 2.8 GB/s against _weight_int8pack_mm's 14.6, with RAM copying at 34.1. The quick probe (no torch)
-# estimates that kernel's rate at this share of the RAM bandwidth there; `vramplan probe` times it.
+# An x86 CPU without int8 dot-product instructions multiplies int8 by int8 (quanto-w8a8's kernel) by fbgemm's AVX2
+# path (runtime.cpu_paths: vpmaddubsw), not by torch._int_mm, which is far slower there: on the 2-core AVX2 EPYC VM
+# (2026-11-29) one row by 64 MiB of int8 weights streamed 13.5 GB/s by fbgemm (median of 4 probes: 13.5 / 13.1 / 13.5 /
+# 15.1) and 2.1 by _int_mm, with RAM copying at 34.1 (the full probe's). The quick probe (no torch) estimates that
+# kernel's rate at this share of the RAM bandwidth there, and records the fbgemm path; `vramplan probe` times both.
 INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
-NO_INT8_DOT_DYNAMIC_RAM_SHARE = 2.8 / 34.1
+NO_INT8_DOT_DYNAMIC_RAM_SHARE = 13.5 / 34.1
 
 @dataclass(frozen=True)
 class HostReading:

@@ -93,15 +93,23 @@ CPU_MATMUL_TARGET_S = 0.05
 # The kernel each CPU scheme decodes with (planner.hardware.CPU_DECODE_KERNELS), timed one row by a weight matrix of
 # about this many bytes in its own format: well past the caches, so the rate is the weights streamed from RAM.
 CPU_DECODE_BYTES = 64 * MiB
+# A kernel's other path replaces the CPU's default one (runtime.cpu_paths.default_path) only when it streamed at least
+# this much faster: bf16 by torch.mv and by F.linear timed 10.65 / 11.08 and 9.47 / 9.51 GB/s in two probes of the AVX2
+# EPYC VM, an order that noise decides
+PATH_MARGIN = 1.1
 
 
 def measure_cpu_decode_kernels(torch: Any, repeats: int = 5, nbytes: int = CPU_DECODE_BYTES
-                               ) -> dict[str, Measurement]:
-    """Bytes of weights per second each CPU decode kernel streams from RAM at one row, on all torch threads: bf16
-    (torch.mv, runtime.quantize.Bf16Rows), int8 rows (_weight_int8pack_mm), int4 groups of 128
-    (_weight_int4pack_mm_for_cpu) and int8 x int8 (runtime.experts.int8_dynamic_mm: quanto-w8a8's). Which is fast
-    depends on the CPU, not on its nominal FLOPS: on an AVX2 EPYC without VNNI the int8 x int8 product streamed 1.9
-    GB/s where the int8 rows streamed 9.0 (2 threads, 2026-11-29)."""
+                               ) -> tuple[dict[str, Measurement], dict[str, str]]:
+    """Bytes of weights per second each CPU decode kernel streams from RAM at one row, on all torch threads, and for
+    the kernels the runtime runs by more than one path (planner.hardware.CPU_DECODE_PATHS, runtime.cpu_paths) the path
+    that was fastest. Kernels: bf16 (torch.mv, runtime.quantize.Bf16Rows, or F.linear), int8 rows
+    (_weight_int8pack_mm), int4 groups of 128 (_weight_int4pack_mm_for_cpu) and int8 x int8 (quanto-w8a8's:
+    runtime.experts.int8_dynamic_mm by torch._int_mm, or fbgemm's dynamic linear, runtime.cpu_paths). Which is fast
+    depends on the CPU, not on its nominal FLOPS: on an AVX2 EPYC without VNNI _int_mm streamed 1.9 GB/s where the
+    int8 rows streamed 9.0 (2 threads, 2026-11-29). Returns ({kernel: the rate of its fastest path}, {kernel: that
+    path}); every path's own timing is kept in the first as "<kernel>_<path>"."""
+    from vramplan.runtime.cpu_paths import FbgemmInt8Dynamic, default_path, fbgemm_available
     from vramplan.runtime.experts import int8_dynamic_mm
 
     k = 4096
@@ -114,26 +122,46 @@ def measure_cpu_decode_kernels(torch: Any, repeats: int = 5, nbytes: int = CPU_D
     packed = torch.cat([torch._convert_weight_to_int4pack_for_cpu(
         torch.randint(0, 16, (min(1024, 2 * n - r), k), dtype=torch.int32), 8) for r in range(0, 2 * n, 1024)])
     scale_zeros = torch.rand(k // 128, 2 * n, 2).to(torch.bfloat16)
-    kernels = {
-        "bf16": (lambda: torch.mv(bf16, row[0]), bf16.numel() * 2, "torch.mv bf16"),
-        "int8": (lambda: torch._weight_int8pack_mm(row, int8, scale), int8.numel(), "torch._weight_int8pack_mm"),
-        "int4": (lambda: torch._weight_int4pack_mm_for_cpu(row, packed, 128, scale_zeros),
-                 packed.numel() + scale_zeros.numel() * 2, "torch._weight_int4pack_mm_for_cpu, groups of 128"),
-        "int8_dynamic": (lambda: int8_dynamic_mm(row, int8, scale), int8.numel(),
-                         "runtime.experts.int8_dynamic_mm (torch._int_mm)"),
+    fbgemm = FbgemmInt8Dynamic(int8, scale, None) if fbgemm_available() else None
+    # kernel -> path -> (product, bytes, label)
+    kernels: dict[str, dict[str | None, tuple]] = {
+        "bf16": {"mv": (lambda: torch.mv(bf16, row[0]), bf16.numel() * 2, "torch.mv bf16"),
+                 "linear": (lambda: torch.nn.functional.linear(row, bf16), bf16.numel() * 2, "F.linear bf16")},
+        "int8": {None: (lambda: torch._weight_int8pack_mm(row, int8, scale), int8.numel(),
+                        "torch._weight_int8pack_mm")},
+        "int4": {None: (lambda: torch._weight_int4pack_mm_for_cpu(row, packed, 128, scale_zeros),
+                        packed.numel() + scale_zeros.numel() * 2, "torch._weight_int4pack_mm_for_cpu, groups of 128")},
+        "int8_dynamic": {"int_mm": (lambda: int8_dynamic_mm(row, int8, scale), int8.numel(),
+                                    "runtime.experts.int8_dynamic_mm (torch._int_mm)")},
     }
-    out = {}
-    for name, (product, nbytes, label) in kernels.items():
-        product()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
+    if fbgemm is not None:
+        kernels["int8_dynamic"]["fbgemm"] = (lambda: fbgemm(row), int8.numel(),
+                                             "fbgemm's dynamic int8 linear (runtime.cpu_paths.FbgemmInt8Dynamic)")
+    out: dict[str, Measurement] = {}
+    paths: dict[str, str] = {}
+    for name, by_path in kernels.items():
+        timed = {}
+        for path, (product, nbytes, label) in by_path.items():
             product()
-            times.append(time.perf_counter() - t0)
-        out[name] = _median_measurement(f"cpu_decode_{name}", "B/s", nbytes, times,
-                                        f"{label}, one row by {format_bytes(nbytes)} of weights, "
-                                        f"{torch.get_num_threads()} threads")
-    return out
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                product()
+                times.append(time.perf_counter() - t0)
+            key = name if path is None else f"{name}_{path}"
+            timed[path] = out[key] = _median_measurement(
+                f"cpu_decode_{key}", "B/s", nbytes, times,
+                f"{label}, one row by {format_bytes(nbytes)} of weights, {torch.get_num_threads()} threads")
+        best = max(timed, key=lambda p: timed[p].value)  # type: ignore[arg-type]
+        if best is not None and default_path(name) in timed \
+                and timed[best].value < PATH_MARGIN * timed[default_path(name)].value:
+            best = default_path(name)  # within the timing's noise: the CPU's default stays
+        if best is not None:
+            paths[name] = best
+            m = timed[best]
+            out[name] = Measurement(f"cpu_decode_{name}", m.value, m.unit, m.samples,
+                                    f"the fastest of its paths: {best} ({m.method})")
+    return out, paths
 
 
 def measure_cpu_matmul(torch: Any, kind: str, repeats: int = 5) -> Measurement:
