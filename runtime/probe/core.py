@@ -246,6 +246,15 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
             measurements[m.name] = m
             if name in CPU_DECODE_KERNELS:
                 decode[name] = m.value
+        if paths.get("int8_dynamic") == "fbgemm" and cpu_rates.get("int8") is not None:
+            try:  # quanto-w8a8's prefill runs by its decode's path: its int8 matmul rate is that path's
+                m = measure_cpu_matmul(torch, "int8", path="fbgemm")
+                measurements["cpu_int8_matmul"] = m
+                cpu_rates["int8"] = m.value
+                notes.append(f"CPU int8 compute {format_flops(m.value)} by fbgemm, the int8 x int8 path the runtime "
+                             f"takes here: {m.method}")
+            except Exception as e:  # noqa: BLE001 - the _int_mm rate stays
+                notes.append(f"CPU int8 matmul by fbgemm not measured ({type(e).__name__}: {e})")
         if kernels:
             notes.append("CPU decode kernels timed (weights streamed at one row): " + ", ".join(
                 f"{name} {format_bandwidth(m.value)}" for name, m in kernels.items() if name not in paths)

@@ -164,20 +164,38 @@ def measure_cpu_decode_kernels(torch: Any, repeats: int = 5, nbytes: int = CPU_D
     return out, paths
 
 
-def measure_cpu_matmul(torch: Any, kind: str, repeats: int = 5) -> Measurement:
+def measure_cpu_matmul(torch: Any, kind: str, repeats: int = 5, path: str | None = None) -> Measurement:
     """A square CPU matmul's rate on all torch threads (FLOP/s; int8: multiply-adds counted as 2 ops), `kind` one of
-    bf16, fp32, int8 (torch._int_mm, int8 x int8 into int32 sums: the kernel of quanto-w8a8's matmuls,
-    runtime.experts.int8_dynamic_mm). A first product of the smallest size guesses the rate; the timed size is the
-    largest of CPU_MATMUL_SIZES whose product that guess says takes at most CPU_MATMUL_TARGET_S, so the whole
-    measurement takes about a second on any CPU, slow kernels included."""
+    bf16, fp32, int8: quanto-w8a8's matmuls, by `path` (runtime.cpu_paths) "int_mm" (the default: torch._int_mm, int8
+    x int8 into int32 sums, runtime.experts.int8_dynamic_mm's kernel) or "fbgemm" (fp32 rows quantized per token and
+    multiplied by packed int8 rows, runtime.cpu_paths.FbgemmInt8Dynamic, all of it timed). A first product of the
+    smallest size guesses the rate; the timed size is the largest of CPU_MATMUL_SIZES whose product that guess says
+    takes at most CPU_MATMUL_TARGET_S, so the whole measurement takes about a second on any CPU, slow kernels
+    included."""
     dtype = getattr(torch, _CPU_MATMUL_DTYPES[kind])
+    fbgemm = kind == "int8" and path == "fbgemm"
     product = torch._int_mm if kind == "int8" else torch.mm
     label = "torch._int_mm int8" if kind == "int8" else f"torch {kind}"
+    if fbgemm:
+        from vramplan.runtime.cpu_paths import FbgemmInt8Dynamic
+
+        def product(a, b):  # noqa: F811 - fbgemm's packed b times the rows of a
+            return b(a)
+
+        label = "fbgemm's dynamic int8 linear (runtime.cpu_paths)"
 
     def operand(n: int):
+        if fbgemm:
+            return torch.randn(n, n)  # the rows; the other operand packed from it below
         if kind == "int8":
             return torch.randint(-127, 128, (n, n), dtype=dtype)
         return torch.randn(n, n).to(dtype)
+
+    def pair(n: int):
+        a = operand(n)
+        if fbgemm:
+            return a, FbgemmInt8Dynamic(torch.randint(-127, 128, (n, n), dtype=torch.int8), torch.rand(n) / 100, None)
+        return a, operand(n)
 
     def once(a, b) -> float:
         t0 = time.perf_counter()
@@ -185,11 +203,11 @@ def measure_cpu_matmul(torch: Any, kind: str, repeats: int = 5) -> Measurement:
         return time.perf_counter() - t0
 
     guess_n = CPU_MATMUL_SIZES[1]  # _int_mm wants more than 16 rows; the smallest size only if the guess says so
-    a = operand(guess_n)
-    product(a, a)
-    guess = 2 * guess_n**3 / max(once(a, a), 1e-9)
+    a, b = pair(guess_n)
+    product(a, b)
+    guess = 2 * guess_n**3 / max(once(a, b), 1e-9)
     n = max([k for k in CPU_MATMUL_SIZES if 2 * k**3 / guess <= CPU_MATMUL_TARGET_S], default=CPU_MATMUL_SIZES[0])
-    a, b = operand(n), operand(n)
+    a, b = pair(n)
     product(a, b)
     times = [once(a, b) for _ in range(repeats)]
     return _median_measurement(f"cpu_{kind}_matmul", "FLOP/s", 2 * n**3, times,
