@@ -114,7 +114,11 @@ def markdown(out: dict) -> str:
                      f"{'-' if pred is None else f'{pred:.1f}'} |")
     lines += ["", "x fastest: against the fastest row at that width; the recommended plan's row against the fastest "
               "row of that model at any width. planned RAM: what the run's plan counts in RAM (llama.cpp's plan for its"
-              " rows); peak RAM: the process' peak RSS, mapped file pages included."]
+              " rows); peak RAM: the process' peak RSS, mapped file pages included. llama.cpp's CPU backend repacks"
+              " Q4_0 / Q4_K / IQ4_NL matrices into a buffer of its own, and the file pages it copied them from stay"
+              " mapped: clean page cache the kernel reclaims under pressure, which its plan leaves out as"
+              " bench/results/llamacpp-serve-cpu-dev.md measures it (its Q4_0 rows' peak is over its plan by about"
+              " the repacked bytes)."]
     return "\n".join(lines) + "\n"
 
 

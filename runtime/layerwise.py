@@ -45,7 +45,8 @@ class StoredTensor:
 
 
 def stored_tensors(model_dir: Path) -> dict[str, StoredTensor]:
-    """Every tensor of the checkpoint's safetensors files (the index's shards), by name, from their headers."""
+    """Every tensor of the checkpoint's safetensors files (the index's shards), by name, from their headers; those of
+    a dtype this loader does not convert (fp8, ...) left out."""
     out: dict[str, StoredTensor] = {}
     for path in weight_files(model_dir):
         size = path.stat().st_size
@@ -54,10 +55,8 @@ def stored_tensors(model_dir: Path) -> dict[str, StoredTensor]:
             raw = f.read(n)
         for t in parse_safetensors_header(raw, size - 8 - n, str(path)):
             dtype = _TORCH_DTYPES.get(t.dtype)
-            if dtype is None:
-                raise CheckpointError(f"{path}: tensor {t.name!r} has dtype {t.dtype}, which vramplan's loader does "
-                                      "not read")
-            out[t.name] = StoredTensor(path, 8 + n + t.start, t.nbytes, dtype, t.shape)
+            if dtype is not None:  # another (fp8, ...): left out, so a parameter stored so goes to transformers
+                out[t.name] = StoredTensor(path, 8 + n + t.start, t.nbytes, dtype, t.shape)
     return out
 
 

@@ -127,3 +127,16 @@ def test_every_tiny_architecture_loads_to_the_same_tokens(tiny_checkpoints, monk
     ours = load_model(tiny_checkpoints[arch], scheme=SCHEMES["quanto-int8"])
     theirs = _load(tiny_checkpoints[arch], "quanto-int8", layerwise=False, monkeypatch=monkeypatch)
     assert _tokens(ours.model, 4) == _tokens(theirs.model, 4)
+
+
+def test_a_dtype_the_loader_does_not_convert_goes_to_transformers(tmp_path):
+    """A parameter stored in fp8 (a dtype this loader leaves out): load_layerwise refuses before reading anything."""
+    from safetensors.torch import load_file, save_file
+
+    path = save_tiny_model(tiny_config("llama"), tmp_path / "fp8")
+    tensors = load_file(path / "model.safetensors")
+    tensors["model.layers.1.mlp.down_proj.weight"] = tensors["model.layers.1.mlp.down_proj.weight"].to(
+        torch.float8_e4m3fn)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    assert "model.layers.1.mlp.down_proj.weight" not in stored_tensors(path)
+    assert load_layerwise(path, tiny_config("llama"), torch.bfloat16, SCHEMES["quanto-int8"], "cpu", False) is None
