@@ -90,3 +90,24 @@ def test_a_profile_refuses_an_unknown_path(tmp_path):
     d["host"]["cpu_decode_int8_dynamic_path"] = "vnni"
     with pytest.raises(ProfileError, match="cpu_decode_int8_dynamic_path: must be one of int_mm, fbgemm"):
         loads_profile(yaml.safe_dump(d))
+
+
+def test_the_planner_leaves_w8a8_eager_where_the_profile_runs_it_by_fbgemm():
+    """Compiled, fbgemm's packed rows are reached through a custom op at every matmul, and eager was faster: --compile
+    is refused with that reason where the profile records fbgemm, and priced where it records _int_mm."""
+    from dataclasses import replace
+
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.request import Request
+    from vramplan.planner.search import plan
+    from vramplan.planner.sources import model_spec
+
+    hw = resolve_profile("cpu-ddr5-desktop")[0]
+    spec = model_spec("qwen2.5-0.5b")
+    req = Request(context=4096, quant=("quanto-w8a8",), kv_dtype=("bf16",), compiled=True)
+    by_path = {path: plan(spec, replace(hw, host=replace(hw.host, cpu_decode_int8_dynamic_path=path)), req)
+               for path in CPU_DECODE_PATHS["int8_dynamic"]}
+    assert by_path["int_mm"].fits and by_path["int_mm"].choice.weight_quant == "quanto-w8a8"
+    assert not by_path["fbgemm"].fits and "runs by fbgemm on this CPU" in by_path["fbgemm"].candidates[0].reason
+    assert plan(spec, replace(hw, host=replace(hw.host, cpu_decode_int8_dynamic_path="fbgemm")),
+                replace(req, compiled=False)).fits
