@@ -7,9 +7,10 @@ file's mapped pages) against the 1.73 GiB its plan counts. Here the model is bui
 with plain reads (no mapping: the page cache the reads fill is the kernel's, not the process' RSS) straight into each
 tensor's memory where the file's dtype is the tensor's, so at most one decoder layer is held unquantized.
 
-The checkpoint must name every parameter as the model does, with the same shapes (transformers' plain layout); a
-checkpoint that needs transformers' renames or conversions (fused experts stored per expert, a multimodal wrapper's
-prefixes, a pre-quantized checkpoint) is left to transformers' loader.
+The checkpoint must name every parameter as the model does, with the same shapes (transformers' plain layout), or
+store fused MoE experts one matrix per expert as transformers' conversion mapping for the model type describes
+(renames, experts stacked and gate/up concatenated: Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek). A checkpoint that needs
+any other conversion (a multimodal wrapper's prefixes, a pre-quantized checkpoint) is left to transformers' loader.
 """
 
 from __future__ import annotations
@@ -60,11 +61,80 @@ def stored_tensors(model_dir: Path) -> dict[str, StoredTensor]:
     return out
 
 
+@dataclass(frozen=True)
+class _Stacked:
+    """A fused experts parameter [E, ...] stored one matrix per expert: `parts` per expert, each read into its rows of
+    the expert's slice along dim 0 (transformers' MergeModulelist(0), then Concatenate(1) of the parts)."""
+
+    parts: tuple[tuple[StoredTensor, ...], ...]  # [expert][part]
+
+
+class _Sources:
+    """Where each of the model's parameters is stored: under its own name, or (fused MoE experts) one matrix per expert
+    as transformers' conversion mapping for the model type says (transformers.conversion_mapping: the checkpoint's
+    renames, and converters that stack experts, MergeModulelist(0), and concatenate parts, Concatenate(1)). Other
+    conversions are not read here: a parameter that needs one is missing (transformers' loader takes the model)."""
+
+    def __init__(self, stored: dict[str, StoredTensor], model_type: str | None):
+        self.stored = stored
+        self.renamed: dict[str, StoredTensor] = {}
+        self.converters: list[tuple[list[str], str]] = []  # (source patterns with "*", target suffix)
+        renames: list[tuple[str, str]] = []
+        for c in _conversions(model_type):
+            kind, sources, targets, ops = c
+            if kind == "rename" and len(sources) == len(targets) == 1 and not ops:
+                renames.append((sources[0], targets[0]))
+            elif kind == "convert" and len(targets) == 1 and all(src.count("*") == 1 for src in sources) and (
+                    ops == [("MergeModulelist", 0), ("Concatenate", 1)] if len(sources) > 1
+                    else ops == [("MergeModulelist", 0)]):
+                self.converters.append((sources, targets[0]))
+        for name, t in stored.items():
+            for old, new in renames:
+                name = name.replace(old, new)
+            self.renamed[name] = t
+
+    def find(self, name: str, shape: tuple[int, ...]) -> StoredTensor | _Stacked | None:
+        s = self.stored.get(name) or self.renamed.get(name)
+        if s is not None:
+            return s if tuple(s.shape) == shape else None
+        for sources, target in self.converters:
+            if not name.endswith(target) or not shape:
+                continue
+            prefix = name[: len(name) - len(target)]
+            parts = tuple(tuple(self.renamed.get(prefix + src.replace("*", str(e))) for src in sources)
+                          for e in range(shape[0]))
+            if any(t is None for expert in parts for t in expert):
+                continue
+            rows = [sum(t.shape[0] for t in expert) for expert in parts]  # type: ignore[union-attr]
+            if all(tuple([r, *expert[0].shape[1:]]) == shape[1:] for r, expert in zip(rows, parts)):  # type: ignore
+                return _Stacked(parts)  # type: ignore[arg-type]
+        return None
+
+
+def _conversions(model_type: str | None) -> list[tuple[str, list[str], list[str], list[tuple[str, int | None]]]]:
+    """transformers' checkpoint conversion mapping for `model_type`, as (kind, sources, targets, operations)."""
+    if model_type is None:
+        return []
+    try:
+        from transformers.conversion_mapping import WeightConverter, WeightRenaming, get_checkpoint_conversion_mapping
+
+        mapping = get_checkpoint_conversion_mapping(model_type) or []
+    except Exception:  # noqa: BLE001 - another transformers: no conversions read here
+        return []
+    out = []
+    for c in mapping:
+        kind = "convert" if isinstance(c, WeightConverter) else "rename" if isinstance(c, WeightRenaming) else "other"
+        ops = [(type(o).__name__, getattr(o, "dim", None)) for o in (getattr(c, "operations", None) or [])]
+        out.append((kind, list(c.source_patterns), list(c.target_patterns), ops))
+    return out
+
+
 class _Reader:
     """Reads stored tensors into tensors, one open file per shard."""
 
-    def __init__(self, stored: dict[str, StoredTensor]):
-        self.stored = stored
+    def __init__(self, sources: _Sources):
+        self.sources = sources
+        self.stored = sources.stored
         self.files: dict[Path, int] = {}
         self.done: set[int] = set()  # tensors written (tied ones are one tensor under two names)
 
@@ -74,9 +144,17 @@ class _Reader:
                 for store in (module._parameters, module._buffers):
                     for leaf, t in store.items():
                         full = f"{name}.{leaf}" if name else leaf
-                        if t is None or id(t) in self.done or full not in self.stored:
+                        source = self.sources.find(full, tuple(t.shape)) if t is not None else None
+                        if source is None or id(t) in self.done:
                             continue  # a buffer the checkpoint does not hold keeps the constructor's value
-                        self.read(self.stored[full], t.data)
+                        if isinstance(source, _Stacked):
+                            for e, expert in enumerate(source.parts):
+                                row = 0
+                                for part in expert:
+                                    self.read(part, t.data[e, row:row + part.shape[0]])
+                                    row += part.shape[0]
+                        else:
+                            self.read(source, t.data)
                         self.done.add(id(t))
 
     def read(self, s: StoredTensor, into: torch.Tensor) -> None:
@@ -103,14 +181,12 @@ class _Reader:
         self.files.clear()
 
 
-def mismatches(model: nn.Module, stored: dict[str, StoredTensor]) -> list[str]:
-    """The model's parameters the checkpoint does not hold under their own name and shape (tied ones once)."""
-    out = []
-    for name, p in model.named_parameters():
-        s = stored.get(name)
-        if s is None or tuple(s.shape) != tuple(p.shape):
-            out.append(name)
-    return out
+def mismatches(model: nn.Module, sources: "_Sources | dict[str, StoredTensor]") -> list[str]:
+    """The model's parameters the checkpoint does not hold with their shape, under their own name or as stacked
+    experts (_Sources; tied ones once)."""
+    if not isinstance(sources, _Sources):
+        sources = _Sources(sources, getattr(getattr(model, "config", None), "model_type", None))
+    return [name for name, p in model.named_parameters() if sources.find(name, tuple(p.shape)) is None]
 
 
 def load_layerwise(model_dir: Path, config, dtype: torch.dtype, scheme: WeightScheme, device: str,
@@ -120,10 +196,10 @@ def load_layerwise(model_dir: Path, config, dtype: torch.dtype, scheme: WeightSc
     every parameter as the model does (transformers' loader then takes it)."""
     if getattr(config, "quantization_config", None) is not None:
         return None  # stored quantized: transformers' loader reads its format
-    stored = stored_tensors(model_dir)
-    reader = _Reader(stored)
+    sources = _Sources(stored_tensors(model_dir), getattr(config, "model_type", None))
+    reader = _Reader(sources)
     try:
         return build_layerwise(config, dtype, scheme, device, None, trust_remote_code, reader.fill, on_layer,
-                               check=lambda model: not mismatches(model, stored))
+                               check=lambda model: not mismatches(model, sources))
     finally:
         reader.close()

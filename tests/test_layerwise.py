@@ -122,11 +122,40 @@ def test_mismatches_names_what_differs(tiny_checkpoints):
 
 @pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
 def test_every_tiny_architecture_loads_to_the_same_tokens(tiny_checkpoints, monkeypatch, arch):
-    """Each architecture the suite builds: the same greedy tokens as transformers' loader, layer by layer where the
-    names match (mixtral's experts are stored per expert, fused by transformers: its loader takes them)."""
-    ours = load_model(tiny_checkpoints[arch], scheme=SCHEMES["quanto-int8"])
+    """Each architecture the suite builds, read a layer at a time (mixtral's experts stored one matrix per expert
+    under block_sparse_moe, stacked as transformers' conversion mapping says): the same greedy tokens as
+    transformers' loader."""
+    ours = _load(tiny_checkpoints[arch], "quanto-int8", layerwise=True, monkeypatch=monkeypatch)
     theirs = _load(tiny_checkpoints[arch], "quanto-int8", layerwise=False, monkeypatch=monkeypatch)
     assert _tokens(ours.model, 4) == _tokens(theirs.model, 4)
+
+
+@pytest.mark.parametrize("arch, overrides", [
+    ("mixtral", {}),
+    ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, decoder_sparse_step=1,
+                       mlp_only_layers=[]))])
+def test_moe_experts_stored_per_expert_are_stacked_as_transformers_stacks_them(tmp_path, arch, overrides):
+    """Every tensor of the model equals transformers' load (bf16: nothing quantized, so the stacked experts are
+    compared element for element), the gate/up halves in their order."""
+    from transformers import AutoConfig
+
+    from conftest import TINY_COMMON
+
+    values = {**TINY_COMMON, **(dict(num_local_experts=4, num_experts_per_tok=2) if arch == "mixtral" else {}),
+              **overrides}
+    config = AutoConfig.for_model(arch, **values)
+    path = save_tiny_model(config, tmp_path / arch)
+    stored = stored_tensors(path)
+    assert any(".experts.0." in n for n in stored) and not any(n.endswith("gate_up_proj") for n in stored)
+    ours = load_layerwise(path, config, torch.bfloat16, SCHEMES["bf16"], "cpu", False)
+    assert ours is not None
+    from transformers import AutoModelForCausalLM
+
+    theirs = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert a.keys() == b.keys() and any(k.endswith("experts.gate_up_proj") for k in a)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
 
 
 def test_a_dtype_the_loader_does_not_convert_goes_to_transformers(tmp_path):
