@@ -8,7 +8,7 @@ quanto-w8a8.
   "fbgemm" (FbgemmInt8Dynamic: fbgemm's dynamic int8 linear, PyTorch's x86 dynamic quantization kernel, which
   multiplies with AVX2's vpmaddubsw where there is no VNNI). On the 2-core AVX2 EPYC VM (no VNNI) a Qwen2.5-0.5B
   decode step took 103 ms by fbgemm against 326 by _int_mm, its 128-token prefill 1.1 s against 32.5 (2026-11-29).
-  Without a record: fbgemm where torch has it (x86), else int_mm.
+  Without a record: fbgemm where torch has it (x86) and the CPU has no VNNI, else int_mm.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ def default_path(kernel: str) -> str:
         native = (getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
                   or getattr(cpu, "_is_amx_tile_supported", lambda: False)())
         return "linear" if native else "mv"
-    if kernel == "int8_dynamic":
-        return "fbgemm" if fbgemm_available() else "int_mm"
+    if kernel == "int8_dynamic":  # _int_mm where the CPU has int8 dot products (VNNI: 8-bit activations, fast)
+        vnni = getattr(torch.cpu, "_is_vnni_supported", lambda: False)()
+        return "fbgemm" if fbgemm_available() and not vnni else "int_mm"
     raise ValueError(f"unknown CPU decode kernel {kernel!r}")
 
 
@@ -97,7 +98,12 @@ class FbgemmInt8Dynamic(nn.Module):
             weight = torch._make_per_channel_quantized_tensor(
                 data, scale.reshape(-1).double(), torch.zeros(self.out_features, dtype=torch.long), 0)
         self.key = next(_KEYS)
-        _PACKED[self.key] = torch.ops.quantized.linear_prepack(weight, None)
+        previous = torch.backends.quantized.engine
+        try:  # fbgemm's layout (the one counted), whatever engine the process chose
+            torch.backends.quantized.engine = "fbgemm"
+            _PACKED[self.key] = torch.ops.quantized.linear_prepack(weight, None)
+        finally:
+            torch.backends.quantized.engine = previous
         # what the packed rows hold, which no tensor of the module shows (runtime.tensors.count_tensor_bytes adds it)
         self.packed_nbytes = fbgemm_linear_bytes(self.out_features, self.in_features)
         _OUT_FEATURES[self.key] = self.out_features
@@ -111,6 +117,22 @@ class FbgemmInt8Dynamic(nn.Module):
             if rows._buffers.get(name) is not None:
                 module.register_buffer(name, rows._buffers[name])
         return module
+
+    def __deepcopy__(self, memo: dict) -> "FbgemmInt8Dynamic":
+        """A copy with packed rows of its own (under its own key: a copy sharing the key would drop them when it
+        goes)."""
+        import copy
+
+        data, scale = self.unpacked()
+        new = type(self)(data, scale, copy.deepcopy(self.bias, memo))
+        for name in ("input_scale", "output_scale"):
+            if self._buffers.get(name) is not None:
+                new.register_buffer(name, self._buffers[name].clone())
+        return new
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("FbgemmInt8Dynamic holds fbgemm's packed rows outside its tensors: it cannot be pickled (copy "
+                        "it with copy.deepcopy, or save the model before its CPU kernels are swapped in)")
 
     def __del__(self) -> None:
         _PACKED.pop(getattr(self, "key", None), None)

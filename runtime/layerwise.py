@@ -79,6 +79,7 @@ class _Sources:
         self.stored = stored
         self.renamed: dict[str, StoredTensor] = {}
         self.converters: list[tuple[list[str], str]] = []  # (source patterns with "*", target suffix)
+        self.unread_targets: list[str] = []  # names other conversions write: never read as stored
         renames: list[tuple[str, str]] = []
         for c in _conversions(model_type):
             kind, sources, targets, ops = c
@@ -88,12 +89,16 @@ class _Sources:
                     ops == [("MergeModulelist", 0), ("Concatenate", 1)] if len(sources) > 1
                     else ops == [("MergeModulelist", 0)]):
                 self.converters.append((sources, targets[0]))
+            else:
+                self.unread_targets.extend(t.replace("*", "") for t in targets if t.replace("*", "") and "*" not in t)
         for name, t in stored.items():
             for old, new in renames:
                 name = name.replace(old, new)
             self.renamed[name] = t
 
     def find(self, name: str, shape: tuple[int, ...]) -> StoredTensor | _Stacked | None:
+        if any(name.endswith(target) for target in self.unread_targets):
+            return None  # converted by a rule this loader does not apply, even where the name is stored as is
         s = self.stored.get(name) or self.renamed.get(name)
         if s is not None:
             return s if tuple(s.shape) == shape else None
@@ -106,7 +111,8 @@ class _Sources:
             if any(t is None for expert in parts for t in expert):
                 continue
             rows = [sum(t.shape[0] for t in expert) for expert in parts]  # type: ignore[union-attr]
-            if all(tuple([r, *expert[0].shape[1:]]) == shape[1:] for r, expert in zip(rows, parts)):  # type: ignore
+            if all(r == shape[1] and all(tuple(t.shape[1:]) == shape[2:] for t in expert)  # type: ignore[union-attr]
+                   for r, expert in zip(rows, parts)):
                 return _Stacked(parts)  # type: ignore[arg-type]
         return None
 
@@ -160,9 +166,20 @@ class _Reader:
     def read(self, s: StoredTensor, into: torch.Tensor) -> None:
         """`s`'s values into `into`: read in place where it is a contiguous CPU tensor of the stored dtype, else read
         into a CPU tensor of the stored dtype and copied (converted, moved) in."""
+        if s.nbytes != into.numel() * s.dtype.itemsize:
+            raise CheckpointError(f"{s.path}: a tensor of {tuple(s.shape)} does not fill the {tuple(into.shape)} it "
+                                  "is read into")
         direct = into.is_cpu and into.dtype == s.dtype and into.is_contiguous()
         buffer = into if direct else torch.empty(s.shape, dtype=s.dtype)
         view = memoryview(buffer.view(-1).view(torch.uint8).numpy())
+        try:
+            self._read_into(s, view)
+        except OSError as e:
+            raise CheckpointError(f"{s.path}: cannot read ({e.strerror or e})") from None
+        if not direct:
+            into.copy_(buffer.view(into.shape))
+
+    def _read_into(self, s: StoredTensor, view: memoryview) -> None:
         fd = self.files.get(s.path)
         if fd is None:
             fd = self.files[s.path] = os.open(s.path, os.O_RDONLY)
@@ -172,8 +189,6 @@ class _Reader:
             if n <= 0:
                 raise CheckpointError(f"{s.path}: truncated while reading tensor data at byte {s.offset + got}")
             got += n
-        if not direct:
-            into.copy_(buffer.view(into.shape))
 
     def close(self) -> None:
         for fd in self.files.values():

@@ -360,8 +360,8 @@ def quantize_cpu_head(model: nn.Module, scheme: WeightScheme, paths: Mapping[str
     module = rows.from_linear(head)
     del head
     if rows is Int8Dynamic and resolve(paths)["int8_dynamic"] == "fbgemm":
-        model.set_submodule(name, nn.Identity())  # the bf16 head goes (unless tied) before its packed copy is made
-        module = FbgemmInt8Dynamic.from_rows(module)
+        model.set_submodule(name, module)  # the bf16 head goes (unless tied) before its packed copy is made
+        module = FbgemmInt8Dynamic.from_rows(module)  # if it fails, the int8 rows stay, by _int_mm
     model.set_submodule(name, module)
     per_token = ", its input quantized per token" if rows is Int8Dynamic else ""
     return (f"the output layer (lm_head) is kept in int8 rows on the CPU, as {head_scheme.name} stores its weights"

@@ -111,3 +111,19 @@ def test_the_planner_leaves_w8a8_eager_where_the_profile_runs_it_by_fbgemm():
     assert not by_path["fbgemm"].fits and "runs by fbgemm on this CPU" in by_path["fbgemm"].candidates[0].reason
     assert plan(spec, replace(hw, host=replace(hw.host, cpu_decode_int8_dynamic_path="fbgemm")),
                 replace(req, compiled=False)).fits
+
+
+@pytest.mark.skipif(not fbgemm_available(), reason="this torch has no fbgemm")
+def test_a_copy_of_packed_rows_is_its_own_and_pickling_says_why_not():
+    import copy
+    import pickle
+
+    data = torch.randint(-127, 128, (16, 64), dtype=torch.int8)
+    m = FbgemmInt8Dynamic(data, torch.rand(16).to(torch.bfloat16) / 100, None)
+    x = torch.randn(3, 64)
+    c = copy.deepcopy(m)
+    assert c.key != m.key and torch.equal(c(x), m(x))
+    del c  # the copy's packed rows go with it, not the original's
+    assert m(x).shape == (3, 16)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(m)

@@ -169,3 +169,21 @@ def test_a_dtype_the_loader_does_not_convert_goes_to_transformers(tmp_path):
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     assert "model.layers.1.mlp.down_proj.weight" not in stored_tensors(path)
     assert load_layerwise(path, tiny_config("llama"), torch.bfloat16, SCHEMES["quanto-int8"], "cpu", False) is None
+
+
+def test_an_expert_part_of_another_shape_is_not_stacked(tmp_path):
+    """Every part of a stacked expert must have the fused tensor's trailing shape: an up_proj of half the width sends
+    the checkpoint to transformers' loader, never into a slice it would fill in part."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+
+    from conftest import TINY_COMMON
+
+    config = AutoConfig.for_model("qwen3_moe", **{**TINY_COMMON, "num_experts": 2, "num_experts_per_tok": 1,
+                                                  "moe_intermediate_size": 64, "mlp_only_layers": []})
+    path = save_tiny_model(config, tmp_path / "moe")
+    tensors = load_file(path / "model.safetensors")
+    name = "model.layers.0.mlp.experts.1.up_proj.weight"
+    tensors[name] = tensors[name][:, :32].contiguous()
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    assert load_layerwise(path, config, torch.bfloat16, SCHEMES["bf16"], "cpu", False) is None
