@@ -420,8 +420,9 @@ def index_shards(text: str, where: str) -> list[str]:
 
 @record
 class HeaderTensor:
-    """One tensor of a safetensors header: name, dtype and shape (no data), and where its bytes start after the
-    header (0 where only the shape is known: a hub listing)."""
+    """One tensor of a safetensors header: name, dtype and shape (no data), and where its bytes start in the file (a
+    local file's header, read_safetensors_header; from the end of the header where only the header was fetched; 0
+    where only the shape is known: a hub listing)."""
 
     name: str
     dtype: str
@@ -442,7 +443,7 @@ def read_safetensors_header(path: Path) -> list[HeaderTensor]:
             raw = f.read(n)
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
-    return parse_safetensors_header(raw, size - 8 - n, str(path))
+    return parse_safetensors_header(raw, size - 8 - n, str(path), data_start=8 + n)
 
 
 def safetensors_header_length(first8: bytes, file_size: int, where: str) -> int:
@@ -454,9 +455,10 @@ def safetensors_header_length(first8: bytes, file_size: int, where: str) -> int:
     return n
 
 
-def parse_safetensors_header(raw: bytes, data_len: int, where: str) -> list[HeaderTensor]:
+def parse_safetensors_header(raw: bytes, data_len: int, where: str, data_start: int = 0) -> list[HeaderTensor]:
     """A safetensors header's JSON (the bytes after the 8-byte length) as tensors, each checked against its
-    dtype, shape and the `data_len` bytes of data that follow the header."""
+    dtype, shape and the `data_len` bytes of data that follow the header; each tensor's start counted from
+    `data_start` (the data's offset in the file, where known)."""
     try:
         header = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -488,7 +490,7 @@ def parse_safetensors_header(raw: bytes, data_len: int, where: str) -> list[Head
         if end < start or end > data_len or end - start != nbytes:
             raise CheckpointError(f"{where}: tensor {name!r} has data offsets that do not fit its shape or the file "
                                   "(truncated?)")
-        out.append(HeaderTensor(name, dtype, shape, end - start, start))
+        out.append(HeaderTensor(name, dtype, shape, end - start, data_start + start))
     return out
 
 

@@ -62,10 +62,10 @@ def resolve(paths: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def describe(paths: Mapping[str, str] | None, kernels: Iterable[str] = CPU_DECODE_PATHS) -> str:
-    """"bf16 by mv (recorded), ..." for a run's notes: each kernel's path and whether the profile chose it."""
+    """"bf16 by mv (the profile), ..." for a run's notes: each kernel's path and whether the profile chose it."""
     given, chosen = dict(paths or {}), resolve(paths)
-    return ", ".join(f"{k} by {chosen[k]} ({'the profile' if k in given else 'this CPU' + chr(39) + 's default'})"
-                     for k in kernels)
+    chooser = {True: "the profile", False: "this CPU's default"}
+    return ", ".join(f"{k} by {chosen[k]} ({chooser[k in given]})" for k in kernels)
 
 
 # fbgemm's packed weights are a TorchScript object, which torch.compile does not trace: the compiled decode calls them

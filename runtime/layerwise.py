@@ -25,7 +25,7 @@ from torch import nn
 
 from vramplan.planner.errors import CheckpointError
 from vramplan.planner.quant import WeightScheme
-from vramplan.planner.sources import parse_safetensors_header, safetensors_header_length, weight_files
+from vramplan.planner.sources import read_safetensors_header, weight_files
 from vramplan.runtime.dummy import build_layerwise
 
 # safetensors dtype names (planner.modelspec.canonical_dtype's) -> torch
@@ -50,14 +50,10 @@ def stored_tensors(model_dir: Path) -> dict[str, StoredTensor]:
     a dtype this loader does not convert (fp8, ...) left out."""
     out: dict[str, StoredTensor] = {}
     for path in weight_files(model_dir):
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            n = safetensors_header_length(f.read(8), size, str(path))
-            raw = f.read(n)
-        for t in parse_safetensors_header(raw, size - 8 - n, str(path)):
+        for t in read_safetensors_header(path):
             dtype = _TORCH_DTYPES.get(t.dtype)
             if dtype is not None:  # another (fp8, ...): left out, so a parameter stored so goes to transformers
-                out[t.name] = StoredTensor(path, 8 + n + t.start, t.nbytes, dtype, t.shape)
+                out[t.name] = StoredTensor(path, t.start, t.nbytes, dtype, t.shape)
     return out
 
 
@@ -140,7 +136,6 @@ class _Reader:
 
     def __init__(self, sources: _Sources):
         self.sources = sources
-        self.stored = sources.stored
         self.files: dict[Path, int] = {}
         self.done: set[int] = set()  # tensors written (tied ones are one tensor under two names)
 

@@ -173,29 +173,28 @@ def measure_cpu_matmul(torch: Any, kind: str, repeats: int = 5, path: str | None
     takes at most CPU_MATMUL_TARGET_S, so the whole measurement takes about a second on any CPU, slow kernels
     included."""
     dtype = getattr(torch, _CPU_MATMUL_DTYPES[kind])
-    fbgemm = kind == "int8" and path == "fbgemm"
-    product = torch._int_mm if kind == "int8" else torch.mm
-    label = "torch._int_mm int8" if kind == "int8" else f"torch {kind}"
-    if fbgemm:
+    if kind == "int8" and path == "fbgemm":
         from vramplan.runtime.cpu_paths import FbgemmInt8Dynamic
-
-        def product(a, b):  # noqa: F811 - fbgemm's packed b times the rows of a
-            return b(a)
 
         label = "fbgemm's dynamic int8 linear (runtime.cpu_paths)"
 
-    def operand(n: int):
-        if fbgemm:
-            return torch.randn(n, n)  # the rows; the other operand packed from it below
-        if kind == "int8":
-            return torch.randint(-127, 128, (n, n), dtype=dtype)
-        return torch.randn(n, n).to(dtype)
+        def product(a, b):  # fbgemm's packed rows b times the fp32 rows a
+            return b(a)
 
-    def pair(n: int):
-        a = operand(n)
-        if fbgemm:
-            return a, FbgemmInt8Dynamic(torch.randint(-127, 128, (n, n), dtype=torch.int8), torch.rand(n) / 100, None)
-        return a, operand(n)
+        def pair(n: int):
+            weight = torch.randint(-127, 128, (n, n), dtype=torch.int8)
+            return torch.randn(n, n), FbgemmInt8Dynamic(weight, torch.rand(n) / 100, None)
+    else:
+        label = "torch._int_mm int8" if kind == "int8" else f"torch {kind}"
+        product = torch._int_mm if kind == "int8" else torch.mm
+
+        def operand(n: int):
+            if kind == "int8":
+                return torch.randint(-127, 128, (n, n), dtype=dtype)
+            return torch.randn(n, n).to(dtype)
+
+        def pair(n: int):
+            return operand(n), operand(n)
 
     def once(a, b) -> float:
         t0 = time.perf_counter()
