@@ -464,6 +464,73 @@ CPU_DEVICE = "cpu"
 _RESIDENT, _STREAMED, _ON_CPU, _EXPERTS_IN_RAM = "resident", "streamed", "on the CPU", "experts in RAM"
 
 
+class _Layout:
+    """Where a placement puts each layer, as the speed model prices it: per layer its device and its place (device, how
+    it runs there, the bytes it streams in), the crossings of the hidden state's path, and what the pricing groups by
+    place and kind of layer. One object per distinct placement of a model (_layout): the search prices the same
+    placement under many schemes and caches (every layer on the GPU, most often), and its groups are found once."""
+
+    def __init__(self, spec: ModelSpec, c: Choice, weights: tuple[int, ...]):
+        L = spec.num_layers
+        self.device = _layer_devices(c, L)
+        self.streamed = {i for i in range(c.gpu_layers, L)} if c.offload is OffloadMode.STREAM else set()
+        moe = sorted(spec.moe.moe_layers) if spec.moe is not None else []
+        self.expert_layers_in_ram = set(moe[:c.expert_layers_on_cpu]) if c.on_gpu else set()
+        # the hidden state's path: each layer's device, then lm_head on GPU 0 (the CPU without a GPU)
+        path = [*self.device, 0 if c.on_gpu else CPU_DEVICE]
+        self.crossings = (sum(1 for a, b in zip(path, path[1:]) if a != b) + 2 * len(self.expert_layers_in_ram))
+        # Each layer's place: (device, how it runs there, the bytes it streams in). The layers of one place and one
+        # kind of work take equal time, so each such group is priced once and counted (a model has few).
+        streamed, in_ram, on_gpu = self.streamed, self.expert_layers_in_ram, c.on_gpu
+        seen: dict[tuple, int] = {}
+        if streamed or in_ram:
+            self.place_of = [seen.setdefault(
+                (dev, _STREAMED, weights[i]) if i in streamed
+                else (dev, _ON_CPU, 0) if dev == CPU_DEVICE and on_gpu
+                else (dev, _EXPERTS_IN_RAM, 0) if i in in_ram else (dev, _RESIDENT, 0), len(seen))
+                for i, dev in enumerate(self.device)]  # per layer, its place's number
+        else:  # each device's layers in one place
+            number = {dev: seen.setdefault((dev, _ON_CPU if dev == CPU_DEVICE and on_gpu else _RESIDENT, 0), len(seen))
+                      for dev in dict.fromkeys(self.device)}
+            self.place_of = [number[dev] for dev in self.device]
+        self.place_list = list(seen)
+        self._groups = ObjectMemo(16)
+        self._counted = ObjectMemo(16)
+
+    def grouped(self, w: DecodeWork) -> list[tuple[tuple, int, int]]:
+        """(place, first layer, layers) for each place and kind of work at `w`, in the order they first occur."""
+        def make():
+            k = len(w.first_of_kind)
+            first, places = w.first_of_kind, self.place_list
+            counts = Counter([p * k + kind for p, kind in zip(self.place_of, w.kinds)])
+            return [(places[pk // k], first[pk % k], n) for pk, n in counts.items()]
+        return self._groups.get((w,), (), make)
+
+    def counted(self, kinds: list[int], weights: tuple[int, ...], experts) -> list[tuple]:
+        """_counted over (place, prefill kind, weight bytes, expert bytes) of the layers."""
+        return self._counted.get((kinds, weights, experts), (),
+                                 lambda: _counted(self.place_of, kinds, weights, experts or [0] * len(self.device)))
+
+
+def _layer_devices(c: Choice, L: int) -> list:
+    if not c.on_gpu:
+        return [CPU_DEVICE] * L
+    devices = [d for d, k in enumerate(c.gpu_layers_per_device) for _ in range(k)]
+    rest = 0 if c.offload is OffloadMode.STREAM else CPU_DEVICE
+    return devices + [rest] * (L - len(devices))
+
+
+_LAYOUTS = ObjectMemo(64)
+
+
+def _layout(spec: ModelSpec, c: Choice, costs: LayerCosts) -> _Layout:
+    """The _Layout of placement `c`, one object per distinct placement of the model (the last few kept)."""
+    streamed = c.offload is OffloadMode.STREAM
+    key = (c.on_gpu, c.gpu_layers, c.gpu_layers_per_device, c.offload, c.expert_layers_on_cpu,
+           tuple(costs.weights[c.gpu_layers:]) if streamed else None)
+    return _LAYOUTS.get((spec,), key, lambda: _Layout(spec, c, costs.weights))
+
+
 class _Model:
     """One scheme x KV dtype x placement on one machine: decode and prefill times, layer by layer on the device that
     runs each (resident layers on their GPU, streamed ones on GPU 0 behind the link, offloaded ones on the CPU,
@@ -473,48 +540,21 @@ class _Model:
                  c: Choice, costs: LayerCosts, read: ReadBytes):
         self.spec, self.hw, self.req, self.scheme, self.kv, self.c, self.costs, self.read = (
             spec, hw, req, scheme, kv, c, costs, read)
-        L = spec.num_layers
         self.rates = {CPU_DEVICE: _rates_of(hw, CPU_DEVICE, spec, scheme, kv, req.compiled)}
         for d in range(len(hw.devices) if c.on_gpu else 0):
             self.rates[d] = _rates_of(hw, d, spec, scheme, kv, False)
         self.main = self.rates[0] if c.on_gpu else self.rates[CPU_DEVICE]  # where lm_head and the fixed costs are
         self.link_bytes_per_s = (hw.link.h2d_pinned_bytes_per_s * DEFAULT_LINK_EFFICIENCY) if hw.link else None
-        self.device = self._layer_devices(L)
-        self.streamed = {i for i in range(c.gpu_layers, L)} if c.offload is OffloadMode.STREAM else set()
-        moe = sorted(spec.moe.moe_layers) if spec.moe is not None else []
-        self.expert_layers_in_ram = set(moe[:c.expert_layers_on_cpu]) if c.on_gpu else set()
-        # the hidden state's path: each layer's device, then lm_head on GPU 0 (the CPU without a GPU)
-        path = [self.device[i] for i in range(L)] + [0 if c.on_gpu else CPU_DEVICE]
-        self.crossings = (sum(1 for a, b in zip(path, path[1:]) if a != b) + 2 * len(self.expert_layers_in_ram))
+        lay = self.layout = _layout(spec, c, costs)
+        self.device, self.streamed, self.expert_layers_in_ram = lay.device, lay.streamed, lay.expert_layers_in_ram
+        self.crossings, self._place_of, self._place_list = lay.crossings, lay.place_of, lay.place_list
         self.hidden_bytes = spec.hidden_size * dtype_bytes(scheme.compute_dtype) * req.batch  # one token's state
         self.crossing_s = self._crossing_s(1)
         self._works: dict[int, DecodeWork] = {}
-        # Each layer's place: (device, how it runs there, the bytes it streams in). The layers of one place and one
-        # kind of work take equal time, so each such group is priced once and counted (a model has few).
-        streamed, in_ram, on_gpu = self.streamed, self.expert_layers_in_ram, c.on_gpu
-        seen: dict[tuple, int] = {}
-        if streamed or in_ram:
-            self._place_of = [seen.setdefault(
-                (dev, _STREAMED, costs.weights[i]) if i in streamed
-                else (dev, _ON_CPU, 0) if dev == CPU_DEVICE and on_gpu
-                else (dev, _EXPERTS_IN_RAM, 0) if i in in_ram else (dev, _RESIDENT, 0), len(seen))
-                for i, dev in enumerate(self.device)]  # per layer, its place's number
-        else:  # each device's layers in one place
-            number = {dev: seen.setdefault((dev, _ON_CPU if dev == CPU_DEVICE and on_gpu else _RESIDENT, 0), len(seen))
-                      for dev in dict.fromkeys(self.device)}
-            self._place_of = [number[dev] for dev in self.device]
-        self._place_list = list(seen)
-        self._groups: dict[int, list[tuple[tuple, int, int]]] = {}
 
     def _grouped(self, w: DecodeWork) -> list[tuple[tuple, int, int]]:
         """(place, first layer, layers) for each place and kind of work at `w`, in the order they first occur."""
-        g = self._groups.get(id(w))
-        if g is None:
-            k = len(w.first_of_kind)
-            first, places = w.first_of_kind, self._place_list
-            counts = Counter([p * k + kind for p, kind in zip(self._place_of, w.kinds)])
-            g = self._groups[id(w)] = [(places[pk // k], first[pk % k], n) for pk, n in counts.items()]
-        return g
+        return self.layout.grouped(w)
 
     def _crossing_s(self, tokens: int) -> float:
         """One change of device for `tokens` positions' hidden states: their bytes over the link, and a sync."""
@@ -522,14 +562,6 @@ class _Model:
             return 0.0
         move = tokens * self.hidden_bytes / self.link_bytes_per_s if self.link_bytes_per_s else 0.0
         return move + CROSSING_SYNC_LAUNCHES * self.hw.overheads.kernel_launch_s
-
-    def _layer_devices(self, L: int) -> list:
-        c = self.c
-        if not c.on_gpu:
-            return [CPU_DEVICE] * L
-        devices = [d for d, k in enumerate(c.gpu_layers_per_device) for _ in range(k)]
-        rest = 0 if c.offload is OffloadMode.STREAM else CPU_DEVICE
-        return devices + [rest] * (L - len(devices))
 
     def _work(self, context: int) -> DecodeWork:
         if context not in self._works:
@@ -605,10 +637,9 @@ class _Model:
         prompt = req.prompt
         chunks = -(-prompt // req.prefill_chunk)
         kinds, work = prefill_kinds(self.spec, prompt, req.prefill_chunk)
-        experts = self.costs.experts or [0] * len(self.device)
         segments: dict = {}  # device -> [matmul FLOPs, weight bytes per chunk, link bytes per chunk, attention FLOPs]
         calls: Counter = Counter()  # device computing a layer's routed experts -> MoE layers it computes them for
-        for place, kind, weights, expert_bytes, n in _counted(self._place_of, kinds, self.costs.weights, experts):
+        for place, kind, weights, expert_bytes, n in self.layout.counted(kinds, self.costs.weights, self.costs.experts):
             (dev, how, _), (matmul, expand, attention, share) = self._place_list[place], work[kind]
             seg = segments.setdefault(dev, [0.0, 0.0, 0.0, 0.0])
             seg[3] += n * attention * req.batch  # attention stays with the layer

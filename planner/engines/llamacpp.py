@@ -18,7 +18,7 @@ from ..choice import Choice, ComputeDevice, OffloadMode, experts_in_ram_text
 from ..errors import PlanError
 from ..gguf import GGUF_FILE_TYPES, gguf_file_bytes, stored_expert_type
 from ..gguf_model import HUB_GGUF_PREFIX
-from ..hardware import CalibrationEntry, HardwareProfile
+from ..hardware import Calibration, CalibrationEntry, HardwareProfile
 from ..capacity import capacity
 from ..memory import CPUMemory, GPUMemory, LayerCosts, MemoryBreakdown
 from ..modelspec import ModelSpec
@@ -220,7 +220,15 @@ def gguf_layer_costs(fp: rules.LlamaCppFootprint) -> LayerCosts:
 
 
 def gguf_read_bytes(spec: ModelSpec, model: rules.GGUFModel, batch: int) -> ReadBytes:
-    """GGUF bytes a decode step reads per layer: routed experts only for the experts the batch routes to."""
+    """GGUF bytes a decode step reads per layer: routed experts only for the experts the batch routes to. The same
+    object for the same model, file and batch (the last few kept)."""
+    return _READ_BYTES.get((spec, model), (batch,), lambda: _gguf_read_bytes(spec, model, batch))
+
+
+_READ_BYTES = ObjectMemo(64)
+
+
+def _gguf_read_bytes(spec: ModelSpec, model: rules.GGUFModel, batch: int) -> ReadBytes:
     frac = 1.0
     if spec.moe is not None:
         frac = 1.0 - (1.0 - spec.moe.experts_per_token / spec.moe.num_experts) ** batch
@@ -241,12 +249,33 @@ def max_resident_context(spec, hw, req, model, kv_type, server: Server) -> int:
 
 def speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_type: str = "f16"
                    ) -> tuple[HardwareProfile, str]:
-    """_speed_hardware, the same objects for the same arguments (the last few kept: the speed model's memos know a
-    machine by its object)."""
-    return _SPEED_HARDWARE.get((hw, spec), (file_type, kv_type), lambda: _speed_hardware(hw, spec, file_type, kv_type))
+    """`hw` as llama.cpp's speed sees it (speed_view) and what the prediction rests on (_speed_hardware)."""
+    return speed_view(hw, spec, file_type, kv_type), _speed_hardware(hw, spec, file_type, kv_type)[1]
 
 
-_SPEED_HARDWARE = ObjectMemo(64)
+def speed_view(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_type: str = "f16") -> HardwareProfile:
+    """_speed_hardware's profile, one object for every file type and cache that see the same entries (the last few
+    kept): most do (a profile calibrated on a few file types, a public fit per file-type group), and the speed model's
+    memos know a machine by its object."""
+    cal = hw.calibration
+    nearest = (_nearest_measured(cal, "gpu", file_type), _nearest_measured(cal, "cpu", file_type)) if cal else ()
+    fit = (fitted_entry(hw, file_type) if hw.has_gpu and hw.public_fit is not None and not (nearest and nearest[0])
+           else None)
+    key = (*nearest, kv_type if cal is not None else None, fit)
+    return _VIEWS.get((hw, spec), key, lambda: _speed_hardware(hw, spec, file_type, kv_type)[0])
+
+
+_VIEWS = ObjectMemo(64)
+
+
+def _nearest_measured(cal: Calibration, device: str, file_type: str) -> CalibrationEntry | None:
+    """The calibration's llama.cpp weights entry on `device` nearest to `file_type` (GGUF_FILE_TYPES' order), if any."""
+    order = _FILE_TYPE_ORDER
+    mine = [e for e in cal.entries if e.device == device and e.backend == SPEED_SCHEME.backend and e.quant in order]
+    return min(mine, key=lambda e: (abs(order[e.quant] - order[file_type]), e.quant)) if mine else None
+
+
+_FILE_TYPE_ORDER = {t: i for i, t in enumerate(GGUF_FILE_TYPES)}
 
 
 def _speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_type: str) -> tuple[HardwareProfile, str]:
@@ -257,18 +286,15 @@ def _speed_hardware(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_typ
     entries are per cache type (quant "bf16" for f16: flash attention dequantizes a q8_0 / q4_0 cache as it reads it),
     and a cache type without its own borrows f16's."""
     cal = hw.calibration
-    order = list(GGUF_FILE_TYPES)
     entries: list[CalibrationEntry] = []
     said: list[str] = []
     for device in ("gpu", "cpu"):
-        mine = [e for e in (cal.entries if cal is not None else ())
-                if e.device == device and e.backend == SPEED_SCHEME.backend and e.quant in order]
-        if not mine:
+        weights = _nearest_measured(cal, device, file_type) if cal is not None else None
+        if weights is None:
             if device == "gpu" and hw.has_gpu and cal is not None and any(
                     e.backend == SPEED_SCHEME.backend for e in cal.entries):
                 said.append("none for the GPU: its defaults there")
             continue
-        weights = min(mine, key=lambda e: (abs(order.index(e.quant) - order.index(file_type)), e.quant))
         if weights.quant != file_type:
             said.append(f"{file_type} borrows {weights.quant}'s on the {device.upper()}")
         entries += [replace(weights, quant=SPEED_SCHEME.name),
@@ -332,7 +358,7 @@ def candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str, server: Serve
                 max_context_tokens=max_resident_context(spec, hw, req, model, kv_type, server) if contexts else 0)
     if placement is None:
         return Candidate(**base, fits=False, reason=_overflow_reason(fp, p, req.gpu_layers))
-    fast_hw, _ = speed_hardware(hw, spec, model.file_type, kv_type)
+    fast_hw = speed_view(hw, spec, model.file_type, kv_type)
     run_req = replace(req, prefill_chunk=server.slots.n_ubatch)
     speed = estimate(rules.as_run(spec), fast_hw, run_req, SPEED_SCHEME, kv_scheme(kv_type), choice,
                      gguf_layer_costs(fp), gguf_read_bytes(spec, model, req.batch))

@@ -225,6 +225,15 @@ class GGUFModel:
 
 
 def gguf_model(spec: ModelSpec, file_type: str) -> GGUFModel:
+    """The file's bytes as the llama.cpp planner places them; the same object for the same spec and file type (the
+    last few kept: the searches of llama.cpp and Ollama ask for each file type several times)."""
+    return _GGUF_MODELS.get((spec,), (file_type,), lambda: _gguf_model(spec, file_type))
+
+
+_GGUF_MODELS = ObjectMemo(64)
+
+
+def _gguf_model(spec: ModelSpec, file_type: str) -> GGUFModel:
     sums = gguf_sums(spec, file_type)  # per layer, and of it the routed experts' (is_expert_tensor)
     token_embd = output = 0
     tied = True
