@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import NamedTuple
 
 from .record import record
 from .errors import PlanError, UnsupportedArchitectureError
@@ -108,9 +109,9 @@ NON_LAYER_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm
 GEMMA3_TOKENIZER_VOCAB = 262144
 
 
-@record(kw_only=True)
-class _Source:
-    """A tensor as convert_hf_to_gguf.py writes it, before llama-quantize."""
+class _Source(NamedTuple):
+    """A tensor as convert_hf_to_gguf.py writes it, before llama-quantize. A named tuple, not a record: a 405B model has
+    1138 of them, made on every plan, and a tuple is made several times faster than a frozen dataclass."""
 
     name: str
     hf_name: str | None  # None for tensors convert generates (rope_freqs, rope factors)
@@ -220,33 +221,43 @@ def _generated_sources(spec: ModelSpec) -> list[_Source]:
     return []
 
 
-def _sources(spec: ModelSpec) -> list[_Source]:
+def _ordered(spec: ModelSpec) -> tuple[tuple[_Source, ...], tuple[bool, ...], tuple[str, ...]]:
+    """The spec's converted tensors in the loader's order (llama_model_loader::weight_name_comparer: by block number,
+    -1 outside blocks, then by name), with each one's tensor_allows_quantization and tensor_get_category. A layer
+    like one converted before is its tensors renamed, in the same order (one "blk.N." prefix sorts as its names do),
+    with the same facts: no rule reads the block number."""
     if spec.model_type not in GGUF_ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"{spec.name}: no GGUF mapping for model_type {spec.model_type!r}; "
             f"supported: {', '.join(GGUF_ARCHITECTURES)}")
-    out = _generated_sources(spec) + [_non_layer_source(spec, t) for t in spec.non_layer_tensors()]
-    templates: dict[tuple, list[_Source]] = {}  # a layer like one converted before: its tensors renamed
+    outside = sorted(_generated_sources(spec) + [_non_layer_source(spec, t) for t in spec.non_layer_tensors()],
+                     key=lambda s: s.name)
+    sources = list(outside)
+    quantizable = [allows_quantization(s.name, s.shape) for s in outside]
+    categories = [tensor_category(s.name) for s in outside]
+    # per layer template: its tensors sorted, as (name after "blk.N.", name after "model.layers.N." or None, shape,
+    # f32, stored), and their facts
+    templates: dict[tuple, tuple[list[tuple], list[bool], list[str]]] = {}
     for i in range(spec.num_layers):
         tensors = spec.layer_tensors(i)
         prefix = f"model.layers.{i}."
         key = tuple((t.name.removeprefix(prefix), t.shape, t.transposed) for t in tensors)
-        first = templates.get(key)
-        if first is None:
-            templates[key] = converted = [s for t in tensors for s in _layer_sources(spec, t)]
-            out.extend(converted)
-            continue
-        j = first[0].layer
-        old_blk, old_hf, blk = f"blk.{j}.", f"model.layers.{j}.", f"blk.{i}."
-        out.extend(_Source(name=blk + f.name.removeprefix(old_blk), layer=i, shape=f.shape, f32=f.f32,
-                           stored=f.stored, hf_name=prefix + f.hf_name.removeprefix(old_hf))
-                   for f in first)
-    return out
-
-
-def _load_order(s: _Source) -> tuple[int, str]:
-    """llama_model_loader::weight_name_comparer: by block number (-1 outside blocks), then by name."""
-    return (-1 if s.layer is None else s.layer, s.name)
+        t_ = templates.get(key)
+        if t_ is None:
+            converted = sorted((s for t in tensors for s in _layer_sources(spec, t)), key=lambda s: s.name)
+            blk = f"blk.{i}."
+            t_ = templates[key] = (
+                [(c.name.removeprefix(blk), c.hf_name.removeprefix(prefix) if c.hf_name else None, c.shape, c.f32,
+                  c.stored) for c in converted],
+                [allows_quantization(c.name, c.shape) for c in converted],
+                [tensor_category(c.name) for c in converted])
+        rows, q, cats = t_
+        blk = f"blk.{i}."
+        sources.extend(_Source(blk + name, prefix + hf if hf is not None else None, shape, i, f32, stored)
+                       for name, hf, shape, f32, stored in rows)
+        quantizable.extend(q)
+        categories.extend(cats)
+    return tuple(sources), tuple(quantizable), tuple(categories)
 
 
 # ------------------------------------------------- llama-quantize type selection (its rules: planner/llama_quantize.py)
@@ -331,16 +342,7 @@ def _inventory(spec: ModelSpec) -> _Inventory:
     hit = _INVENTORY_MEMO.get(id(spec))
     if hit is not None and hit[0] is spec:
         return hit[1]
-    sources = tuple(sorted(_sources(spec), key=_load_order))
-    # each tensor's facts, found once per name less its "blk.N." (which no rule reads) and number of dimensions
-    keys = [(src.name.split(".", 2)[2] if src.layer is not None else src.name, ggml_n_dims(src.shape), src)
-            for src in sources]
-    facts: dict[tuple, tuple[bool, str]] = {}
-    for rest, dims, src in keys:
-        if (rest, dims) not in facts:
-            facts[(rest, dims)] = (allows_quantization(src.name, src.shape), tensor_category(src.name))
-    quantizable = tuple(facts[(rest, dims)][0] for rest, dims, _ in keys)
-    categories = tuple(facts[(rest, dims)][1] for rest, dims, _ in keys)
+    sources, quantizable, categories = _ordered(spec)
     group_of, firsts, counters = _alike(spec, sources, quantizable, categories)
     rows = tuple((math.prod(s.shape[1:]), s.shape[0]) for s in sources)
     per_layer: list[list[tuple[int, int, bool]]] = [[] for _ in range(spec.num_layers)]

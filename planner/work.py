@@ -60,6 +60,12 @@ class ReadBytes:
 
 
 def read_bytes_per_layer(spec: ModelSpec, scheme: WeightScheme, batch: int) -> ReadBytes:
+    """The weight bytes a decode step of `batch` tokens reads per layer; one object per spec, scheme and batch (the
+    last few kept: the decode work built from it is known by it)."""
+    return _SPEC_MEMO.get((spec, scheme), ("read_bytes", batch), lambda: _read_bytes_per_layer(spec, scheme, batch))
+
+
+def _read_bytes_per_layer(spec: ModelSpec, scheme: WeightScheme, batch: int) -> ReadBytes:
     frac = active_fraction(spec, batch)
 
     def experts(tensors) -> float:
@@ -171,9 +177,8 @@ def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int,
     """What a decode step at `context` moves and computes per layer; the same work for equal arguments is built once
     (the search prices many placements of one scheme and cache at the same two contexts)."""
     read = read if read is not None else read_bytes_per_layer(spec, scheme, batch)
-    key = ("decode_work", scheme.compute_dtype, kv, batch, context, costs.head_read, tuple(read.total),
-           tuple(read.experts))
-    return _SPEC_MEMO.get((spec,), key, lambda: _decode_work(spec, scheme, kv, batch, context, costs, read))
+    key = ("decode_work", scheme.compute_dtype, batch, context, costs.head_read)
+    return _SPEC_MEMO.get((spec, read, kv), key, lambda: _decode_work(spec, scheme, kv, batch, context, costs, read))
 
 
 def _decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,
