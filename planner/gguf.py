@@ -344,7 +344,9 @@ def _inventory(spec: ModelSpec) -> _Inventory:
         return hit[1]
     sources, quantizable, categories = _ordered(spec)
     group_of, firsts, counters = _alike(spec, sources, quantizable, categories)
-    rows = tuple((math.prod(s.shape[1:]), s.shape[0]) for s in sources)
+    shapes = [s.shape for s in sources]
+    row_of = {sh: (math.prod(sh[1:]), sh[0]) for sh in set(shapes)}  # a model has few distinct shapes
+    rows = tuple(map(row_of.__getitem__, shapes))
     per_layer: list[list[tuple[int, int, bool]]] = [[] for _ in range(spec.num_layers)]
     outside = []
     for src, g, (n, _) in zip(sources, group_of, rows):
@@ -356,7 +358,7 @@ def _inventory(spec: ModelSpec) -> _Inventory:
     layer_kind_of = tuple(kinds.setdefault(tuple(t), len(kinds)) for t in per_layer)
     inv = _Inventory(sources=sources, quantizable=quantizable, categories=categories, rows=rows,
                      group_of=group_of, firsts=firsts, counters=counters,
-                     info_bytes=sum(_info_bytes(s.name, s.shape) for s in sources), category_counts=Counter(categories),
+                     info_bytes=_infos_bytes([s.name for s in sources], shapes), category_counts=Counter(categories),
                      layer_kind_of=layer_kind_of, layer_kinds=tuple(kinds), outside=tuple(outside),
                      sized=tuple((g, n, k) for (g, n), k in Counter((g, n) for g, (n, _) in zip(group_of, rows))
                                  .items()))
@@ -611,6 +613,12 @@ def tensor_info_bytes(tensors: tuple[GGUFTensor, ...]) -> int:
 
 def _info_bytes(name: str, shape: tuple[int, ...]) -> int:
     return 8 + len(name.encode()) + 4 + 8 * ggml_n_dims(shape) + 4 + 8
+
+
+def _infos_bytes(names: list[str], shapes: list[tuple[int, ...]]) -> int:
+    """sum(_info_bytes(name, shape)) over the tensors, each distinct shape's dimensions counted once."""
+    return (sum(map(len, map(str.encode, names))) + 24 * len(names)
+            + sum(8 * ggml_n_dims(sh) * k for sh, k in Counter(shapes).items()))
 
 
 def _pad(n: int, alignment: int = GGUF_ALIGNMENT) -> int:

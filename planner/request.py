@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
+from .memo import ObjectMemo
 from .record import record
 from .choice import OFFLOAD_MODES, OffloadMode, StrEnum
 from .errors import PlanError
@@ -242,3 +243,13 @@ def _hint(field: str, value: str, gguf: bool) -> str:
     close = [k for k in known if value.lower() in k.lower() and value] or difflib.get_close_matches(
         value, list(known), n=2, cutoff=0.6)
     return f": did you mean {' or '.join(close[:2])}?" if close else ""
+
+
+def derived(req: Request, **changes) -> Request:
+    """replace(req, **changes), one object for the same request and changes (the last few kept): a search derives the
+    same few requests (compiled, each probed context, the engine's prefill chunk) again and again, and a Request
+    checks itself whenever it is made."""
+    return _DERIVED.get((req,), (*changes.items(),), lambda: replace(req, **changes))
+
+
+_DERIVED = ObjectMemo(256)

@@ -27,7 +27,7 @@ from .preference import choose_by_preference  # noqa: F401 - the --prefer rule, 
 from .published_scheme import (PUBLISHED_BACKEND, gguf_note, loaders_note, scheme_named, speed_stand_in,
                                weight_schemes)
 from .quant import KV_SCHEMES, SCHEMES, KVScheme, WeightScheme
-from .request import COMPILE_SCHEMES, RUNTIME_BASE_RAM_BYTES, Request, compile_schemes
+from .request import COMPILE_SCHEMES, RUNTIME_BASE_RAM_BYTES, Request, compile_schemes, derived
 from .speed import SpeedEstimate, compiled_scheme, estimate, speed_constants
 from .work import read_bytes_per_layer
 from .units import format_bytes
@@ -188,7 +188,7 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
         if req.eager:
             return Candidate(**base, fits=False, reason=f"{scheme.name} decodes compiled only (torch's weight-only "
                                                         "kernels in one graph): --eager leaves it out")
-        req = replace(req, compiled=True)
+        req = derived(req, compiled=True)
     why_not = device_refusal(scheme, hw) or kv_refusal(spec, kv) or _compile_ok(spec, hw, req, scheme, kv)
     if why_not:
         return Candidate(**base, fits=False, reason=why_not)
@@ -218,7 +218,7 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
     compiled = req.compiled
     if compiles_by_default(spec, hw, req, scheme, kv) and (one := [x for x in choices if _on_one_device(x)]):
         # a GPU's default: every layer on GPU 0 priced compiled too, and the faster of the two kept
-        creq = replace(req, compiled=True)
+        creq = derived(req, compiled=True)
         cpriced = speed_scheme(creq, scheme)
         fast = max(((estimate(spec, hw, creq, cpriced, kv, x, fp.costs, read), x) for x in one),
                    key=lambda sc: sc[0].decode_tokens_per_s)
@@ -236,7 +236,7 @@ def compiles_by_default(spec: ModelSpec, hw: HardwareProfile, req: Request, sche
     compiled decode is measured on Apple's), for vramplan's runtime,
     where neither --compile nor --eager decides and --compile would take it (compile_schemes)."""
     return (hw.accelerator == "cuda" and req.engine == "vramplan" and not req.compiled and not req.eager
-            and _compile_ok(spec, hw, replace(req, compiled=True), scheme, kv) is None)
+            and _compile_ok(spec, hw, derived(req, compiled=True), scheme, kv) is None)
 
 
 def _compile_ok(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme) -> str | None:
@@ -396,7 +396,7 @@ def max_resident_context(spec, hw, req, scheme, kv, weights: WeightCosts) -> int
     n = spec.num_layers if hw.has_gpu else 0
 
     def probe(ctx: int) -> tuple[bool, float]:
-        fp = footprint(spec, hw, replace(req, context=ctx, prompt_tokens=None), scheme, kv, weights)
+        fp = footprint(spec, hw, derived(req, context=ctx, prompt_tokens=None), scheme, kv, weights)
         p = placement_at(fp, n, OffloadMode.NONE)
         mem = fp.breakdown_of(p or placement_at(fp, n, OffloadMode.NONE, best_effort=True))
         return p is not None and mem.over is None, min(d.capacity_bytes - d.total_bytes for d in (*mem.gpus, mem.cpu))
@@ -416,7 +416,7 @@ def _alternatives(spec, hw, req) -> list[Alternative]:
             kv = KV_SCHEMES[kv_name]
             if kv_refusal(spec, kv):
                 continue
-            best = bisect_max(lambda ctx: _runs(spec, hw, replace(req, context=ctx, prompt_tokens=None), scheme, kv,
+            best = bisect_max(lambda ctx: _runs(spec, hw, derived(req, context=ctx, prompt_tokens=None), scheme, kv,
                                                 weights), 1, req.context)
             if best >= 1:
                 out.append(Alternative(scheme.name, kv_name, best))

@@ -160,16 +160,29 @@ class DecodeWork:
     def kinds(self) -> list[int]:
         """Per layer, which of the distinct layers it is (equal work, so equal time on one device): a model has one
         to a few (dense and MoE layers, sliding and full attention), and the decode time of each is priced once."""
-        seen: dict[tuple, int] = {}
-        return [seen.setdefault(key, len(seen)) for key in zip(self.weights_bytes, self.expert_bytes, self.layout_of)]
+        return _kinds(self.weights_bytes, self.expert_bytes, self.layout_of)[0]
 
     @cached_property
     def first_of_kind(self) -> list[int]:
         """For each kind (its number), the first layer of that kind: the one whose work prices them all."""
+        return _kinds(self.weights_bytes, self.expert_bytes, self.layout_of)[1]
+
+
+def _kinds(weights_bytes: list[float], expert_bytes: list[float], layout_of: tuple[int, ...]
+           ) -> tuple[list[int], list[int]]:
+    """DecodeWork's kinds and first_of_kind, found once for the same per-layer lists (a decode's work at every context
+    shares its reads' lists)."""
+    def make():
+        seen: dict[tuple, int] = {}
+        kinds = [seen.setdefault(key, len(seen)) for key in zip(weights_bytes, expert_bytes, layout_of)]
         first: dict[int, int] = {}
-        for i, k in enumerate(self.kinds):
+        for i, k in enumerate(kinds):
             first.setdefault(k, i)
-        return [first[k] for k in range(len(first))]
+        return kinds, [first[k] for k in range(len(first))]
+    return _KINDS.get((weights_bytes, expert_bytes, layout_of), (), make)
+
+
+_KINDS = ObjectMemo(64)
 
 
 def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,

@@ -25,7 +25,7 @@ from ..modelspec import ModelSpec
 from ..engine import Outcome, nothing_fits_reasons, plan_with, request_for
 from ..plan import Candidate, Plan
 from ..quant import SCHEMES, KVScheme, QualityCost
-from ..request import LLAMA_CPP_KV_DTYPES, Request
+from ..request import LLAMA_CPP_KV_DTYPES, Request, derived
 from ..search import check_context, check_experts, check_request
 from ..search import secant_max
 from ..speed import EXPERTS_BACKEND, PREFILL_ATTENTION_BACKEND, SpeedEstimate, estimate, speed_constants, ttft_s
@@ -239,7 +239,7 @@ def _gguf_read_bytes(spec: ModelSpec, model: rules.GGUFModel, batch: int) -> Rea
 def max_resident_context(spec, hw, req, model, kv_type, server: Server) -> int:
     """The longest context with every layer (and, on a GPU, the output layer) resident on the GPUs or in RAM."""
     def probe(ctx: int) -> tuple[bool, float]:
-        fp = footprint(spec, hw, replace(req, context=ctx, prompt_tokens=None), model, kv_type, server)
+        fp = footprint(spec, hw, derived(req, context=ctx, prompt_tokens=None), model, kv_type, server)
         p = (fp.pack(spec.num_layers, 0) if hw.has_gpu
              else rules.LlamaCppPlacement(gpu_layers=0, cpu_moe=0, per_device=()))
         return p is not None and fp.fits_host(p), fp.resident_slack()
@@ -359,7 +359,7 @@ def candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str, server: Serve
     if placement is None:
         return Candidate(**base, fits=False, reason=_overflow_reason(fp, p, req.gpu_layers))
     fast_hw = speed_view(hw, spec, model.file_type, kv_type)
-    run_req = replace(req, prefill_chunk=server.slots.n_ubatch)
+    run_req = derived(req, prefill_chunk=server.slots.n_ubatch)
     speed = estimate(rules.as_run(spec), fast_hw, run_req, SPEED_SCHEME, kv_scheme(kv_type), choice,
                      gguf_layer_costs(fp), gguf_read_bytes(spec, model, req.batch))
     speed = with_op_offload(spec, fast_hw, run_req, kv_type, choice, fp, speed)
@@ -404,7 +404,7 @@ def with_op_offload(spec: ModelSpec, hw: HardwareProfile, req: Request, kv_type:
     run, kv = rules.as_run(spec), kv_scheme(kv_type)
     on_gpu_s = ttft_s(run, hw, req, SPEED_SCHEME, kv, resident, costs, read) * (total - tail) / total
     link_s = ubatches * per_ubatch / hw.link.h2d_pageable_bytes_per_s
-    tail_s = (ttft_s(run, hw, replace(req, prompt_tokens=-(-tail // req.batch)), SPEED_SCHEME, kv, choice, costs, read)
+    tail_s = (ttft_s(run, hw, derived(req, prompt_tokens=-(-tail // req.batch)), SPEED_SCHEME, kv, choice, costs, read)
               if tail else 0.0)
     ttft = on_gpu_s + link_s + tail_s
     terms = {**speed.terms, "op_offload_ubatches": ubatches, "op_offload_bytes_per_ubatch": per_ubatch,
