@@ -221,6 +221,9 @@ def _generated_sources(spec: ModelSpec) -> list[_Source]:
     return []
 
 
+_new = tuple.__new__  # a _Source made without its generated __new__'s call: 1138 of them for a 405B model
+
+
 def _ordered(spec: ModelSpec) -> tuple[tuple[_Source, ...], tuple[bool, ...], tuple[str, ...]]:
     """The spec's converted tensors in the loader's order (llama_model_loader::weight_name_comparer: by block number,
     -1 outside blocks, then by name), with each one's tensor_allows_quantization and tensor_get_category. A layer
@@ -253,7 +256,7 @@ def _ordered(spec: ModelSpec) -> tuple[tuple[_Source, ...], tuple[bool, ...], tu
                 [tensor_category(c.name) for c in converted])
         rows, q, cats = t_
         blk = f"blk.{i}."
-        sources.extend(_Source(blk + name, prefix + hf if hf is not None else None, shape, i, f32, stored)
+        sources.extend(_new(_Source, (blk + name, prefix + hf if hf is not None else None, shape, i, f32, stored))
                        for name, hf, shape, f32, stored in rows)
         quantizable.extend(q)
         categories.extend(cats)

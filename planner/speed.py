@@ -428,7 +428,7 @@ def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: Weig
 
 
 # The rates of the last few (hardware, device, model, scheme, cache): a search prices many placements of each.
-_RATES_MEMO = ObjectMemo(64)
+_RATES_MEMO = ObjectMemo(256)
 
 
 def _rates_of(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme,
@@ -436,6 +436,18 @@ def _rates_of(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: W
     """_rates, made once for the same objects."""
     return _RATES_MEMO.get((hw, spec, scheme, kv), (device, compiled),
                            lambda: _rates(hw, device, spec, scheme, kv, compiled))
+
+
+def _all_rates(hw: HardwareProfile, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, compiled: bool,
+               on_gpu: bool) -> dict[str | int, DeviceRates]:
+    """The CPU's rates and, for a placement on the GPUs, each GPU's (eager: a compiled GPU decode is its own scheme),
+    one dict for the same objects (not to be changed)."""
+    def make():
+        rates = {CPU_DEVICE: _rates_of(hw, CPU_DEVICE, spec, scheme, kv, compiled)}
+        for d in range(len(hw.devices) if on_gpu else 0):
+            rates[d] = _rates_of(hw, d, spec, scheme, kv, False)
+        return rates
+    return _RATES_MEMO.get((hw, spec, scheme, kv), ("all", compiled, on_gpu), make)
 
 
 @record(kw_only=True)
@@ -499,12 +511,13 @@ class _Layout:
 
     def grouped(self, w: DecodeWork) -> list[tuple[tuple, int, int]]:
         """(place, first layer, layers) for each place and kind of work at `w`, in the order they first occur."""
+        first, kinds = w.first_of_kind, w.kinds  # one object for equal kinds (work._kinds)
+
         def make():
-            k = len(w.first_of_kind)
-            first, places = w.first_of_kind, self.place_list
-            counts = Counter([p * k + kind for p, kind in zip(self.place_of, w.kinds)])
+            k, places = len(first), self.place_list
+            counts = Counter([p * k + kind for p, kind in zip(self.place_of, kinds)])
             return [(places[pk // k], first[pk % k], n) for pk, n in counts.items()]
-        return self._groups.get((w,), (), make)
+        return self._groups.get((kinds, first), (), make)
 
     def counted(self, kinds: list[int], weights: tuple[int, ...], experts) -> list[tuple]:
         """_counted over (place, prefill kind, weight bytes, expert bytes) of the layers."""
@@ -540,9 +553,7 @@ class _Model:
                  c: Choice, costs: LayerCosts, read: ReadBytes):
         self.spec, self.hw, self.req, self.scheme, self.kv, self.c, self.costs, self.read = (
             spec, hw, req, scheme, kv, c, costs, read)
-        self.rates = {CPU_DEVICE: _rates_of(hw, CPU_DEVICE, spec, scheme, kv, req.compiled)}
-        for d in range(len(hw.devices) if c.on_gpu else 0):
-            self.rates[d] = _rates_of(hw, d, spec, scheme, kv, False)
+        self.rates = _all_rates(hw, spec, scheme, kv, req.compiled, c.on_gpu)
         self.main = self.rates[0] if c.on_gpu else self.rates[CPU_DEVICE]  # where lm_head and the fixed costs are
         self.link_bytes_per_s = (hw.link.h2d_pinned_bytes_per_s * DEFAULT_LINK_EFFICIENCY) if hw.link else None
         lay = self.layout = _layout(spec, c, costs)

@@ -114,12 +114,13 @@ def transformers_candidates(spec: ModelSpec, hw: HardwareProfile, req: Request, 
                 tries = [Placement(())]
             elif req.gpu_layers is not None and req.gpu_layers < L:
                 tries = [placement_at(fp, req.gpu_layers, OffloadMode.STREAM, forced_e, best_effort=True)]
-            else:
-                full = placement_at(fp, L, OffloadMode.NONE, forced_e, best_effort=True)
-                experts = experts_in_ram(fp, L, OffloadMode.NONE) if not forced_e else None
-                n = bisect_max(lambda m: placement_at(fp, m, OffloadMode.STREAM) is not None, 0, L - 1)
-                split = placement_at(fp, n, OffloadMode.STREAM) if n >= 0 else None
-                tries = [p for p in (full, experts, split) if p is not None]
+            else:  # every layer on the GPU, else the experts of the fewest layers in RAM, else the most GPU layers
+                def split(fp=fp):  # (made only when the one before does not run)
+                    n = bisect_max(lambda m: placement_at(fp, m, OffloadMode.STREAM) is not None, 0, L - 1)
+                    return placement_at(fp, n, OffloadMode.STREAM) if n >= 0 else None
+                tries = _present((lambda fp=fp, e=forced_e: placement_at(fp, L, OffloadMode.NONE, e, best_effort=True),
+                                  lambda fp=fp: experts_in_ram(fp, L, OffloadMode.NONE) if not forced_e else None,
+                                  split))
             best = _best_of(spec, hw, req, s, k, fp, tries, base, cap, read, choice_of, overflow_reason, estimate)
             if contexts and best.memory is not None:
                 best = replace(best, max_context_tokens=max_resident_context(spec, hw, req, s, k, weights))
@@ -127,10 +128,17 @@ def transformers_candidates(spec: ModelSpec, hw: HardwareProfile, req: Request, 
     return out
 
 
+def _present(makers):
+    """The placements the makers make, in order, each made when asked for; those that are None left out."""
+    return (p for make in makers if (p := make()) is not None)
+
+
 def _best_of(spec, hw, req, s, k, fp, tries, base, cap, read, make_choice, overflow, estimate) -> Candidate:
     """The first placement of `tries` transformers runs (priced when every layer is on the GPU), or why none does."""
-    reason = ""
+    reason, first = "", None
     for p in tries:
+        if first is None:
+            first = p
         c = make_choice(spec, s, k, hw, p)
         mem = fp.breakdown(c)
         if mem.over is not None:
@@ -148,7 +156,7 @@ def _best_of(spec, hw, req, s, k, fp, tries, base, cap, read, make_choice, overf
         where = (f"an accelerate device_map: {c.offloaded_layers} layers" if c.offload is not OffloadMode.NONE else
                  f"the experts of {c.expert_layers_on_cpu} layers") + " mapped to the CPU" if split else "on the CPU"
         return Candidate(**base, fits=True, choice=c, memory=mem, reason=f"{where}; {how}")
-    c = make_choice(spec, s, k, hw, tries[0]) if tries else None
+    c = make_choice(spec, s, k, hw, first) if first is not None else None
     return Candidate(**base, fits=False, choice=c, memory=fp.breakdown(c) if c else None,
                      reason=reason or "no placement")
 
