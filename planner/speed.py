@@ -29,7 +29,8 @@ Llama-3.1-8B in bf16 at 41 tok/s, the 4090 at 47). A torch.compile'd decode with
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
+from dataclasses import fields, replace
+from typing import Callable
 
 from .memo import ObjectMemo
 from .record import record
@@ -462,6 +463,27 @@ class SpeedEstimate:
     terms: dict  # seconds per token by where they are spent, and the efficiencies used
 
     @classmethod
+    def pending(cls, decode_tokens_per_s: float, make: Callable[[], "SpeedEstimate"]) -> "SpeedEstimate":
+        """An estimate whose decode at the start is known now and whose other fields are `make()`'s, computed when one
+        is first read (compared, printed, written): a search ranks every placement by its decode and shows a few.
+        `make()` gives the same decode."""
+        est = object.__new__(cls)
+        object.__setattr__(est, "decode_tokens_per_s", decode_tokens_per_s)
+        object.__setattr__(est, "_make", make)
+        return est
+
+    def __getattr__(self, name: str):
+        """A pending estimate's other fields, made on first read (only attributes not set come here)."""
+        make = self.__dict__.get("_make")
+        if make is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        full = make()
+        for f in fields(self):
+            object.__setattr__(self, f.name, getattr(full, f.name))
+        object.__delattr__(self, "_make")
+        return getattr(self, name)
+
+    @classmethod
     def from_dict(cls, predicted: dict, ceiling: dict, terms: dict) -> "SpeedEstimate":
         return cls(decode_tokens_per_s=float(predicted["decode_tokens_per_s"]),
                    decode_tokens_per_s_full_context=float(predicted["decode_tokens_per_s_full_context"]),
@@ -539,7 +561,8 @@ _LAYOUTS = ObjectMemo(64)
 def _layout(spec: ModelSpec, c: Choice, costs: LayerCosts) -> _Layout:
     """The _Layout of placement `c`, one object per distinct placement of the model (the last few kept)."""
     streamed = c.offload is OffloadMode.STREAM
-    key = (c.on_gpu, c.gpu_layers, c.gpu_layers_per_device, c.offload, c.expert_layers_on_cpu,
+    # (the offload mode by its value: an enum's hash is a Python call)
+    key = (c.on_gpu, c.gpu_layers, c.gpu_layers_per_device, c.offload.value, c.expert_layers_on_cpu,
            tuple(costs.weights[c.gpu_layers:]) if streamed else None)
     return _LAYOUTS.get((spec,), key, lambda: _Layout(spec, c, costs.weights))
 
@@ -692,10 +715,17 @@ def _counted(*per_layer):
 
 def estimate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, kv: KVScheme,
              c: Choice, costs: LayerCosts, read: ReadBytes | None = None) -> SpeedEstimate:
-    """Decode tokens/s at the start and at the full context, TTFT and the ceiling of one placement."""
+    """Decode tokens/s at the start and at the full context, TTFT and the ceiling of one placement: the decode at the
+    start now, the rest when first read (SpeedEstimate.pending)."""
     m = _Model(spec, hw, req, scheme, kv, c, costs,
                read if read is not None else read_bytes_per_layer(spec, scheme, req.batch))
     start = min(req.prompt, req.context)
+    return SpeedEstimate.pending(req.batch / m.decode_s(start, with_terms=False)[0],
+                                 lambda: _estimate(m, spec, hw, req, scheme, c, start))
+
+
+def _estimate(m: _Model, spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: WeightScheme, c: Choice,
+              start: int) -> SpeedEstimate:
     t_start, terms = m.decode_s(start)
     t_full, _ = m.decode_s(req.context, with_terms=False)
     ttft = m.prefill_s()

@@ -160,34 +160,45 @@ class DecodeWork:
     def kinds(self) -> tuple[int, ...]:
         """Per layer, which of the distinct layers it is (equal work, so equal time on one device): a model has one
         to a few (dense and MoE layers, sliding and full attention), and the decode time of each is priced once."""
-        return _kinds(self.weights_bytes, self.expert_bytes, self.layout_of)[0]
+        return _kinds(self.weights_bytes, self.expert_bytes, self.layout_of)
 
     @cached_property
     def first_of_kind(self) -> tuple[int, ...]:
-        """For each kind (its number), the first layer of that kind: the one whose work prices them all."""
-        return _kinds(self.weights_bytes, self.expert_bytes, self.layout_of)[1]
+        """For each kind (its number), the first layer of that kind: the one whose work prices them all. One object for
+        equal kinds, as the kinds are."""
+        kinds = self.kinds
+        if type(kinds) is not tuple:
+            return _first_of(kinds)
+        first = _FIRSTS.get(kinds)
+        if first is None:
+            first = _FIRSTS[kinds] = _first_of(kinds)
+        return first
 
 
-def _kinds(weights_bytes: list[float], expert_bytes: list[float], layout_of: tuple[int, ...]
-           ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """DecodeWork's kinds and first_of_kind, found once for the same per-layer lists (a decode's work at every context
-    shares its reads' lists)."""
+def _first_of(kinds) -> tuple[int, ...]:
+    first: dict[int, int] = {}
+    for i, k in enumerate(kinds):
+        first.setdefault(k, i)
+    return tuple(first[k] for k in range(len(first)))
+
+
+def _kinds(weights_bytes: list[float], expert_bytes: list[float], layout_of: tuple[int, ...]) -> tuple[int, ...]:
+    """DecodeWork's kinds, found once for the same per-layer lists (a decode's work at every context shares its reads'
+    lists), and one object for equal kinds (every scheme of a model has the same, most often): what is grouped by
+    them is then found once (speed._Layout.grouped)."""
     def make():
         seen: dict[tuple, int] = {}
         kinds = tuple(seen.setdefault(key, len(seen)) for key in zip(weights_bytes, expert_bytes, layout_of))
-        first: dict[int, int] = {}
-        for i, k in enumerate(kinds):
-            first.setdefault(k, i)
-        # one object for equal kinds (every scheme of a model has the same, most often): what is grouped by them is
-        # then found once (speed._Layout.grouped)
-        return _EQUAL_KINDS.setdefault(kinds, (kinds, tuple(first[k] for k in range(len(first)))))
-    if len(_EQUAL_KINDS) > 256:
-        _EQUAL_KINDS.clear()
+        if len(_EQUAL_KINDS) > 256:
+            _EQUAL_KINDS.clear()
+            _FIRSTS.clear()
+        return _EQUAL_KINDS.setdefault(kinds, kinds)
     return _KINDS.get((weights_bytes, expert_bytes, layout_of), (), make)
 
 
 _KINDS = ObjectMemo(64)
-_EQUAL_KINDS: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+_EQUAL_KINDS: dict[tuple[int, ...], tuple[int, ...]] = {}
+_FIRSTS: dict[tuple[int, ...], tuple[int, ...]] = {}
 
 
 def decode_work(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, batch: int, context: int,

@@ -277,7 +277,7 @@ def test_pricing_each_kind_of_layer_once_changes_no_number(model, hardware, cont
 
     spec, hw = model_spec(model), resolve_profile(hardware)[0]
     req = Request(context=context, **forced)
-    grouped = plan(spec, hw, req)
+    grouped = plan(spec, hw, req).to_dict()  # every estimate made now (they are made when read), before the patches
     kinds = work.decode_work(spec, SCHEMES["bf16"], KV_SCHEMES["bf16"], 1, context,
                               layer_costs(spec, SCHEMES["bf16"], KV_SCHEMES["bf16"], req)).kinds
     assert len(kinds) == spec.num_layers and 1 <= len(set(kinds)) <= 4 < spec.num_layers
@@ -290,7 +290,7 @@ def test_pricing_each_kind_of_layer_once_changes_no_number(model, hardware, cont
         return list(range(len(kinds))), [values[k] for k in kinds]
 
     monkeypatch.setattr(speed, "prefill_kinds", each_layer)
-    _assert_close(plan(spec, hw, req).to_dict(), grouped.to_dict())
+    _assert_close(plan(spec, hw, req).to_dict(), grouped)
 
 
 def _assert_close(a, b, where="plan"):
@@ -360,3 +360,48 @@ def test_longest_context_is_the_one_bisection_finds(monkeypatch, model, hardware
     monkeypatch.setattr(llamacpp, "secant_max", bisect)
     assert fast == longest(vramplan.plan(model, hardware=hardware, context=context))
     assert any(n for *_, n in fast)
+
+
+@pytest.mark.parametrize("model,hardware,context,forced", [
+    ("meta-llama/Llama-3.1-8B", "rtx-4090", 32768, {}),
+    ("Qwen/Qwen3-30B-A3B", "rtx-3060-12gb", 8192, {}),
+    ("meta-llama/Llama-3.1-70B", "rtx-4090", 8192, {"gpu_layers": 30, "offload": "cpu"}),  # op offload's TTFT
+])
+def test_pending_estimates_equal_those_made_at_once(model, hardware, context, forced, monkeypatch):
+    """speed.estimate prices the decode at the start now and the rest when a field is first read
+    (SpeedEstimate.pending), as llama.cpp's candidates do their op-offload prompt time: every candidate's estimate,
+    read, equals the one made at once, field for field; a replace or a comparison reads it whole; and a name it lacks
+    is still an AttributeError."""
+    from dataclasses import fields, replace
+
+    from vramplan.planner import speed
+    from vramplan.planner.engines.llamacpp import LLAMA_CPP
+    from vramplan.planner.search import VRAMPLAN
+
+    makes = {}
+    real = speed.SpeedEstimate.pending.__func__
+
+    def recording(cls, decode, make):
+        est = real(cls, decode, make)
+        makes[id(est)] = (est, make)
+        return est
+
+    monkeypatch.setattr(speed.SpeedEstimate, "pending", classmethod(recording))
+    spec, hw = model_spec(model), resolve_profile(hardware)[0]
+    for engine in (VRAMPLAN, LLAMA_CPP):
+        req = engine.check(spec, hw, Request(context=context, **forced))[0]
+        cands = [c for c in engine.candidates(spec, hw, req) if c.speed is not None]
+        assert cands and all("_make" in c.speed.__dict__ for c in cands)  # none read yet
+        pending = cands[-1].speed
+        assert pending.decode_tokens_per_s > 0 and "ttft_s" not in pending.__dict__
+        whole = replace(pending, ttft_s=1.0)  # replace reads every field
+        assert whole.decode_tokens_per_s_full_context == pending.decode_tokens_per_s_full_context
+        assert "_make" not in pending.__dict__
+        with pytest.raises(AttributeError):
+            pending.no_such_field
+        for c in cands:
+            est, make = makes[id(c.speed)]
+            assert est is c.speed
+            at_once = make()
+            assert c.speed == at_once and c.speed.decode_tokens_per_s == at_once.decode_tokens_per_s
+            assert all(getattr(c.speed, f.name) == getattr(at_once, f.name) for f in fields(at_once))

@@ -261,7 +261,8 @@ def speed_view(hw: HardwareProfile, spec: ModelSpec, file_type: str, kv_type: st
     nearest = (_nearest_measured(cal, "gpu", file_type), _nearest_measured(cal, "cpu", file_type)) if cal else ()
     fit = (fitted_entry(hw, file_type) if hw.has_gpu and hw.public_fit is not None and not (nearest and nearest[0])
            else None)
-    key = (*nearest, kv_type if cal is not None else None, fit)
+    # the entries by identity (objects of `hw`, which the memo's entry holds): hashing a record is a Python call
+    key = (*map(id, nearest), kv_type if cal is not None else None, id(fit))
     return _VIEWS.get((hw, spec), key, lambda: _speed_hardware(hw, spec, file_type, kv_type)[0])
 
 
@@ -362,7 +363,9 @@ def candidate(spec, hw, req, model: rules.GGUFModel, kv_type: str, server: Serve
     run_req = derived(req, prefill_chunk=server.slots.n_ubatch)
     speed = estimate(rules.as_run(spec), fast_hw, run_req, SPEED_SCHEME, kv_scheme(kv_type), choice,
                      gguf_layer_costs(fp), gguf_read_bytes(spec, model, req.batch))
-    speed = with_op_offload(spec, fast_hw, run_req, kv_type, choice, fp, speed)
+    inner = speed  # the prompt's time under op offload when first read: the decode is the same
+    speed = SpeedEstimate.pending(inner.decode_tokens_per_s,
+                                  lambda: with_op_offload(spec, fast_hw, run_req, kv_type, choice, fp, inner))
     return Candidate(**base, fits=True, speed=speed, reason=_placement_reason(fp, p))
 
 
