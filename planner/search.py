@@ -251,16 +251,22 @@ def _compile_ok(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weig
                 + ("; quanto's compiled decode is unmeasured on a GPU)" if hw.has_gpu else ")"))
     if scheme.quantized and spec.moe is not None:
         if scheme.compiled_only:
-            return (f"{scheme.name} decodes compiled, and an MoE's routing is not captured in vramplan's graph yet: "
-                    "dense models only")
-        return (f"--compile: {scheme.name}'s routed experts are vramplan's own modules, which route tokens in Python "
-                "(a graph break): run it eager")
+            return (f"{scheme.name} decodes compiled, and its weight-only kernels do not quantize an MoE's routed "
+                    "experts yet: dense models only")
+        if spec.model_type in ROW_EXPERT_MODEL_TYPES:
+            return (f"--compile: {spec.model_type}'s routed experts run in vramplan's row-wise experts module, which "
+                    "routes tokens in Python (a graph break): run it eager")
     if scheme.activation_bits == 8 and not hw.has_gpu and hw.host.cpu_decode_int8_dynamic_path == "fbgemm":
         return (f"--compile: {scheme.name} runs by fbgemm on this CPU (the profile's "
                 "host.cpu_decode_int8_dynamic_path), whose packed weights a compiled graph reaches through a custom "
                 "op at every matmul: eager decodes faster (Qwen2.5-0.5B on the AVX2 EPYC VM: 14.4 against 11.5 "
                 "tok/s compiled, 2026-11-29); run it eager")
     return None
+
+
+# Models whose quantized routed experts are runtime.experts.QuantizedRowExperts (llama4's per-row layout), which has
+# no unrolled forward for a compiled graph; other MoE models' QuantizedExperts take theirs.
+ROW_EXPERT_MODEL_TYPES = ("llama4", "llama4_text")
 
 
 def _on_one_device(c: Choice) -> bool:

@@ -13,15 +13,22 @@ a machine without a GPU also quanto's int8 / int4 / w8a8 layers, whose modules c
 as they are, and it fuses w8a8's per-token quantization into the ops around it). bitsandbytes' kernels break the
 graph, quanto's compiled decode on a GPU is unmeasured, and the offload engine moves weights between steps
 (planner.request.compile_schemes says so to the planner).
+
+MoE: transformers' own experts (bf16) route through its experts implementation (grouped_mm by default in 5.x), which
+compiles; vramplan's quantized experts (runtime.experts.QuantizedExperts) take their unrolled forward inside the
+graph, each routed expert read at an index the graph carries: dynamo's capture_scalar_outputs, set here for such a
+model.
 """
 
 from __future__ import annotations
 
 import os
+import types
 
 import torch
 from torch import nn
 
+from .experts import QuantizedExperts
 from .files import CacheDirError, cache_dir
 from .generate import cache_argument, forward_logits
 
@@ -49,8 +56,13 @@ class StaticDecoder:
         self.inductor_cache = inductor_cache()
         self.cache = StaticCache(config=model.config, max_cache_len=max_len)
         self._arg = cache_argument(type(model))
+        if any(isinstance(m, QuantizedExperts) for m in model.modules()):
+            torch._dynamo.config.capture_scalar_outputs = True  # each routed expert's index, read inside the graph
         self.mode = "reduce-overhead" if self.device.type == "cuda" else "default"
-        self._step = torch.compile(self._eager_step, mode=self.mode, fullgraph=True, dynamic=False)
+        # dynamo keeps its compiled graphs on the step's code object, at most recompile_limit (8) of them: each decoder
+        # steps through a copy of its own, so that the models one process compiles (a re-plan, the tests) do not add up
+        step = types.FunctionType(StaticDecoder._eager_step.__code__.replace(), globals(), "_eager_step")
+        self._step = torch.compile(types.MethodType(step, self), mode=self.mode, fullgraph=True, dynamic=False)
 
     def _eager_step(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         out = self.model(input_ids=token, position_ids=position.view(1, 1), cache_position=position, use_cache=True,

@@ -424,6 +424,8 @@ class QuantizedExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return self.unrolled_forward(hidden_states, top_k_index, top_k_weights)
         out = torch.zeros_like(hidden_states)
         k = top_k_index.shape[-1]
         flat = top_k_index.reshape(-1)
@@ -439,6 +441,24 @@ class QuantizedExperts(nn.Module):
                 out.index_add_(0, tokens, y.to(out.dtype))
             start += count
         return out
+
+    def unrolled_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                         top_k_weights: torch.Tensor) -> torch.Tensor:
+        """`forward` as one compiled graph captures it (runtime.compiled: a decode step of T tokens): each token's k
+        experts in turn, unrolled (T x k is fixed by the shapes), each expert's slices read at an index the graph
+        carries (an unbacked integer: dynamo's capture_scalar_outputs), with no branch on the routing. Every index is
+        below E (no expert-parallel sentinels on one device)."""
+        tokens = []
+        for t in range(hidden_states.shape[0]):
+            x, acc = hidden_states[t:t + 1], None
+            for j in range(top_k_index.shape[1]):
+                expert = top_k_index[t, j].item()
+                torch._check(expert >= 0)
+                torch._check(expert < self.num_experts)
+                y = self.expert_forward(expert, x) * top_k_weights[t, j]
+                acc = y if acc is None else acc + y
+            tokens.append(acc.to(hidden_states.dtype))
+        return torch.cat(tokens)
 
     def expert_forward(self, expert: int, x: torch.Tensor) -> torch.Tensor:
         """One expert on its tokens' hidden states [m, H] -> [m, H]."""

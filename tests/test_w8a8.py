@@ -213,7 +213,7 @@ def test_a_calibration_of_weight_only_int8_does_not_stand_in_for_w8a8():
     assert efficiency(hw, "cpu", SCHEMES["quanto-w8a8"]).source == "default"
 
 
-def test_compile_on_a_cpu_takes_the_quanto_schemes_but_not_their_experts_nor_on_a_gpu():
+def test_compile_on_a_cpu_takes_the_quanto_schemes_and_their_experts_but_not_on_a_gpu():
     from vramplan.planner.profiles import resolve_profile
     from vramplan.planner.request import Request
     from vramplan.planner.search import plan
@@ -226,7 +226,13 @@ def test_compile_on_a_cpu_takes_the_quanto_schemes_but_not_their_experts_nor_on_
         assert p.fits and p.choice.weight_quant == q
     moe = plan(model_spec("qwen3-30b-a3b"), cpu, Request(context=4096, compiled=True, quant=("quanto-int8",),
                                                          kv_dtype=("bf16",)))
-    assert not moe.fits and "route tokens in Python" in moe.candidates[0].reason
+    assert moe.fits and moe.decode_compiled  # the experts' unrolled forward, in the graph (tests/test_compiled.py)
+    from vramplan.planner.architectures import spec_from_config
+    from conftest import tiny_config_dict
+    llama4 = spec_from_config(tiny_config_dict("llama", model_type="llama4_text", num_local_experts=4,
+                                               num_experts_per_tok=1, intermediate_size_mlp=128), name="tiny-llama4")
+    rows = plan(llama4, cpu, Request(context=256, compiled=True, quant=("quanto-int8",), kv_dtype=("bf16",)))
+    assert not rows.fits and "row-wise experts module" in rows.candidates[0].reason
     gpu = plan(dense, resolve_profile("rtx-4090")[0], Request(context=4096, compiled=True, quant=("quanto-int8",),
                                                               kv_dtype=("bf16",)))
     assert not gpu.fits and "unmeasured on a GPU" in gpu.candidates[0].reason
