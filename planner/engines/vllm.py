@@ -13,6 +13,7 @@ assumptions and said so in the output. Pure.
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 from dataclasses import dataclass, field, replace
 
 from ..record import record
@@ -157,6 +158,7 @@ class VLLMModel:
         self.layer_tensors = [spec.layer_tensors(i) for i in range(spec.num_layers)]
         self._kv_groups: dict[int, list] = {}  # per TP size: the layout search tries each size at several stages
         self._per_layer: dict[int, list[float]] = {}
+        self._prefix: dict[int, list[float]] = {}  # per TP size: the layers' bytes summed from the first
         self.tokens = rules.max_num_batched_tokens(g, req.context)
 
     def utilization(self, distributed: bool) -> float:
@@ -184,8 +186,9 @@ class VLLMModel:
 
     def _rank_weights(self, tp: int, layers: range, first: bool, last: bool) -> int:
         spec = self.spec
-        per_layer = self._layer_weights(tp)
-        total = sum(per_layer[i] for i in layers)
+        if tp not in self._prefix:  # a stage's layers by prefix sums: a search over pipeline sizes asks for every stage
+            self._prefix[tp] = list(accumulate(self._layer_weights(tp), initial=0))
+        total = self._prefix[tp][layers.stop] - self._prefix[tp][layers.start]
         for t in spec.non_layer_tensors():  # the embedding on the first stage; lm_head (a tied embedding) and norm last
             on_first = t.role is Role.EMBEDDING
             on_last = t.role is not Role.EMBEDDING or spec.tie_word_embeddings

@@ -15,6 +15,7 @@ get_kv_cache_configs) or vLLM refuses to start. Pure: no torch.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 
 from ..record import record
 from ..architectures.config import weight_block_size
@@ -488,12 +489,20 @@ def kv_groups(layers: list[LayerKV]) -> list[KVGroup]:
     return groups
 
 
+def _layers_within(layers: tuple[int, ...], stage: range) -> int:
+    """How many of a group's layers (ascending: kv_groups makes them so) the stage holds; by bisection for a stage of
+    consecutive layers (a search over pipeline sizes asks for every stage of each)."""
+    if stage.step == 1:
+        return bisect_left(layers, stage.stop) - bisect_left(layers, stage.start)
+    return sum(1 for i in layers if i in stage)
+
+
 def kv_request_bytes(groups: list[KVGroup], stage_layers: range, max_model_len: int,
                      in_flight_tokens: int) -> tuple[int, int]:
     """(bytes one max_model_len request needs, bytes of one pool block) on the rank holding `stage_layers`
     (KV_PLANNING _max_memory_usage_bytes_from_groups over the groups projected to the rank: a block holds each group's
     pages of its layers on the rank, the widest group decides; a request takes blocks from every group, empty ones
     included). The pool also keeps one block back, the null block (get_kv_cache_configs)."""
-    per_block = max((sum(g.spec.page_bytes for i in g.layers if i in stage_layers) for g in groups), default=0)
+    per_block = max((g.spec.page_bytes * _layers_within(g.layers, stage_layers) for g in groups), default=0)
     blocks = sum(g.spec.blocks(max_model_len, in_flight_tokens) for g in groups)
     return per_block * blocks, per_block
