@@ -170,6 +170,11 @@ class HostSpec:
     # default for the CPU's instruction set.
     cpu_decode_bf16_path: str | None = None
     cpu_decode_int8_dynamic_path: str | None = None
+    # The fixed cost of one routed expert's eager forward for one token on the CPU (runtime.experts.QuantizedExperts:
+    # gather, two matmuls, the gate, scatter-add), timed by the probe at shapes whose bytes take no time. None: the
+    # speed model's default (planner.speed.DEFAULT_CPU_EXPERT_CALL_S). It moves with the machine: about 50 us on the
+    # Xeon dev VM, 268 us on the AVX2 EPYC VM.
+    cpu_expert_call_s: float | None = None
 
     def decode_kernel_rate(self, kernel: str) -> float | None:
         return getattr(self, f"cpu_decode_{kernel}_bytes_per_s")
@@ -184,6 +189,8 @@ class HostSpec:
                 _check_float(self, name)
         if self.eager_dispatch_per_layer_s is not None:
             _check_float(self, "eager_dispatch_per_layer_s", positive=False, maximum=1.0)
+        if self.cpu_expert_call_s is not None:
+            _check_float(self, "cpu_expert_call_s", maximum=1.0)
         for kernel, paths in CPU_DECODE_PATHS.items():
             path = getattr(self, f"cpu_decode_{kernel}_path")
             if path is not None and path not in paths:

@@ -224,6 +224,7 @@ _HOST_KEYS = {
     "cpu_fp32_compute": ("cpu_fp32_flops", OPT_COMPUTE, None),
     "cpu_int8_compute": ("cpu_int8_ops", OPT_COMPUTE, None),
     "eager_dispatch_per_layer": ("eager_dispatch_per_layer_s", OPT_TIME, None),
+    "cpu_expert_call": ("cpu_expert_call_s", OPT_TIME, None),
     **{f"cpu_decode_{k}": (f"cpu_decode_{k}_bytes_per_s", OPT_BANDWIDTH, None) for k in CPU_DECODE_KERNELS},
     **{f"cpu_decode_{k}_path": (f"cpu_decode_{k}_path", OPT_STR, None) for k in CPU_DECODE_PATHS},
 }

@@ -482,6 +482,12 @@ def _constants(hw: HardwareProfile, req: Request) -> dict[str, Constant]:
     out["cpu_expert_call_s"] = {"value": sp.DEFAULT_CPU_EXPERT_CALL_S,
                                 "from": "planner.speed.DEFAULT_CPU_EXPERT_CALL_S "
                                 "(MoE, until calibrated: calibration.experts)"}
+    if hw.host.cpu_expert_call_s is not None:
+        out["cpu_expert_call_s"]["from"] += "; a prefill's and a compiled decode's calls"
+        out["cpu_eager_decode_expert_call_s"] = {
+            "value": hw.host.cpu_expert_call_s,
+            "from": f"profile {hw.name}: host.cpu_expert_call (the probe's timing; MoE, until calibrated: "
+                    "calibration.experts)"}
     if hw.gpu is not None:
         out["expert_call_launches"] = {"value": sp.EXPERT_CALL_LAUNCHES, "from": "planner.speed.EXPERT_CALL_LAUNCHES "
                                        "(MoE, until calibrated: calibration.experts)"}

@@ -425,7 +425,7 @@ def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: Weig
                        flop_per_s=g.bf16_flops if gpu else cpu_float_peak(hw.host)[0],
                        matmul_flop_per_s=g.bf16_flops if gpu else cpu_matmul_peak(hw.host, scheme)[0],
                        weights=eff, kv=kv_efficiency(hw, kind, spec, kv, kv_weights),
-                       experts=expert_efficiency(hw, kind, scheme, eff))
+                       experts=expert_efficiency(hw, kind, scheme, eff, compiled))
 
 
 # The rates of the last few (hardware, device, model, scheme, cache): a search prices many placements of each.
@@ -693,7 +693,7 @@ class _Model:
         head[0] += head_flop(self.spec) * req.batch
         # each chunk computes every expert its tokens reach once per MoE layer: a fixed cost per expert call
         touched = experts_touched(self.spec, min(req.prefill_chunk, prompt) * req.batch)
-        calls_s = sum(n * chunks * touched * self.rates[dev].experts.per_call_s for dev, n in calls.items())
+        calls_s = sum(n * chunks * touched * self.rates[dev].experts.prefill_call_s for dev, n in calls.items())
         total = calls_s
         for dev, (f, chunk_bytes, link_bytes, attention_f) in segments.items():
             t = self.rates[dev].prefill_s(f, attention_f, chunk_bytes, chunks)
@@ -745,7 +745,9 @@ def _estimate(m: _Model, spec: ModelSpec, hw: HardwareProfile, req: Request, sch
                "matmul_peak_from": ("gpu bf16_compute" if c.on_gpu else cpu_matmul_peak(hw.host, scheme)[1]),
                "per_layer_s": main.weights.per_layer_s,
                "per_token_s": main.weights.per_token_s, "experts_bandwidth_efficiency": main.experts.bandwidth,
-               "per_expert_call_s": main.experts.per_call_s, "experts_efficiency_source": main.experts.source,
+               "per_expert_call_s": main.experts.per_call_s,
+               "prefill_per_expert_call_s": main.experts.prefill_call_s,
+               "experts_efficiency_source": main.experts.source,
                "dispatch_per_layer_s": main.weights.dispatch_per_layer_s,
                "dispatch_source": main.weights.dispatch_source,
                "link_efficiency": DEFAULT_LINK_EFFICIENCY if c.offload is OffloadMode.STREAM else None},

@@ -66,8 +66,12 @@ DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY = 0.09
 # a fixed cost per routed expert computed (gather its tokens, two matmuls, the gate, scatter-add: kernels and Python,
 # like a layer's fixed cost but per expert). Calibration measures both (entries with backend "experts": bandwidth
 # efficiency, and per_layer_overhead = the cost per expert call); uncalibrated, the weights' efficiency and these
-# defaults: on a GPU EXPERT_CALL_LAUNCHES kernel launches, on a CPU DEFAULT_CPU_EXPERT_CALL_S (eager dispatch of those
-# ops, about 50 us measured on the 2-core dev VM with quanto int4 experts).
+# defaults: on a GPU EXPERT_CALL_LAUNCHES kernel launches; on a CPU DEFAULT_CPU_EXPERT_CALL_S (eager dispatch of those
+# ops, about 50 us measured on the 2-core Xeon dev VM with quanto int4 experts), except for an eager decode where the
+# profile has the probe's timing of that call (host.cpu_expert_call: 268 us on the AVX2 EPYC VM, one token). A
+# prefill's calls (many tokens each) and a compiled decode's (runtime.experts' unrolled forward, in the graph) keep the
+# default: the probe times neither, and with it Qwen3-30B-A3B's CPU TTFT was predicted within 1 % (9.41 / 9.46 s) and a
+# 1.9 GB MoE's compiled decode within 11 % (29.7 / 33.2 tok/s quanto-int4) on that VM.
 EXPERTS_BACKEND = "experts"
 EXPERT_CALL_LAUNCHES = 8
 DEFAULT_CPU_EXPERT_CALL_S = 40e-6
@@ -78,15 +82,26 @@ class ExpertEfficiency:
     """Routed experts computed by the CPU: achieved bandwidth and the fixed cost of one expert's call."""
 
     bandwidth: float  # routed experts' bytes, achieved / peak bandwidth
-    per_call_s: float  # fixed cost of one routed expert's forward
+    per_call_s: float  # fixed cost of one routed expert's forward in a decode step
     source: str
+    prefill_per_call_s: float | None = None  # in a prefill chunk, where it differs (None: per_call_s)
+
+    @property
+    def prefill_call_s(self) -> float:
+        return self.per_call_s if self.prefill_per_call_s is None else self.prefill_per_call_s
 
 
-def expert_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, weights: Efficiency) -> ExpertEfficiency:
+def expert_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, weights: Efficiency,
+                      compiled: bool = False) -> ExpertEfficiency:
     e = hw.calibration.lookup(device, EXPERTS_BACKEND, scheme.name) if hw.calibration is not None else None
     if e is not None and e.bandwidth_efficiency is not None:
         return ExpertEfficiency(bandwidth=e.bandwidth_efficiency, per_call_s=e.per_layer_overhead_s,
                                 source=f"calibrated {hw.calibration.measured_at}")
+    if device == "cpu" and not compiled and hw.host.cpu_expert_call_s is not None:
+        return ExpertEfficiency(bandwidth=weights.bandwidth, per_call_s=hw.host.cpu_expert_call_s,
+                                prefill_per_call_s=DEFAULT_CPU_EXPERT_CALL_S,
+                                source=f"decode calls: profile {hw.name}: host.cpu_expert_call (the probe's timing of "
+                                       "an eager call, one token); prefill calls: default")
     call = EXPERT_CALL_LAUNCHES * hw.overheads.kernel_launch_s if device == "gpu" else DEFAULT_CPU_EXPERT_CALL_S
     return ExpertEfficiency(bandwidth=weights.bandwidth, per_call_s=call, source="default")
 

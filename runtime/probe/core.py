@@ -19,8 +19,9 @@ from .datasheets import (APPLE_CHIPS, DEFAULT_ALLOCATOR_RESERVE_BYTES, DEFAULT_C
                          norm_gpu_name, apple_gpu_share, estimate_gpu_bf16_flops, match_datasheet, typical_link)
 from .host import (INT8_DOT_FLAGS, NATIVE_BF16_FLAGS, NO_INT8_DOT_DYNAMIC_RAM_SHARE, busy_note, estimate_cpu_flops,
                    load_average, read_host)
-from .measure import (Measurement, measure_cpu_decode_kernels, measure_cpu_matmul, measure_gpu_matmul_bf16,
-                      measure_gpu_memory_bandwidth, measure_host_link, measure_kernel_launch, measure_ram_bandwidth)
+from .measure import (Measurement, measure_cpu_decode_kernels, measure_cpu_expert_call, measure_cpu_matmul,
+                      measure_gpu_matmul_bf16, measure_gpu_memory_bandwidth, measure_host_link, measure_kernel_launch,
+                      measure_ram_bandwidth)
 from .measure import FULL_RAM_COPY_BYTES, FULL_REPEATS, QUICK_RAM_COPY_BYTES, QUICK_RAM_REPEATS
 from .nvml import NvmlGpu, NvmlUnavailable, filter_visible, nvml_process_memory, nvml_used_memory, read_nvml
 
@@ -261,6 +262,17 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
                 + "; the runtime runs " + ", ".join(f"{k} by {p}" for k, p in paths.items())
                 + ", the faster (runtime.cpu_paths)")
 
+    expert_call = None
+    if torch is not None:  # the full probe: what an MoE's routed expert costs a call here, beyond its bytes
+        say("timing a routed expert's call (MoE)")
+        try:
+            measurements["cpu_expert_call"] = m = measure_cpu_expert_call(torch)
+            expert_call = float(f"{m.value:.3g}")
+            notes.append(f"CPU routed-expert call {1e6 * m.value:.0f} us measured (eager decode, one token): "
+                         f"{m.method}")
+        except Exception as e:  # noqa: BLE001 - the speed model's default stays
+            notes.append(f"CPU routed-expert call not timed ({type(e).__name__}: {e})")
+
     host_spec = HostSpec(
         ram_bytes=host.effective_ram_bytes,
         ram_bandwidth_bytes_per_s=_bw(ram_bw),
@@ -270,6 +282,7 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
         cpu_int8_ops=None if cpu_rates["int8"] is None else _fl(cpu_rates["int8"]),
         **{f"cpu_decode_{name}_bytes_per_s": _bw(rate) for name, rate in decode.items()},
         **{f"cpu_decode_{name}_path": path for name, path in paths.items()},
+        cpu_expert_call_s=expert_call,
     )
 
     # -- GPUs -----------------------------------------------------------------

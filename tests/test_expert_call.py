@@ -1,0 +1,67 @@
+"""The CPU's routed-expert call, timed by the probe and priced by the speed model (issue 41: CPU defaults follow the
+machine): a profile's host.cpu_expert_call prices an eager MoE decode's calls; a prefill's and a compiled decode's keep
+the default, as the plan's constants say."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import run_profile
+from vramplan.planner.profile_yaml import loads_profile, profile_to_dict
+from vramplan.planner.profiles import resolve_profile
+from vramplan.planner.request import Request
+from vramplan.planner.search import plan
+from vramplan.planner.sources import model_spec
+from vramplan.planner.speed import DEFAULT_CPU_EXPERT_CALL_S
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_profile_carries_the_call_and_refuses_a_bad_one():
+    d = yaml.safe_load(Path(run_profile()).read_text())
+    d["host"]["cpu_expert_call"] = "268 us"
+    hw = loads_profile(yaml.safe_dump(d))
+    assert hw.host.cpu_expert_call_s == pytest.approx(268e-6)
+    assert loads_profile(yaml.safe_dump(profile_to_dict(hw))).host.cpu_expert_call_s == pytest.approx(268e-6)
+    d["host"]["cpu_expert_call"] = "-1 us"
+    with pytest.raises(Exception, match="cpu_expert_call"):
+        loads_profile(yaml.safe_dump(d))
+
+
+def test_an_eager_moe_decode_pays_the_measured_call_and_its_prefill_the_default():
+    hw = resolve_profile("cpu-ddr5-desktop")[0]
+    assert hw.host.cpu_expert_call_s is None
+    spec = model_spec("qwen3-30b-a3b")
+    req = Request(context=4096, prompt_tokens=64, quant=("quanto-int4",), kv_dtype=("bf16",))
+    slow = replace(hw, host=replace(hw.host, cpu_expert_call_s=10 * DEFAULT_CPU_EXPERT_CALL_S))
+    base, measured = plan(spec, hw, req), plan(spec, slow, req)
+    terms = measured.chosen.speed.terms
+    assert terms["per_expert_call_s"] == pytest.approx(10 * DEFAULT_CPU_EXPERT_CALL_S)
+    assert terms["prefill_per_expert_call_s"] == DEFAULT_CPU_EXPERT_CALL_S
+    assert "host.cpu_expert_call" in terms["experts_efficiency_source"]
+    # 48 MoE layers x 8 routed experts a token, each call 9 x the default dearer
+    step = 1 / measured.predicted.decode_tokens_per_s - 1 / base.predicted.decode_tokens_per_s
+    assert step == pytest.approx(48 * 8 * 9 * DEFAULT_CPU_EXPERT_CALL_S, rel=1e-6)
+    assert measured.predicted.ttft_s == pytest.approx(base.predicted.ttft_s, rel=1e-9)
+    consts = measured.constants
+    assert consts["cpu_eager_decode_expert_call_s"].value == pytest.approx(10 * DEFAULT_CPU_EXPERT_CALL_S)
+    compiled = plan(spec, slow, replace(req, compiled=True))  # the unrolled experts, in the graph: the default
+    assert compiled.decode_compiled and compiled.chosen.speed.terms["per_expert_call_s"] == DEFAULT_CPU_EXPERT_CALL_S
+
+
+def test_the_probe_times_the_call():
+    torch = pytest.importorskip("torch")
+    from vramplan.runtime.probe.measure import measure_cpu_expert_call
+
+    m = measure_cpu_expert_call(torch, repeats=3, calls=5)
+    assert m.unit == "s" and 1e-6 < m.value < 0.1 and len(m.samples) == 3
+    assert "QuantizedExperts (quanto-int4" in m.method
+
+
+def test_the_epyc_profile_records_its_probes_call():
+    hw = loads_profile((ROOT / "bench" / "results" / "profile-cpu-epyc-avx2.yaml").read_text())
+    assert hw.host.cpu_expert_call_s == pytest.approx(268e-6)
