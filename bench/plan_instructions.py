@@ -24,13 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = [
-    ("meta-llama/Llama-3.1-405B", "128k", "h200"),
-    ("meta-llama/Llama-3.1-405B", "128k", "rtx-4090"),
-    ("meta-llama/Llama-3.1-70B", "32k", "rtx-4090"),
-    ("meta-llama/Llama-3.1-8B", "32k", "rtx-4090"),
-    ("Qwen/Qwen3-30B-A3B", "32k", "rtx-3060-12gb"),
-]
+sys.path.insert(0, str(ROOT / "bench"))
+from plan_speed import CASES  # noqa: E402 - the cases bench/plan_speed.py times
 CHILD = r"""
 import sys
 from vramplan.planner.engines import plan_for_engine

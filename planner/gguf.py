@@ -614,13 +614,18 @@ def tensor_info_bytes(tensors: tuple[GGUFTensor, ...]) -> int:
     return sum(_info_bytes(t.name, t.shape) for t in tensors)
 
 
+# A tensor info in a GGUF header: the name's length (8) and bytes, n_dims (4), 8 per dimension, the type (4), the
+# data offset (8).
+INFO_FIXED_BYTES = 8 + 4 + 4 + 8
+
+
 def _info_bytes(name: str, shape: tuple[int, ...]) -> int:
-    return 8 + len(name.encode()) + 4 + 8 * ggml_n_dims(shape) + 4 + 8
+    return INFO_FIXED_BYTES + len(name.encode()) + 8 * ggml_n_dims(shape)
 
 
 def _infos_bytes(names: list[str], shapes: list[tuple[int, ...]]) -> int:
     """sum(_info_bytes(name, shape)) over the tensors, each distinct shape's dimensions counted once."""
-    return (sum(map(len, map(str.encode, names))) + 24 * len(names)
+    return (INFO_FIXED_BYTES * len(names) + sum(map(len, map(str.encode, names)))
             + sum(8 * ggml_n_dims(sh) * k for sh, k in Counter(shapes).items()))
 
 

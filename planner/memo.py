@@ -18,9 +18,7 @@ class ObjectMemo:
     def get(self, objects: tuple, values: tuple, make: Callable[[], Any]) -> Any:
         key = (*map(id, objects), *values)
         hit = self._entries.get(key)
-        # an entry holds its objects, so no other object can have their ids while it lives: a check, made in C (a tuple
-        # compares each pair by identity first)
-        if hit is not None and hit[0] == objects:
+        if hit is not None:  # an entry holds its objects: no other object can have their ids while it lives
             return hit[1]
         if len(self._entries) >= self.size:
             self._entries.pop(next(iter(self._entries)))

@@ -479,11 +479,12 @@ def _constants(hw: HardwareProfile, req: Request) -> dict[str, Constant]:
                 out[f"gpu{entry}_memory_bandwidth_bytes_per_s"] = {"value": g.memory_bandwidth_bytes_per_s,
                                                                    "from": f"{where}.memory_bandwidth"}
             entry += 1
+    measured_call = hw.host.cpu_expert_call_s is not None
+    used_for = "; a prefill's and a compiled decode's calls" if measured_call else ""
     out["cpu_expert_call_s"] = {"value": sp.DEFAULT_CPU_EXPERT_CALL_S,
-                                "from": "planner.speed.DEFAULT_CPU_EXPERT_CALL_S "
-                                "(MoE, until calibrated: calibration.experts)"}
-    if hw.host.cpu_expert_call_s is not None:
-        out["cpu_expert_call_s"]["from"] += "; a prefill's and a compiled decode's calls"
+                                "from": f"planner.speed.DEFAULT_CPU_EXPERT_CALL_S (MoE, until calibrated: "
+                                        f"calibration.experts{used_for})"}
+    if measured_call:
         out["cpu_eager_decode_expert_call_s"] = {
             "value": hw.host.cpu_expert_call_s,
             "from": f"profile {hw.name}: host.cpu_expert_call (the probe's timing; MoE, until calibrated: "

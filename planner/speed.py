@@ -579,16 +579,10 @@ class _Model:
         self.rates = _all_rates(hw, spec, scheme, kv, req.compiled, c.on_gpu)
         self.main = self.rates[0] if c.on_gpu else self.rates[CPU_DEVICE]  # where lm_head and the fixed costs are
         self.link_bytes_per_s = (hw.link.h2d_pinned_bytes_per_s * DEFAULT_LINK_EFFICIENCY) if hw.link else None
-        lay = self.layout = _layout(spec, c, costs)
-        self.device, self.streamed, self.expert_layers_in_ram = lay.device, lay.streamed, lay.expert_layers_in_ram
-        self.crossings, self._place_of, self._place_list = lay.crossings, lay.place_of, lay.place_list
+        self.layout = _layout(spec, c, costs)
         self.hidden_bytes = spec.hidden_size * dtype_bytes(scheme.compute_dtype) * req.batch  # one token's state
         self.crossing_s = self._crossing_s(1)
         self._works: dict[int, DecodeWork] = {}
-
-    def _grouped(self, w: DecodeWork) -> list[tuple[tuple, int, int]]:
-        """(place, first layer, layers) for each place and kind of work at `w`, in the order they first occur."""
-        return self.layout.grouped(w)
 
     def _crossing_s(self, tokens: int) -> float:
         """One change of device for `tokens` positions' hidden states: their bytes over the link, and a sync."""
@@ -608,7 +602,7 @@ class _Model:
         layers the CPU computes are its own work, inside their per-layer cost)."""
         if not self.c.on_gpu:
             return 0.0
-        gpu_layers = len(self.device) - self.device.count(CPU_DEVICE)
+        gpu_layers = len(self.layout.device) - self.layout.device.count(CPU_DEVICE)
         return gpu_layers * self.main.weights.dispatch_per_layer_s
 
     def decode_s(self, context: int, with_terms: bool = True) -> tuple[float, dict]:
@@ -616,7 +610,7 @@ class _Model:
         w = self._work(context)
         resident_s = streamed_s = cpu_layers_s = experts_s = 0.0
         cpu = self.rates[CPU_DEVICE]
-        for (dev, how, link_bytes), i, n in self._grouped(w):
+        for (dev, how, link_bytes), i, n in self.layout.grouped(w):
             if how is _STREAMED:
                 # prefetch overlaps the copy of layer i+1 with the compute of layer i: a max, not a sum;
                 # the whole layer (every expert) crosses the link
@@ -629,7 +623,7 @@ class _Model:
             else:
                 resident_s += n * self.rates[dev].layer_decode_s(w, i)
         head_s = self.main.weights_s(w.head_bytes)
-        fixed_s = self.main.weights.per_token_s + self.crossings * self.crossing_s
+        fixed_s = self.main.weights.per_token_s + self.layout.crossings * self.crossing_s
         # the GPUs' share runs behind the host's dispatch of it: the longer of the two
         gpu_s = resident_s + streamed_s + head_s + fixed_s
         host_s = self.host_dispatch_s()
@@ -637,7 +631,7 @@ class _Model:
         if not with_terms:
             return total, {}
         terms = {"resident_s": resident_s, "offloaded_s": streamed_s + cpu_layers_s, "experts_on_cpu_s": experts_s,
-                 "lm_head_s": head_s, "fixed_s": fixed_s, "crossings": self.crossings,
+                 "lm_head_s": head_s, "fixed_s": fixed_s, "crossings": self.layout.crossings,
                  "kv_update_s": self._per_kind_sum(w, DeviceRates.kv_update_s),
                  "mla_expand_s": self._per_kind_sum(w, DeviceRates.expand_s),
                  "host_dispatch_s": host_s, "decode_bound": "host dispatch" if host_s > gpu_s else "device"}
@@ -645,14 +639,14 @@ class _Model:
 
     def _per_kind_sum(self, w: DecodeWork, term) -> float:
         """`term(rates, w, i)` summed over the layers, priced once per device and kind of layer."""
-        return sum(n * term(self.rates[dev], w, i) for (dev, _, _), i, n in self._grouped(w))
+        return sum(n * term(self.rates[dev], w, i) for (dev, _, _), i, n in self.layout.grouped(w))
 
     def ceiling_s(self, context: int) -> float:
         """The bytes a step must read over the bandwidth where they live; streamed layers over the link."""
         w = self._work(context)
         cpu_bw = self.rates[CPU_DEVICE].bandwidth_bytes_per_s
         t = w.head_bytes / self.main.bandwidth_bytes_per_s
-        for (dev, how, link_bytes), i, n in self._grouped(w):
+        for (dev, how, link_bytes), i, n in self.layout.grouped(w):
             bw = self.rates[dev].bandwidth_bytes_per_s
             if how is _EXPERTS_IN_RAM:
                 t_layer = ((w.weights_bytes[i] - w.expert_bytes[i] + w.layout(i).kv_stored) / bw
@@ -674,7 +668,7 @@ class _Model:
         segments: dict = {}  # device -> [matmul FLOPs, weight bytes per chunk, link bytes per chunk, attention FLOPs]
         calls: Counter = Counter()  # device computing a layer's routed experts -> MoE layers it computes them for
         for place, kind, weights, expert_bytes, n in self.layout.counted(kinds, self.costs.weights, self.costs.experts):
-            (dev, how, _), (matmul, expand, attention, share) = self._place_list[place], work[kind]
+            (dev, how, _), (matmul, expand, attention, share) = self.layout.place_list[place], work[kind]
             seg = segments.setdefault(dev, [0.0, 0.0, 0.0, 0.0])
             seg[3] += n * attention * req.batch  # attention stays with the layer
             seg[0] += n * expand * req.batch  # so does MLA's expansion, a matmul
@@ -702,7 +696,7 @@ class _Model:
             total += t
         main = self.main.weights
         per_chunk_fixed_s = (self.spec.num_layers * main.per_layer_s + main.per_token_s
-                             + self.crossings * self._crossing_s(min(req.prefill_chunk, prompt)))
+                             + self.layout.crossings * self._crossing_s(min(req.prefill_chunk, prompt)))
         # each chunk is one eager forward the host dispatches: never faster than that
         return max(total + chunks * per_chunk_fixed_s, chunks * self.host_dispatch_s())
 

@@ -449,10 +449,8 @@ def measure_experts(hw: HardwareProfile, quants: tuple[str, ...], device: str, *
     import time
 
     import torch
-    from transformers import AutoConfig
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
-    from .experts import QuantizedExperts
+    from .experts import QuantizedExperts, random_experts
 
     say = progress or (lambda _: None)
     samples, warnings = [], []
@@ -469,12 +467,7 @@ def measure_experts(hw: HardwareProfile, quants: tuple[str, ...], device: str, *
         say(f"experts: {quant} on {device}")
         try:
             for hidden, inter in EXPERT_SHAPES:
-                config = AutoConfig.for_model("qwen3_moe", hidden_size=hidden, moe_intermediate_size=inter,
-                                              num_experts=EXPERT_COUNT, num_experts_per_tok=max(EXPERT_TOP_K))
-                config._experts_implementation = "eager"  # standalone: the model's dispatch never set it
-                experts = Qwen3MoeExperts(config).to(torch.bfloat16)
-                for p in experts.parameters():
-                    p.data.normal_(0, 0.02, generator=generator)
+                experts = random_experts(hidden, inter, EXPERT_COUNT, max(EXPERT_TOP_K), generator)
                 if scheme.quantized:
                     module = QuantizedExperts(experts, scheme, device)
                     per_expert = module.expert_nbytes

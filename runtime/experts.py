@@ -508,3 +508,18 @@ def _is_transposed(experts: nn.Module) -> bool:
     if flag is not None:
         return bool(flag)
     return experts.gate_up_proj.shape[1] == experts.down_proj.shape[2]
+
+
+def random_experts(hidden: int, width: int, experts: int, top_k: int, generator: torch.Generator) -> nn.Module:
+    """A standalone bf16 routed-experts module of transformers' Qwen3-MoE (its eager forward), weights drawn from N(0,
+    0.02): what calibration and the probe time the experts' kernels on."""
+    from transformers import AutoConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    config = AutoConfig.for_model("qwen3_moe", hidden_size=hidden, moe_intermediate_size=width, num_experts=experts,
+                                  num_experts_per_tok=top_k)
+    config._experts_implementation = "eager"  # standalone: the model's dispatch never set it
+    module = Qwen3MoeExperts(config).to(torch.bfloat16)
+    for p in module.parameters():
+        p.data.normal_(0, 0.02, generator=generator)
+    return module

@@ -97,6 +97,16 @@ def transformers_candidates(spec: ModelSpec, hw: HardwareProfile, req: Request, 
         s for s in SCHEMES.values() if s.activation_bits == 16 and not s.compiled_only]  # generate() is eager
     kvs = [KV_SCHEMES[k] for k in req.kv_dtype] if req.kv_dtype else list(KV_SCHEMES.values())
     L, cap = spec.num_layers, ram_capacity(hw, req)
+
+    def in_turn(fp, forced_e: int):
+        """Every layer on the GPU, else the experts of the fewest layers in RAM, else the most GPU layers: each made
+        only when the one before does not run."""
+        yield placement_at(fp, L, OffloadMode.NONE, forced_e, best_effort=True)
+        if not forced_e:
+            yield experts_in_ram(fp, L, OffloadMode.NONE)
+        n = bisect_max(lambda m: placement_at(fp, m, OffloadMode.STREAM) is not None, 0, L - 1)
+        yield placement_at(fp, n, OffloadMode.STREAM) if n >= 0 else None
+
     out = []
     for s in schemes:
         weights, read = weight_costs(spec, s, not hw.has_gpu), read_bytes_per_layer(spec, s, req.batch)
@@ -114,23 +124,13 @@ def transformers_candidates(spec: ModelSpec, hw: HardwareProfile, req: Request, 
                 tries = [Placement(())]
             elif req.gpu_layers is not None and req.gpu_layers < L:
                 tries = [placement_at(fp, req.gpu_layers, OffloadMode.STREAM, forced_e, best_effort=True)]
-            else:  # every layer on the GPU, else the experts of the fewest layers in RAM, else the most GPU layers
-                def split(fp=fp):  # (made only when the one before does not run)
-                    n = bisect_max(lambda m: placement_at(fp, m, OffloadMode.STREAM) is not None, 0, L - 1)
-                    return placement_at(fp, n, OffloadMode.STREAM) if n >= 0 else None
-                tries = _present((lambda fp=fp, e=forced_e: placement_at(fp, L, OffloadMode.NONE, e, best_effort=True),
-                                  lambda fp=fp: experts_in_ram(fp, L, OffloadMode.NONE) if not forced_e else None,
-                                  split))
+            else:
+                tries = (p for p in in_turn(fp, forced_e) if p is not None)
             best = _best_of(spec, hw, req, s, k, fp, tries, base, cap, read, choice_of, overflow_reason, estimate)
             if contexts and best.memory is not None:
                 best = replace(best, max_context_tokens=max_resident_context(spec, hw, req, s, k, weights))
             out.append(best)
     return out
-
-
-def _present(makers):
-    """The placements the makers make, in order, each made when asked for; those that are None left out."""
-    return (p for make in makers if (p := make()) is not None)
 
 
 def _best_of(spec, hw, req, s, k, fp, tries, base, cap, read, make_choice, overflow, estimate) -> Candidate:

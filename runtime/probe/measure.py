@@ -287,8 +287,6 @@ def measure_kernel_launch(torch: Any, device: str, launches: int = 2000, repeats
                        f"{launches} back-to-back x.add_(1) on a 1-element tensor")
 
 
-
-
 # A routed expert's call timed at shapes whose bytes take no time (hidden 256, expert width 128: 0.1 MB an expert in
 # int4), as the runtime's eager MoE decode calls it: one token, EXPERT_CALL_TOP_K of EXPERT_CALL_EXPERTS experts.
 EXPERT_CALL_SHAPE = (256, 128)
@@ -300,20 +298,12 @@ def measure_cpu_expert_call(torch: Any, repeats: int = 7, calls: int = 50, schem
     QuantizedExperts of `scheme` (quanto's int4 by default, the CPU MoE scheme), one token routed to
     EXPERT_CALL_TOP_K experts, per expert. It moves with the machine: about 50 us on the Xeon dev VM, 268 us on the
     AVX2 EPYC VM (2026-11-29)."""
-    from transformers import AutoConfig
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
-
     from vramplan.planner.quant import SCHEMES
-    from vramplan.runtime.experts import QuantizedExperts
+    from vramplan.runtime.experts import QuantizedExperts, random_experts
 
     hidden, width = EXPERT_CALL_SHAPE
-    config = AutoConfig.for_model("qwen3_moe", hidden_size=hidden, moe_intermediate_size=width,
-                                  num_experts=EXPERT_CALL_EXPERTS, num_experts_per_tok=EXPERT_CALL_TOP_K)
-    config._experts_implementation = "eager"
     generator = torch.Generator().manual_seed(0)
-    experts = Qwen3MoeExperts(config).to(torch.bfloat16)
-    for p in experts.parameters():
-        p.data.normal_(0, 0.02, generator=generator)
+    experts = random_experts(hidden, width, EXPERT_CALL_EXPERTS, EXPERT_CALL_TOP_K, generator)
     module = QuantizedExperts(experts, SCHEMES[scheme], "cpu")
     x = torch.randn(1, hidden, generator=generator).to(torch.bfloat16)
     index = torch.arange(EXPERT_CALL_TOP_K).view(1, -1)
