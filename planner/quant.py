@@ -99,7 +99,7 @@ class WeightScheme:
             return False
         if t.kind is Kind.EXPERTS:
             if self.backend == TORCH_WO_BACKEND:
-                return False
+                return self.bits == 8 or tinygemm_packs(*t.matrix_shape, self.group_size)
             return not (self.backend == "quanto" and self.bits == 4 and experts_int4_group(*t.matrix_shape) is None)
         if t.kind is not Kind.LINEAR or t.layer is None:
             return False
@@ -137,8 +137,10 @@ class WeightScheme:
         experts = t.shape[0]
         out_features, in_features = t.matrix_shape
         n = out_features * in_features
-        if self.bits == 8:  # bnb: fp32 SCB per row; quanto: bf16 scale per row
+        if self.bits == 8:  # bnb: fp32 SCB per row; quanto, int8-wo: bf16 scale per row
             return experts * (n + int(out_features * self.row_scale_bytes))
+        if self.backend in (TORCH_WO_BACKEND, COMPILED_BACKEND):  # tinygemm: codes, bf16 scale and zero per group
+            return experts * (n // 2 + out_features * (in_features // self.group_size) * int(self.scale_bytes))
         if self.backend == "bnb":
             blocks = math.ceil(n / self.group_size)
             if self.double_quant:
@@ -223,9 +225,10 @@ _INT8DQ = ("torchao's int8 dynamic activation + int8 weight (int8dq: symmetric a
            "perplexity")
 
 # torch's own weight-only kernels, gpt-fast's path (runtime.weight_only): int8 rows with a bf16 scale each, and int4 in
-# tinygemm's layout (_weight_int4pack_mm on CUDA) with a bf16 scale and zero per group of 64. Dense layers' linears
-# only: routed experts and lm_head stay in the load dtype. Quality: torchao/quantization/README.md (pytorch/ao
-# fd6e4b1), lm_eval WikiText word perplexity of torchao's int8wo / int4wo-64, which quantize the same way.
+# tinygemm's layout (_weight_int4pack_mm on CUDA) with a bf16 scale and zero per group of 64: the decoder layers'
+# linears and routed experts (expert by expert, runtime.experts); lm_head stays in the load dtype. Quality:
+# torchao/quantization/README.md (pytorch/ao fd6e4b1), lm_eval WikiText word perplexity of torchao's int8wo /
+# int4wo-64, which quantize the same way.
 TORCH_WO_BACKEND = "torch-wo"
 TINYGEMM_INNER_K_TILES = 8  # _convert_weight_to_int4pack's innerKTiles: in_features a multiple of 8 x 16
 _TORCHAO_WO = ("torchao/quantization/README.md (pytorch/ao fd6e4b1), lm_eval WikiText perplexity, A100: Llama-2-7B "

@@ -249,13 +249,10 @@ def _compile_ok(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weig
         return (f"--compile runs {', '.join(f'{w} weights with a {k} cache' for w, k in runs.items())} here "
                 "(a static cache torch.compile captures; bitsandbytes' kernels break the graph"
                 + ("; quanto's compiled decode is unmeasured on a GPU)" if hw.has_gpu else ")"))
-    if scheme.quantized and spec.moe is not None:
-        if scheme.compiled_only:
-            return (f"{scheme.name} decodes compiled, and its weight-only kernels do not quantize an MoE's routed "
-                    "experts yet: dense models only")
-        if spec.model_type in ROW_EXPERT_MODEL_TYPES:
-            return (f"--compile: {spec.model_type}'s routed experts run in vramplan's row-wise experts module, which "
-                    "routes tokens in Python (a graph break): run it eager")
+    if scheme.quantized and spec.moe is not None and spec.model_type in ROW_EXPERT_MODEL_TYPES:
+        return (f"--compile: {spec.model_type}'s routed experts run in vramplan's row-wise experts module, which "
+                "routes tokens in Python (a graph break): "
+                + (f"{scheme.name} decodes compiled only; another scheme" if scheme.compiled_only else "run it eager"))
     if scheme.activation_bits == 8 and not hw.has_gpu and hw.host.cpu_decode_int8_dynamic_path == "fbgemm":
         return (f"--compile: {scheme.name} runs by fbgemm on this CPU (the profile's "
                 "host.cpu_decode_int8_dynamic_path), whose packed weights a compiled graph reaches through a custom "
@@ -492,6 +489,9 @@ def _constants(hw: HardwareProfile, req: Request) -> dict[str, Constant]:
     if hw.gpu is not None:
         out["expert_call_launches"] = {"value": sp.EXPERT_CALL_LAUNCHES, "from": "planner.speed.EXPERT_CALL_LAUNCHES "
                                        "(MoE, until calibrated: calibration.experts)"}
+        out["gathered_expert_passes"] = {"value": sp.GATHERED_EXPERT_PASSES,
+                                         "from": "planner.speed.GATHERED_EXPERT_PASSES (compiled MoE, int8-wo / "
+                                                 "int4-wo: by design, unmeasured)"}
         out["crossing_sync_launches"] = {"value": sp.CROSSING_SYNC_LAUNCHES,
                                          "from": "planner.speed.CROSSING_SYNC_LAUNCHES"}
     if hw.gpu is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from .record import record
 from .hardware import HardwareProfile
 from .modelspec import ModelSpec
-from .quant import KVScheme, WeightScheme
+from .quant import COMPILED_BACKEND, TORCH_WO_BACKEND, KVScheme, WeightScheme
 
 
 @record(kw_only=True)
@@ -75,6 +75,12 @@ DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY = 0.09
 EXPERTS_BACKEND = "experts"
 EXPERT_CALL_LAUNCHES = 8
 DEFAULT_CPU_EXPERT_CALL_S = 40e-6
+# int8-wo / int4-wo experts in a compiled GPU decode are read by gathering each routed expert's slices at the index
+# tensor (runtime.experts.ExpertMatrices.matmul_at: no host sync, so the step stays one CUDA graph): the slice is read,
+# written to a new buffer and read again by the matmul, three passes over its bytes where a view would take one. By
+# design, not measured (no GPU has run it yet: the GPU proof's call measures it); inductor may fuse the gather into
+# an int8 matmul, which would make it one.
+GATHERED_EXPERT_PASSES = 3
 
 
 @record(kw_only=True)
@@ -103,6 +109,10 @@ def expert_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, we
                                 source=f"decode calls: profile {hw.name}: host.cpu_expert_call (the probe's timing of "
                                        "an eager call, one token); prefill calls: default")
     call = EXPERT_CALL_LAUNCHES * hw.overheads.kernel_launch_s if device == "gpu" else DEFAULT_CPU_EXPERT_CALL_S
+    if device == "gpu" and scheme.quantized and scheme.backend in (COMPILED_BACKEND, TORCH_WO_BACKEND):
+        return ExpertEfficiency(bandwidth=weights.bandwidth / GATHERED_EXPERT_PASSES, per_call_s=call,
+                                source=f"default, each routed expert's bytes read {GATHERED_EXPERT_PASSES} times "
+                                       "(planner.speed_attention.GATHERED_EXPERT_PASSES: gathered in the graph)")
     return ExpertEfficiency(bandwidth=weights.bandwidth, per_call_s=call, source="default")
 
 

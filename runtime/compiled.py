@@ -17,7 +17,8 @@ graph, quanto's compiled decode on a GPU is unmeasured, and the offload engine m
 MoE: transformers' own experts (bf16) route through its experts implementation (grouped_mm by default in 5.x), which
 compiles; vramplan's quantized experts (runtime.experts.QuantizedExperts) take their unrolled forward inside the
 graph, each routed expert read at an index the graph carries: dynamo's capture_scalar_outputs, set here for such a
-model.
+model; on CUDA int8-wo's and int4-wo's experts are gathered at the index tensor instead (no host sync: one CUDA
+graph).
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ Kernels, per scheme (all run on the device the weights are on):
   count; experts keep the layout the plan counts.)
 - bnb int8: ``bitsandbytes.matmul`` with the LLM.int8() state of its Linear8bitLt: int8 activations,
   columns above the outlier threshold in fp16.
+- int8-wo / int4-wo (torch's weight-only kernels, decoded compiled): runtime.weight_only's layouts and products per
+  expert. In a compiled CUDA step each routed expert's slices are gathered at the index tensor (``matmul_at``), so
+  that no host read of an index breaks the CUDA graph.
 The matmuls of quanto's schemes run in bf16 (the scheme's compute dtype: their scales are bf16); activations
 are cast to it and the result back.
 
@@ -39,7 +42,10 @@ import abc
 import torch
 from torch import nn
 
-from vramplan.planner.quant import BNB_NESTED_BLOCKSIZE, INT8PACK_IN_MULTIPLE, WeightScheme, experts_int4_group
+from vramplan.planner.quant import (BNB_NESTED_BLOCKSIZE, INT8PACK_IN_MULTIPLE, TINYGEMM_OUT_MULTIPLE, TORCH_WO_BACKEND,
+                                   WeightScheme, experts_int4_group, tinygemm_packs)
+
+from .weight_only import int4_groups, int4_mm, int8_rows, int8_rows_mm
 
 COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -99,12 +105,25 @@ class ExpertMatrices(nn.Module, abc.ABC):
     def dequantize(self, expert: int) -> torch.Tensor:
         """Expert ``expert``'s [out, in] matrix as the kernel sees it, in fp32."""
 
+    # whether matmul_at is this layout's: a product at an expert index held in a tensor
+    GATHERS = False
+
+    def matmul_at(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """``matmul`` at the expert held in ``index`` (int64 [1], on this module's device) without reading it on the
+        host: each per-expert buffer's slice gathered (index_select), so that a CUDA graph holds the step (a host
+        read of the index is a sync no graph captures). Layouts with GATHERS define it."""
+        raise NotImplementedError(type(self).__name__)
+
+    def _at(self, name: str, index: torch.Tensor) -> torch.Tensor:
+        return self._buffers[name].index_select(0, index)[0]
+
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, out_features={self.out_features}, in_features={self.in_features}"
 
 
 class PlainMatrices(ExpertMatrices):
-    """Experts a scheme's kernels cannot hold (quanto int4 with out % 16 or in % 32), in the compute dtype."""
+    """Experts a scheme's kernels cannot hold (quanto int4 with out % 16 or in % 32; int4-wo where tinygemm_packs does
+    not), in the compute dtype."""
 
     EXPERT_BUFFERS = ("weight",)
 
@@ -115,8 +134,13 @@ class PlainMatrices(ExpertMatrices):
             weight[e] = source.matrix(e, device)
         self.register_buffer("weight", weight)
 
+    GATHERS = True
+
     def matmul(self, x, expert):
         return nn.functional.linear(x, self.weight[expert].to(x.dtype))
+
+    def matmul_at(self, x, index):
+        return nn.functional.linear(x, self._at("weight", index).to(x.dtype))
 
     def dequantize(self, expert):
         return self.weight[expert].float()
@@ -249,6 +273,75 @@ class QuantoInt4Matrices(ExpertMatrices):
         return out
 
 
+class TorchInt8Matrices(ExpertMatrices):
+    """int8-wo's experts: int8 [E, out, in] + one scale per row in the compute dtype [E, out], each expert quantized
+    as runtime.weight_only quantizes a linear (int8_rows) and multiplied by its product (int8_rows_mm: on a GPU the
+    rows converted in the matmul, which inductor fuses; on the CPU torch._weight_int8pack_mm)."""
+
+    EXPERT_BUFFERS = ("data", "scale")
+    GATHERS = True
+
+    def __init__(self, source: "_Source", scheme: WeightScheme, device):
+        super().__init__(*source.dims)
+        data = torch.empty(*source.dims, dtype=torch.int8, device=device)
+        scale = torch.empty(*source.dims[:2], dtype=_scheme_dtype(scheme), device=device)
+        for e in range(source.experts):
+            int8_rows(source.matrix(e, device), data[e], scale[e])
+        self.register_buffer("data", data)
+        self.register_buffer("scale", scale)
+
+    def matmul(self, x, expert):
+        return int8_rows_mm(x, self.data[expert], self.scale[expert]).to(x.dtype)
+
+    def matmul_at(self, x, index):
+        return int8_rows_mm(x, self._at("data", index), self._at("scale", index)).to(x.dtype)
+
+    def dequantize(self, expert):
+        return self.data[expert].float() * self.scale[expert].float()[:, None]
+
+
+class TorchInt4Matrices(ExpertMatrices):
+    """int4-wo's experts in tinygemm's layout for their device (runtime.weight_only.int4_groups: packed codes
+    [E, ...] + bf16 scale and zero per group [E, in / group, out, 2]), the scheme's group size, multiplied by
+    tinygemm's kernel there (int4_mm). Quantized on the device they run on; a move to another device type is refused
+    (the two layouts differ, and neither scheme streams)."""
+
+    EXPERT_BUFFERS = ("packed", "scale_zeros")
+    GATHERS = True
+
+    def __init__(self, source: "_Source", scheme: WeightScheme, device):
+        super().__init__(*source.dims)
+        self.group_size = scheme.group_size
+        packed = scale_zeros = None
+        for e in range(source.experts):
+            p, sz = int4_groups(source.matrix(e, device), self.group_size, device)
+            if packed is None:
+                packed = torch.empty(source.experts, *p.shape, dtype=p.dtype, device=device)
+                scale_zeros = torch.empty(source.experts, *sz.shape, dtype=sz.dtype, device=device)
+            packed[e], scale_zeros[e] = p, sz
+        self.register_buffer("packed", packed)
+        self.register_buffer("scale_zeros", scale_zeros)
+
+    def matmul(self, x, expert):
+        a = x.to(torch.bfloat16).contiguous()
+        return int4_mm(a, self.packed[expert], self.group_size, self.scale_zeros[expert]).to(x.dtype)
+
+    def matmul_at(self, x, index):
+        a = x.to(torch.bfloat16).contiguous()
+        return int4_mm(a, self._at("packed", index), self.group_size, self._at("scale_zeros", index)).to(x.dtype)
+
+    def dequantize(self, expert):
+        identity = torch.eye(self.in_features, dtype=torch.bfloat16, device=self.packed.device)
+        return self.matmul(identity, expert).t().float()
+
+    def _apply(self, fn, recurse=True):
+        source = self.packed.device
+        target = fn(torch.empty(0, dtype=torch.uint8, device=source)).device
+        if target.type != source.type and "meta" not in (target.type, source.type):
+            raise NotImplementedError(f"int4-wo experts are packed for {source.type}: quantize them on {target.type}")
+        return super()._apply(fn, recurse)
+
+
 class Bnb4bitMatrices(ExpertMatrices):
     """bitsandbytes 4-bit (nf4/fp4, blocks of 64) per expert, as ``bnb.functional.quantize_4bit`` lays out one
     matrix: packed uint8 [E, ceil(n / 2)] + fp32 absmax [E, blocks] and the 16-entry fp32 code; with double
@@ -343,7 +436,14 @@ class BnbInt8Matrices(ExpertMatrices):
         return self.data[expert].float() * self.scb[expert].float()[:, None] / 127
 
 
-def _matrices_class(scheme: WeightScheme, out_features: int, in_features: int) -> type[ExpertMatrices]:
+def _matrices_class(scheme: WeightScheme, out_features: int, in_features: int, device) -> type[ExpertMatrices]:
+    if scheme.backend == TORCH_WO_BACKEND:
+        if scheme.bits == 8:
+            return TorchInt8Matrices
+        # (the CPU's packing takes rows in sixteens, CUDA's in eights: the plan counts CUDA's)
+        packs = tinygemm_packs(out_features, in_features, scheme.group_size) and (
+            torch.device(device).type == "cuda" or out_features % TINYGEMM_OUT_MULTIPLE == 0)
+        return TorchInt4Matrices if packs else PlainMatrices
     if scheme.backend == "bnb":
         return BnbInt8Matrices if scheme.bits == 8 else Bnb4bitMatrices
     if scheme.backend == "quanto":
@@ -406,8 +506,8 @@ class QuantizedExperts(nn.Module):
         down = _Source(experts.down_proj, transposed)
         self.num_experts = gate_up.experts
         self.scheme = scheme.name
-        self.gate_up = _matrices_class(scheme, *gate_up.dims[1:])(gate_up, scheme, device)
-        self.down = _matrices_class(scheme, *down.dims[1:])(down, scheme, device)
+        self.gate_up = _matrices_class(scheme, *gate_up.dims[1:], device)(gate_up, scheme, device)
+        self.down = _matrices_class(scheme, *down.dims[1:], device)(down, scheme, device)
         for name in ("gate_up_proj_bias", "down_proj_bias"):
             bias = getattr(experts, name, None)
             self.register_buffer(name.removesuffix("_proj_bias") + "_bias",
@@ -442,31 +542,51 @@ class QuantizedExperts(nn.Module):
             start += count
         return out
 
+    @property
+    def gathers(self) -> bool:
+        """Whether the compiled step reads each routed expert by gathering its slices at the index tensor (on a CUDA
+        device, where both projections' layouts can: no host sync, so the step stays one CUDA graph) rather than at
+        the index read on the host (the CPU's way: a view, no copy). `gather_override` sets it (the tests)."""
+        if self.gather_override is not None:
+            return self.gather_override
+        return self.gate_up.GATHERS and self.down.GATHERS and self._device().type == "cuda"
+
+    gather_override: bool | None = None
+
+    def _device(self) -> torch.device:
+        return next(iter(self.gate_up.buffers())).device
+
     def unrolled_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                          top_k_weights: torch.Tensor) -> torch.Tensor:
         """`forward` as one compiled graph captures it (runtime.compiled: a decode step of T tokens): each token's k
-        experts in turn, unrolled (T x k is fixed by the shapes), each expert's slices read at an index the graph
-        carries (an unbacked integer: dynamo's capture_scalar_outputs), with no branch on the routing. Every index is
+        experts in turn, unrolled (T x k is fixed by the shapes), with no branch on the routing. Each expert's slices
+        are read at an index the graph carries: an unbacked integer (dynamo's capture_scalar_outputs), or, where the
+        module `gathers`, the index tensor itself (index_select: the slices copied, then multiplied). Every index is
         below E (no expert-parallel sentinels on one device)."""
-        tokens = []
+        tokens, gathers = [], self.gathers
         for t in range(hidden_states.shape[0]):
             x, acc = hidden_states[t:t + 1], None
             for j in range(top_k_index.shape[1]):
-                expert = top_k_index[t, j].item()
-                torch._check(expert >= 0)
-                torch._check(expert < self.num_experts)
+                if gathers:
+                    expert = top_k_index[t, j:j + 1]
+                else:
+                    expert = top_k_index[t, j].item()
+                    torch._check(expert >= 0)
+                    torch._check(expert < self.num_experts)
                 y = self.expert_forward(expert, x) * top_k_weights[t, j]
                 acc = y if acc is None else acc + y
             tokens.append(acc.to(hidden_states.dtype))
         return torch.cat(tokens)
 
-    def expert_forward(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        """One expert on its tokens' hidden states [m, H] -> [m, H]."""
-        h = self.gate_up.matmul(x, expert)
+    def expert_forward(self, expert: int | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """One expert (an index, or an int64 [1] index tensor: ExpertMatrices.matmul_at) on its tokens' hidden states
+        [m, H] -> [m, H]."""
+        at = isinstance(expert, torch.Tensor)
+        h = self.gate_up.matmul_at(x, expert) if at else self.gate_up.matmul(x, expert)
         if self.gate_up_bias is not None:
             h = h + self.gate_up_bias[expert]
         h = self._gate(h)
-        h = self.down.matmul(h, expert)
+        h = self.down.matmul_at(h, expert) if at else self.down.matmul(h, expert)
         if self.down_bias is not None:
             h = h + self.down_bias[expert]
         norm = getattr(self.gating, "post_expert_norm", None) if getattr(self.gating, "has_post_expert_norm", False) \

@@ -88,6 +88,7 @@ class TorchWeightOnly(Backend):
 
     def quantize(self, module, scheme, dtype, device):
         try:
+            quantize_experts(module, scheme, device)
             quantize_linears(module, scheme, device)
         except (RuntimeError, NotImplementedError) as exc:
             if is_oom(exc):
@@ -96,8 +97,8 @@ class TorchWeightOnly(Backend):
         module.to(device)
 
     def notes(self, scheme, offloaded):
-        return [f"{scheme.name}: every linear of the decoder layers quantized at load by torch's weight-only kernels "
-                "(routed experts and lm_head stay in the load dtype); it decodes compiled"]
+        return [f"{scheme.name}: every linear of the decoder layers and every routed expert quantized at load for "
+                "torch's weight-only kernels (lm_head stays in the load dtype); it decodes compiled"]
 
 
 class Quanto(Backend):

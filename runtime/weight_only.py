@@ -11,8 +11,9 @@ compiled graph (runtime.compiled; on a GPU a CUDA graph replay).
   _convert_weight_to_int4pack_for_cpu (uint8 [out, in/2]) for _weight_int4pack_mm_for_cpu. Both hold out x in / 2
   bytes of codes and in / group_size x out x 4 bytes of scales and zeros, as planner.quant counts them.
 
-A linear tinygemm does not take (planner.quant.tinygemm_packs) stays as it is, as the planner counts it; lm_head and
-routed experts stay in the load dtype.
+A linear tinygemm does not take (planner.quant.tinygemm_packs) stays as it is, as the planner counts it; so does
+lm_head. An MoE's routed experts are quantized the same way, expert by expert (runtime.experts: TorchInt8Matrices,
+TorchInt4Matrices, by int8_rows / int4_groups and their products int8_rows_mm / int4_mm).
 """
 
 from __future__ import annotations
@@ -47,23 +48,12 @@ class Int8WeightOnly(nn.Module):
         weight = linear.weight.detach()
         data = torch.empty(weight.shape, dtype=torch.int8, device=device)
         scale = torch.empty(weight.shape[0], dtype=weight.dtype, device=device)
-        for start in range(0, weight.shape[0], ROWS_PER_BLOCK):
-            rows = weight[start:start + ROWS_PER_BLOCK].to(device, torch.float32)
-            s = (rows.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-            data[start:start + ROWS_PER_BLOCK] = (rows / s[:, None]).round().clamp(-128, 127).to(torch.int8)
-            scale[start:start + ROWS_PER_BLOCK] = s.to(weight.dtype)
+        int8_rows(weight, data, scale)
         bias = linear.bias.detach().to(device) if linear.bias is not None else None
         return cls(data, scale, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.data.device.type != "cpu":  # inductor fuses the int8 -> compute-dtype conversion into the matmul
-            out = F.linear(x, self.data.to(x.dtype)) * self.scale.to(x.dtype)
-            return (out + self.bias if self.bias is not None else out).to(x.dtype)
-        a = x.reshape(-1, self.in_features).to(self.scale.dtype)
-        if a.shape[0] == 1 or self.in_features % INT8PACK_IN_MULTIPLE == 0:
-            out = torch._weight_int8pack_mm(a.contiguous(), self.data, self.scale)
-        else:  # the kernel crashes on several rows of such a width: dequantize, as quanto's fallback does
-            out = a @ (self.data.to(a.dtype) * self.scale[:, None]).t()
+        out = int8_rows_mm(x.reshape(-1, self.in_features), self.data, self.scale)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -90,22 +80,13 @@ class Int4WeightOnly(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int, device: torch.device | str) -> "Int4WeightOnly":
         weight = linear.weight.detach()
-        out_features, in_features = weight.shape
-        on_gpu = torch.device(device).type == "cuda"
-        packs, scales = [], []
-        for start in range(0, out_features, ROWS_PER_BLOCK):  # row blocks of whole row tiles (ROWS_PER_BLOCK)
-            codes, scale_zeros = group_quantize(weight[start:start + ROWS_PER_BLOCK].to(device, torch.float32),
-                                                group_size)
-            packs.append(pack_int4(codes, on_gpu))
-            scales.append(scale_zeros)
+        packed, scale_zeros = int4_groups(weight, group_size, device)
         bias = linear.bias.detach().to(device) if linear.bias is not None else None
-        return cls(torch.cat(packs), torch.cat(scales, dim=1), group_size, out_features, in_features, bias)
+        return cls(packed, scale_zeros, group_size, *weight.shape, bias)
 
     def _product(self, a: torch.Tensor) -> torch.Tensor:
         """bf16 rows [m, in] by the matrix: [m, out]."""
-        if self.packed.device.type == "cpu":
-            return torch._weight_int4pack_mm_for_cpu(a, self.packed, self.group_size, self.scale_zeros)
-        return torch._weight_int4pack_mm(a, self.packed, self.group_size, self.scale_zeros)
+        return int4_mm(a, self.packed, self.group_size, self.scale_zeros)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._product(x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous())
@@ -121,6 +102,49 @@ class Int4WeightOnly(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, int4 weight-only groups of "
                 f"{self.group_size}")
+
+
+def int8_rows(weight: torch.Tensor, data: torch.Tensor, scale: torch.Tensor) -> None:
+    """weight [out, in] quantized into `data` (int8, same shape) and `scale` ([out], its dtype) on their device: one
+    absmax / 127 scale per row, ROWS_PER_BLOCK rows at a time in fp32."""
+    for start in range(0, weight.shape[0], ROWS_PER_BLOCK):
+        rows = weight[start:start + ROWS_PER_BLOCK].to(data.device, torch.float32)
+        s = (rows.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+        data[start:start + ROWS_PER_BLOCK] = (rows / s[:, None]).round().clamp(-128, 127).to(torch.int8)
+        scale[start:start + ROWS_PER_BLOCK] = s.to(scale.dtype)
+
+
+def int8_rows_mm(a: torch.Tensor, data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """a [m, in] times the int8 rows `data` [out, in] with their scales [out]: [m, out] in the scales' dtype. On a GPU
+    F.linear of the rows converted to a's dtype, scaled after, which inductor fuses into one kernel reading the int8
+    bytes; on the CPU torch._weight_int8pack_mm."""
+    if data.device.type != "cpu":
+        return F.linear(a.to(scale.dtype), data.to(scale.dtype)) * scale
+    a = a.to(scale.dtype)
+    if a.shape[0] == 1 or data.shape[1] % INT8PACK_IN_MULTIPLE == 0:
+        return torch._weight_int8pack_mm(a.contiguous(), data, scale)
+    # the kernel crashes on several rows of such a width: dequantize, as quanto's fallback does
+    return a @ (data.to(a.dtype) * scale[:, None]).t()
+
+
+def int4_groups(weight: torch.Tensor, group_size: int, device: torch.device | str
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] in tinygemm's layout for `device`: the packed codes and the bf16 scales and zeros
+    [in / group_size, out, 2], quantized in row blocks of whole row tiles (ROWS_PER_BLOCK) in fp32."""
+    on_gpu = torch.device(device).type == "cuda"
+    packs, scales = [], []
+    for start in range(0, weight.shape[0], ROWS_PER_BLOCK):
+        codes, scale_zeros = group_quantize(weight[start:start + ROWS_PER_BLOCK].to(device, torch.float32), group_size)
+        packs.append(pack_int4(codes, on_gpu))
+        scales.append(scale_zeros)
+    return torch.cat(packs), torch.cat(scales, dim=1)
+
+
+def int4_mm(a: torch.Tensor, packed: torch.Tensor, group_size: int, scale_zeros: torch.Tensor) -> torch.Tensor:
+    """bf16 rows a [m, in] by a matrix packed by int4_groups on a's device: [m, out], tinygemm's kernel there."""
+    if packed.device.type == "cpu":
+        return torch._weight_int4pack_mm_for_cpu(a, packed, group_size, scale_zeros)
+    return torch._weight_int4pack_mm(a, packed, group_size, scale_zeros)
 
 
 def group_quantize(rows: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
