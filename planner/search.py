@@ -489,9 +489,9 @@ def _constants(hw: HardwareProfile, req: Request) -> dict[str, Constant]:
     if hw.gpu is not None:
         out["expert_call_launches"] = {"value": sp.EXPERT_CALL_LAUNCHES, "from": "planner.speed.EXPERT_CALL_LAUNCHES "
                                        "(MoE, until calibrated: calibration.experts)"}
-        out["gathered_expert_passes"] = {"value": sp.GATHERED_EXPERT_PASSES,
-                                         "from": "planner.speed.GATHERED_EXPERT_PASSES (compiled MoE, int8-wo / "
-                                                 "int4-wo: by design, unmeasured)"}
+        out["gathered_int4_expert_passes"] = {"value": sp.GATHERED_INT4_EXPERT_PASSES,
+                                              "from": "planner.speed.GATHERED_INT4_EXPERT_PASSES (compiled MoE, "
+                                                      "int4-wo: by design, unmeasured)"}
         out["crossing_sync_launches"] = {"value": sp.CROSSING_SYNC_LAUNCHES,
                                          "from": "planner.speed.CROSSING_SYNC_LAUNCHES"}
     if hw.gpu is not None:

@@ -44,7 +44,7 @@ from .quant import (COMPILED_BACKEND, KV_SCHEMES, SCHEMES, KVScheme, WeightSchem
 from .request import Request
 from .speed_attention import (DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY, DEFAULT_CPU_EXPERT_CALL_S,  # noqa: F401
                               DEFAULT_PREFILL_ATTENTION_EFFICIENCY, EXPERT_CALL_LAUNCHES, EXPERTS_BACKEND,
-                              GATHERED_EXPERT_PASSES,
+                              GATHERED_INT4_EXPERT_PASSES,
                               KV_PASSES_DEFAULT, KV_UPDATE_BACKEND, PREFILL_ATTENTION_BACKEND, ExpertEfficiency,
                               KVEfficiency, Efficiency, expert_efficiency, kv_efficiency)
 from .work import (DecodeWork, ReadBytes, decode_work, experts_touched, head_flop, prefill_kinds,

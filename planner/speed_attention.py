@@ -76,11 +76,15 @@ EXPERTS_BACKEND = "experts"
 EXPERT_CALL_LAUNCHES = 8
 DEFAULT_CPU_EXPERT_CALL_S = 40e-6
 # int8-wo / int4-wo experts in a compiled GPU decode are read by gathering each routed expert's slices at the index
-# tensor (runtime.experts.ExpertMatrices.matmul_at: no host sync, so the step stays one CUDA graph): the slice is read,
-# written to a new buffer and read again by the matmul, three passes over its bytes where a view would take one. By
-# design, not measured (no GPU has run it yet: the GPU proof's call measures it); inductor may fuse the gather into
-# an int8 matmul, which would make it one.
-GATHERED_EXPERT_PASSES = 3
+# tensor (runtime.experts.ExpertMatrices.matmul_at: no host sync, so the step stays one CUDA graph). int8's gather
+# fuses into its matmul (coordinate-descent tuning turns a one-row matmul into a reduction inductor fuses with the
+# gather and the int8 conversion: runtime.compiled.GPU_COMPILE_OPTIONS): one pass over the bytes, as gpt-fast's Mixtral
+# int8 run shows (the same gathers, compiled: 97.92 tok/s on one A100-80GB, meta-pytorch/gpt-fast mixtral-moe/README.md;
+# 11.3 GB of routed experts + 1.5 GB of other weights a token; more than 1.7 passes over the experts would need more
+# than the A100's 2.04 TB/s). int4's kernel (tinygemm) is an extern call inductor cannot fuse into: the gathered slices
+# are written to a buffer and read again, GATHERED_INT4_EXPERT_PASSES over their bytes. By design, not measured (the
+# GPU proof's call measures it).
+GATHERED_INT4_EXPERT_PASSES = 3
 
 
 @record(kw_only=True)
@@ -109,10 +113,11 @@ def expert_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, we
                                 source=f"decode calls: profile {hw.name}: host.cpu_expert_call (the probe's timing of "
                                        "an eager call, one token); prefill calls: default")
     call = EXPERT_CALL_LAUNCHES * hw.overheads.kernel_launch_s if device == "gpu" else DEFAULT_CPU_EXPERT_CALL_S
-    if device == "gpu" and scheme.quantized and scheme.backend in (COMPILED_BACKEND, TORCH_WO_BACKEND):
-        return ExpertEfficiency(bandwidth=weights.bandwidth / GATHERED_EXPERT_PASSES, per_call_s=call,
-                                source=f"default, each routed expert's bytes read {GATHERED_EXPERT_PASSES} times "
-                                       "(planner.speed_attention.GATHERED_EXPERT_PASSES: gathered in the graph)")
+    if device == "gpu" and scheme.bits == 4 and scheme.backend in (COMPILED_BACKEND, TORCH_WO_BACKEND):
+        return ExpertEfficiency(bandwidth=weights.bandwidth / GATHERED_INT4_EXPERT_PASSES, per_call_s=call,
+                                source=f"default, each routed expert's bytes read {GATHERED_INT4_EXPERT_PASSES} times "
+                                       "(planner.speed_attention.GATHERED_INT4_EXPERT_PASSES: gathered for tinygemm "
+                                       "in the graph)")
     return ExpertEfficiency(bandwidth=weights.bandwidth, per_call_s=call, source="default")
 
 

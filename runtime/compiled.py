@@ -34,6 +34,10 @@ from .files import CacheDirError, cache_dir
 from .generate import cache_argument, forward_logits
 
 INDUCTOR_CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"
+# torch.compile's options for a GPU decode step: mode "reduce-overhead" (CUDA graphs: "triton.cudagraphs") plus
+# coordinate-descent tuning, as gpt-fast's generate.py (meta-pytorch/gpt-fast 05f7c16) sets it for its published runs
+# (torch.compile takes a mode or options, not both)
+GPU_COMPILE_OPTIONS = {"triton.cudagraphs": True, "coordinate_descent_tuning": True}
 
 
 def inductor_cache() -> str | None:
@@ -59,11 +63,15 @@ class StaticDecoder:
         self._arg = cache_argument(type(model))
         if any(isinstance(m, QuantizedExperts) for m in model.modules()):
             torch._dynamo.config.capture_scalar_outputs = True  # each routed expert's index, read inside the graph
+        # on a GPU: reduce-overhead's CUDA graphs, and coordinate-descent tuning, with which inductor turns a one-row
+        # matmul into a fused reduction (torch/_inductor/decomposition.py `mm`), so that int8 rows converted in it (and
+        # experts gathered into it) are read once, as int8: gpt-fast's generate.py sets the same (GPU_COMPILE_OPTIONS)
         self.mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+        options = dict(options=GPU_COMPILE_OPTIONS) if self.device.type == "cuda" else dict(mode=self.mode)
         # dynamo keeps its compiled graphs on the step's code object, at most recompile_limit (8) of them: each decoder
         # steps through a copy of its own, so that the models one process compiles (a re-plan, the tests) do not add up
         step = types.FunctionType(StaticDecoder._eager_step.__code__.replace(), globals(), "_eager_step")
-        self._step = torch.compile(types.MethodType(step, self), mode=self.mode, fullgraph=True, dynamic=False)
+        self._step = torch.compile(types.MethodType(step, self), fullgraph=True, dynamic=False, **options)
 
     def _eager_step(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         out = self.model(input_ids=token, position_ids=position.view(1, 1), cache_position=position, use_cache=True,
