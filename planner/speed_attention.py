@@ -133,11 +133,13 @@ class KVEfficiency:
     source: str
 
 
-def kv_efficiency(hw: HardwareProfile, device: str, spec: ModelSpec, kv: KVScheme, weights: Efficiency) -> KVEfficiency:
-    """The attention kernel's efficiencies (per device x attention implementation) and the KV dtype's update one."""
+def kv_efficiency(hw: HardwareProfile, device: str, spec: ModelSpec, kv: KVScheme, weights: Efficiency,
+                  of: str = "the weights'") -> KVEfficiency:
+    """The attention kernel's efficiencies (per device x attention implementation) and the KV dtype's update one;
+    `weights` is the efficiency the cache's defaults follow (`of`: whose, in words)."""
     read = weights.bandwidth / KV_PASSES_DEFAULT
     compute = DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY if device == "cpu" else weights.compute
-    source = f"default (KV reads at the weights' efficiency / {KV_PASSES_DEFAULT:g}" + (
+    source = f"default (KV reads at {of} efficiency / {KV_PASSES_DEFAULT:g}" + (
         f"; attention FLOPs at DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY {compute:g})" if device == "cpu" else ")")
     if weights.kv is not None:
         read, source = weights.kv, f"{weights.source} (its kv_efficiency)"
