@@ -113,8 +113,9 @@ EngineOpt = Annotated[Optional[str], typer.Option("--engine", help="Whose own se
 OverflowOpt = Annotated[bool, typer.Option("--allow-context-overflow", help="Plan a context beyond the model's "
                        "max_position_embeddings (or its rope scaling's reach) instead of refusing it.")]
 CompileOpt = Annotated[bool, typer.Option("--compile", help="Decode compiled (a static KV cache and torch.compile, "
-                      "CUDA graphs on a GPU): bf16/fp16 weights, every layer on one device, and on a machine without a "
-                      "GPU also quanto-int8/int4/w8a8 (dense models); priced without the eager dispatch.")]
+                      "CUDA graphs on a GPU): bf16/fp16 weights, every layer on one device; on an NVIDIA GPU also "
+                      "int8-wo/int4-wo (compiled only), and on a machine without a GPU quanto-int8/int4/w8a8; priced "
+                      "without the eager dispatch.")]
 EagerOpt = Annotated[bool, typer.Option("--eager", help="Decode eager, never compiled (on a GPU the plan otherwise "
                     "prices each scheme that compiles both ways and keeps the faster).")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help="Machines of this profile an engine that scales out "

@@ -34,10 +34,14 @@ not depend on the values are stored once per fused tensor:
 - quanto int4: E x (tinygemm-packed n/2 + bf16 scale and shift per group along each row), the group
   the largest of 128/64/32 dividing `in` (`experts_int4_group`); matrices the tinygemm kernels cannot
   hold (out not a multiple of 16, in not of 32) stay in the compute dtype.
+- int8-wo: E x (int8 [out, in] + bf16 scale [out]).
+- int4-wo: E x (tinygemm-packed n/2 + bf16 scale and zero per group of 64 along each row); matrices
+  tinygemm cannot take (`tinygemm_packs`) stay in the compute dtype.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 from .record import record
@@ -87,6 +91,9 @@ class WeightScheme:
     # eager path on a GPU dequantizes every weight each call.
     compiled_only: bool = False
     min_capability: tuple[int, int] | None = None  # the least CUDA compute capability its kernels run on
+    # A compiled decode that gathers each routed expert's slices into a buffer for a kernel inductor cannot fuse the
+    # gather into (vramplan's int4-wo: tinygemm): priced at planner.speed_attention.GATHERED_INT4_EXPERT_PASSES
+    gathers_experts: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -139,7 +146,7 @@ class WeightScheme:
         n = out_features * in_features
         if self.bits == 8:  # bnb: fp32 SCB per row; quanto, int8-wo: bf16 scale per row
             return experts * (n + int(out_features * self.row_scale_bytes))
-        if self.backend in (TORCH_WO_BACKEND, COMPILED_BACKEND):  # tinygemm: codes, bf16 scale and zero per group
+        if self.backend == TORCH_WO_BACKEND:  # tinygemm: packed codes, bf16 scale and zero per group
             return experts * (n // 2 + out_features * (in_features // self.group_size) * int(self.scale_bytes))
         if self.backend == "bnb":
             blocks = math.ceil(n / self.group_size)
@@ -189,6 +196,14 @@ def _quanto_int4_linear_bytes(out_features: int, in_features: int, scale_shift_b
         return math.ceil(rows / 2) * group + rows * scale_shift_bytes
     scales = in_features if out_features == 1 else out_features
     return math.ceil(out_features / 2) * in_features + scales * scale_shift_bytes
+
+
+def experts_tinygemm_pack(spec: ModelSpec, group_size: int | None) -> bool:
+    """Whether tinygemm's int4 layout takes every routed-experts matrix of an MoE (int4-wo quantizes them then)."""
+    if spec.moe is None:
+        return False
+    layer = spec.layer_tensors(next(iter(spec.moe.moe_layers)))
+    return all(tinygemm_packs(*t.matrix_shape, group_size) for t in layer if t.kind is Kind.EXPERTS)
 
 
 def experts_int4_group(out_features: int, in_features: int) -> int | None:
@@ -435,8 +450,11 @@ COMPILED_BACKEND = "compiled"
 _TORCHAO = QualityCost(ppl_increase_pct=0.0, source="not planned: speed only")
 
 
-def compiled_scheme(bits: int, group_size: int | None = None) -> WeightScheme:
-    """A compiled decode's weights: bf16 (16), int8 weight-only (8) or int4 weight-only with `group_size` (4)."""
+@functools.cache
+def compiled_scheme(bits: int, group_size: int | None = None, gathers_experts: bool = False) -> WeightScheme:
+    """A compiled decode's weights: bf16 (16), int8 weight-only (8) or int4 weight-only with `group_size` (4; with
+    `gathers_experts`, vramplan's runtime, which gathers an MoE's routed experts for tinygemm). One object per
+    arguments (the speed model's memos know a scheme by its identity)."""
     if bits == 16:
         return WeightScheme(name="bf16", backend=COMPILED_BACKEND, description="bf16, compiled decode",
                             devices=("cuda",), quality=_TORCHAO)
@@ -447,5 +465,5 @@ def compiled_scheme(bits: int, group_size: int | None = None) -> WeightScheme:
     if bits == 4 and group_size:
         return WeightScheme(name="int4-wo", backend=COMPILED_BACKEND, bits=4, group_size=group_size, scale_bytes=4.0,
                             description=f"int4 weight-only, group {group_size} (bf16 scale + zero), compiled decode",
-                            devices=("cuda",), quality=_TORCHAO)
+                            devices=("cuda",), quality=_TORCHAO, gathers_experts=gathers_experts)
     raise ValueError(f"no compiled weight format of {bits} bits (group {group_size})")

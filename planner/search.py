@@ -26,7 +26,7 @@ from .plan import Alternative, Candidate, Plan
 from .preference import choose_by_preference  # noqa: F401 - the --prefer rule, one for every engine
 from .published_scheme import (PUBLISHED_BACKEND, gguf_note, loaders_note, scheme_named, speed_stand_in,
                                weight_schemes)
-from .quant import KV_SCHEMES, SCHEMES, KVScheme, WeightScheme
+from .quant import KV_SCHEMES, SCHEMES, TORCH_WO_BACKEND, KVScheme, WeightScheme
 from .request import COMPILE_SCHEMES, RUNTIME_BASE_RAM_BYTES, Request, compile_schemes, derived
 from .speed import SpeedEstimate, compiled_scheme, estimate, speed_constants
 from .work import read_bytes_per_layer
@@ -276,8 +276,9 @@ def speed_scheme(req: Request, scheme: WeightScheme) -> WeightScheme:
     """The scheme whose constants price the decode: with --compile, a compiled decode of the same bytes (its fitted
     constants, no eager dispatch); else the scheme itself. (On a CPU the quanto schemes price as themselves:
     speed.efficiency scales their per-layer cost by COMPILED_CPU_PER_LAYER_FACTOR.)"""
-    if req.compiled and scheme.name in COMPILE_SCHEMES:
-        return compiled_scheme(min(scheme.bits, 16), scheme.group_size)
+    if req.compiled and scheme.name in COMPILE_SCHEMES:  # (int4-wo's routed experts are gathered for tinygemm)
+        return compiled_scheme(min(scheme.bits, 16), scheme.group_size,
+                               scheme.backend == TORCH_WO_BACKEND and scheme.bits == 4)
     return speed_stand_in(scheme)
 
 

@@ -40,7 +40,7 @@ from .constant import constants
 from .memory import LayerCosts, layer_costs
 from .modelspec import ModelSpec, dtype_bytes
 from .quant import (COMPILED_BACKEND, KV_SCHEMES, SCHEMES, KVScheme, WeightScheme,  # noqa: F401
-                    compiled_scheme)
+                    compiled_scheme, experts_tinygemm_pack)
 from .request import Request
 from .speed_attention import (DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY, DEFAULT_CPU_EXPERT_CALL_S,  # noqa: F401
                               DEFAULT_PREFILL_ATTENTION_EFFICIENCY, EXPERT_CALL_LAUNCHES, EXPERTS_BACKEND,
@@ -446,7 +446,8 @@ def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: Weig
                        flop_per_s=g.bf16_flops if gpu else cpu_float_peak(hw.host)[0],
                        matmul_flop_per_s=g.bf16_flops if gpu else cpu_matmul_peak(hw.host, scheme)[0],
                        weights=eff, kv=kv_efficiency(hw, kind, spec, kv, kv_weights, of=whose),
-                       experts=expert_efficiency(hw, kind, scheme, eff, compiled))
+                       experts=expert_efficiency(hw, kind, scheme, eff, compiled, gathered=scheme.gathers_experts
+                                                 and experts_tinygemm_pack(spec, scheme.group_size)))
 
 
 # The rates of the last few (hardware, device, model, scheme, cache): a search prices many placements of each.

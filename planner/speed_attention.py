@@ -7,7 +7,7 @@ from __future__ import annotations
 from .record import record
 from .hardware import HardwareProfile
 from .modelspec import ModelSpec
-from .quant import COMPILED_BACKEND, TORCH_WO_BACKEND, KVScheme, WeightScheme
+from .quant import KVScheme, WeightScheme
 
 
 @record(kw_only=True)
@@ -102,7 +102,9 @@ class ExpertEfficiency:
 
 
 def expert_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, weights: Efficiency,
-                      compiled: bool = False) -> ExpertEfficiency:
+                      compiled: bool = False, gathered: bool = False) -> ExpertEfficiency:
+    """`gathered`: the routed experts are quantized and gathered in a compiled GPU decode (scheme.gathers_experts, where
+    tinygemm takes the model's expert matrices)."""
     e = hw.calibration.lookup(device, EXPERTS_BACKEND, scheme.name) if hw.calibration is not None else None
     if e is not None and e.bandwidth_efficiency is not None:
         return ExpertEfficiency(bandwidth=e.bandwidth_efficiency, per_call_s=e.per_layer_overhead_s,
@@ -113,7 +115,7 @@ def expert_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, we
                                 source=f"decode calls: profile {hw.name}: host.cpu_expert_call (the probe's timing of "
                                        "an eager call, one token); prefill calls: default")
     call = EXPERT_CALL_LAUNCHES * hw.overheads.kernel_launch_s if device == "gpu" else DEFAULT_CPU_EXPERT_CALL_S
-    if device == "gpu" and scheme.bits == 4 and scheme.backend in (COMPILED_BACKEND, TORCH_WO_BACKEND):
+    if device == "gpu" and gathered:
         return ExpertEfficiency(bandwidth=weights.bandwidth / GATHERED_INT4_EXPERT_PASSES, per_call_s=call,
                                 source=f"default, each routed expert's bytes read {GATHERED_INT4_EXPERT_PASSES} times "
                                        "(planner.speed_attention.GATHERED_INT4_EXPERT_PASSES: gathered for tinygemm "

@@ -1,17 +1,19 @@
 """Compiled decode: a static KV cache and one decode step compiled by torch.compile, gpt-fast style.
 
 Eager decode issues every op of every layer from Python: on the H200 a Llama-3.2-1B bf16 step took 8.4-11.5 ms of
-which the GPU was busy 3.9 (bench/results/gpu-nvidia-h200-2). Here the step is one compiled graph over a
-transformers StaticCache (fixed shapes: the cache holds `max_len` tokens from the start), replayed as a CUDA graph on
-a GPU (mode "reduce-overhead"); on a CPU inductor compiles it ("default"). The prefill stays eager, through the same
-cache. The first decode steps compile (tens of seconds; `vramplan run` does them in its untimed warm-up and reports
-their time); inductor's on-disk cache (inductor_cache) makes a later run's compile shorter.
+which the GPU was busy 3.9 (bench/results/gpu-nvidia-h200-2). Here the step is one compiled graph over a transformers
+StaticCache (fixed shapes: the cache holds `max_len` tokens from the start), replayed as a CUDA graph on a GPU (mode
+"reduce-overhead" with coordinate-descent tuning: GPU_COMPILE_OPTIONS); on a CPU inductor compiles it ("default"). The
+prefill stays eager, through the same cache. The first decode steps compile (tens of seconds; `vramplan run` does them
+in its untimed warm-up and reports their time); inductor's on-disk cache (inductor_cache) makes a later run's compile
+shorter.
 
-What compiles: unquantized weights (bf16, fp16) with a KV cache of the model's dtype, every layer on one device; on
-a machine without a GPU also quanto's int8 / int4 / w8a8 layers, whose modules call torch's CPU kernels themselves
-(runtime.quantize.direct_kernels: _weight_int8pack_mm, _weight_int4pack_mm_for_cpu, _int_mm are ops inductor calls
-as they are, and it fuses w8a8's per-token quantization into the ops around it). bitsandbytes' kernels break the
-graph, quanto's compiled decode on a GPU is unmeasured, and the offload engine moves weights between steps
+What compiles: unquantized weights (bf16, fp16) with a KV cache of the model's dtype, every layer on one device; on an
+NVIDIA GPU also int8-wo / int4-wo (runtime.weight_only), which decode compiled only; on a machine without a GPU also
+quanto's int8 / int4 / w8a8 layers, whose modules call torch's CPU kernels themselves
+(runtime.quantize.direct_kernels: _weight_int8pack_mm, _weight_int4pack_mm_for_cpu, _int_mm are ops inductor calls as
+they are, and it fuses w8a8's per-token quantization into the ops around it). bitsandbytes' kernels break the graph,
+quanto's compiled decode on a GPU is unmeasured, and the offload engine moves weights between steps
 (planner.request.compile_schemes says so to the planner).
 
 MoE: transformers' own experts (bf16) route through its experts implementation (grouped_mm by default in 5.x), which

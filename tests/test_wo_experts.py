@@ -137,3 +137,26 @@ def test_on_a_gpu_the_experts_gather_inside_one_cuda_graph(scheme):
     warm_up(model, prompt, 8, static=static)
     assert generate(model, prompt, max_new_tokens=6, prefill_chunk=8, static=static).tokens == eager.tokens
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
+def test_only_vramplans_gathered_int4_experts_pay_the_extra_passes():
+    """The three passes price vramplan's int4-wo experts gathered for tinygemm, and only them: not another engine's
+    compiled 4-bit format (vLLM's fused MoE kernels, gpt-oss' mxfp4), not int8-wo, and not experts tinygemm cannot
+    take (they stay in bf16)."""
+    from vramplan.planner.profiles import resolve_profile
+    from vramplan.planner.quant import KV_SCHEMES, compiled_scheme
+    from vramplan.planner.sources import model_spec
+    from vramplan.planner.speed import _rates
+
+    hw, kv = resolve_profile("h200")[0], KV_SCHEMES["bf16"]
+    moe = model_spec("qwen3-30b-a3b")
+    narrow = spec_from_config(tiny_config_dict("mixtral", **{**WIDE_MOE, "intermediate_size": 96}), name="tiny")
+
+    def gathered(spec, scheme) -> bool:
+        return "GATHERED_INT4_EXPERT_PASSES" in _rates(hw, 0, spec, scheme, kv).experts.source
+
+    assert gathered(moe, compiled_scheme(4, 64, True))
+    assert not gathered(moe, compiled_scheme(4, 32))  # vLLM's mxfp4 stand-in
+    assert not gathered(moe, compiled_scheme(8))
+    assert not gathered(narrow, compiled_scheme(4, 64, True))
+    assert compiled_scheme(4, 64, True) is compiled_scheme(4, 64, True)  # one object: the speed memos key by identity
