@@ -160,7 +160,9 @@ COMPILED_CPU_PER_LAYER_FACTOR: dict[str, float] = {"quanto-int8": 0.56, "quanto-
 # llama.cpp's file types until calibrated (`vramplan calibrate --engine llama.cpp`): on a GPU bf16's; on the CPU the
 # values bf16 had before vramplan's GEMV path, which has no counterpart in llama.cpp (ggml has no per-op dispatch).
 # Against bench/results/vs-engines-cpu-dev.md as of 3293d8f (2-core VM, not fitted to it): Qwen2.5-0.5B BF16 / Q8_0 /
-# Q4_0 -19 / -18 / -13 %, Llama-3.2-1B -24 / -17 / -6 %.
+# Q4_0 -19 / -18 / -13 %, Llama-3.2-1B -24 / -17 / -6 %; against bench/results/vs-engines-cpu-epyc-avx2.md (the AVX2
+# EPYC VM, its probe's RAM bandwidth): +9 / +14 / +16 %, +2 / -6 / +7 %. The probe's timings of torch's kernels
+# (_decode_kernel_efficiency) never apply: they priced these at half that speed there.
 _LLAMA_CPP_DEFAULTS: dict[str, tuple[float, float, float, float]] = {
     "gpu": _DEFAULTS[("gpu", "bf16")], "cpu": (0.50, 0.50, 150e-6, 500e-6)}
 
@@ -272,8 +274,8 @@ DECODE_KERNEL_STEP_FRACTION = 0.62
 def _decode_kernel_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> tuple[float, str] | None:
     """On a CPU whose probe timed the kernel this scheme decodes with (HostSpec.cpu_decode_*: which kernel is fast
     depends on the CPU), the weights' bandwidth efficiency from that rate, and where it comes from; else None."""
-    if device != "cpu" or scheme.backend == COMPILED_BACKEND:
-        return None
+    if device != "cpu" or scheme.backend in (COMPILED_BACKEND, LLAMA_CPP_BACKEND):
+        return None  # (llama.cpp's kernels are ggml's: torch's rates say nothing of them)
     kernel = next((k for k, name in CPU_DECODE_KERNELS.items() if name == scheme.name), None)
     rate = hw.host.decode_kernel_rate(kernel) if kernel is not None else None
     if not rate:

@@ -68,3 +68,20 @@ def test_each_scheme_is_priced_by_its_own_kernels_rate():
     unmeasured = plan(spec, hw, Request(context=4096, quant=("quanto-int8",), kv_dtype=("bf16",)))
     assert unmeasured.chosen.speed.terms["efficiency_source"] == "default"
     assert set(CPU_DECODE_KERNELS.values()) <= set(SCHEMES)  # every kernel prices a scheme that exists
+
+
+def test_llama_cpp_is_never_priced_by_torchs_kernel_rates():
+    """llama.cpp's CPU rows are ggml's kernels: the probe's timings of torch's kernels leave them alone (they once
+    priced llama.cpp's bf16-named speed scheme by torch's bf16 GEMV rate, which halved its predicted decode on the
+    AVX2 EPYC VM: Llama-3.2-1B Q8_0 5.2 tok/s predicted, 11.6 measured)."""
+    from vramplan.planner.engines import BY_NAME
+
+    slow, plain = _with_rates(bf16=1e9, int8=1e9, int4=1e9), resolve_profile("cpu-ddr5-desktop")[0]
+    spec = model_spec("llama-3.2-1b")
+    for q in ("BF16", "Q8_0", "Q4_0"):
+        req = Request(context=4096, engine="llama.cpp", quant=(q,), kv_dtype=("f16",))
+        a, b = (BY_NAME["llama.cpp"].plan(spec, hw, req).chosen.speed for hw in (slow, plain))
+        assert a.decode_tokens_per_s == b.decode_tokens_per_s and "cpu_decode" not in a.terms["efficiency_source"]
+    # while vramplan's own bf16 rows follow the rate
+    mine = [plan(spec, hw, Request(context=4096, quant=("bf16",))).predicted for hw in (slow, plain)]
+    assert mine[0].decode_tokens_per_s < mine[1].decode_tokens_per_s
