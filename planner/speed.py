@@ -44,7 +44,7 @@ from .quant import (COMPILED_BACKEND, KV_SCHEMES, SCHEMES, KVScheme, WeightSchem
 from .request import Request
 from .speed_attention import (DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY, DEFAULT_CPU_EXPERT_CALL_S,  # noqa: F401
                               DEFAULT_PREFILL_ATTENTION_EFFICIENCY, EXPERT_CALL_LAUNCHES, EXPERTS_BACKEND,
-                              GATHERED_INT4_EXPERT_PASSES,
+                              GATHERED_INT4_EXPERT_PASSES, LLAMA_CPP_BACKEND,
                               KV_PASSES_DEFAULT, KV_UPDATE_BACKEND, PREFILL_ATTENTION_BACKEND, ExpertEfficiency,
                               KVEfficiency, Efficiency, expert_efficiency, kv_efficiency)
 from .work import (DecodeWork, ReadBytes, decode_work, experts_touched, head_flop, prefill_kinds,
@@ -135,8 +135,8 @@ DEFAULT_LINK_EFFICIENCY = 0.85
 DEFAULT_EAGER_DISPATCH_PER_LAYER_S = 760e-6
 DEFAULT_DISPATCH_FACTOR = {"bf16": 1.0, "fp16": 1.0, "bnb-nf4": 1.37, "bnb-nf4-dq": 1.6, "bnb-fp4": 1.37,
                            "bnb-fp4-dq": 1.6, "bnb-int8": 2.1, "quanto-int8": 1.5, "quanto-int4": 1.5}
-# Which fitted engine a scheme runs on: its backend names llama.cpp or a compiled decode, else transformers' eager.
-LLAMA_CPP_BACKEND = "llama.cpp"
+# Which fitted engine a scheme runs on: its backend names llama.cpp (LLAMA_CPP_BACKEND) or a compiled decode, else
+# transformers' eager.
 EAGER_ENGINE = "transformers"
 
 

@@ -73,6 +73,10 @@ DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY = 0.09
 # default: the probe times neither, and with it Qwen3-30B-A3B's CPU TTFT was predicted within 1 % (9.41 / 9.46 s) and a
 # 1.9 GB MoE's compiled decode within 11 % (29.7 / 33.2 tok/s quanto-int4) on that VM.
 EXPERTS_BACKEND = "experts"
+# llama.cpp's schemes' backend (planner.engines.llamacpp.SPEED_SCHEME): ggml computes a layer's routed experts in one
+# op (mul_mat_id), so its experts pay their bytes and no cost per expert, uncalibrated as calibrated (the calibrated
+# speed view's experts entry has none either).
+LLAMA_CPP_BACKEND = "llama.cpp"
 EXPERT_CALL_LAUNCHES = 8
 DEFAULT_CPU_EXPERT_CALL_S = 40e-6
 # int8-wo / int4-wo experts in a compiled GPU decode are read by gathering each routed expert's slices at the index
@@ -109,6 +113,10 @@ def expert_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, we
     if e is not None and e.bandwidth_efficiency is not None:
         return ExpertEfficiency(bandwidth=e.bandwidth_efficiency, per_call_s=e.per_layer_overhead_s,
                                 source=f"calibrated {hw.calibration.measured_at}")
+    if scheme.backend == LLAMA_CPP_BACKEND:
+        return ExpertEfficiency(bandwidth=weights.bandwidth, per_call_s=0.0, prefill_per_call_s=0.0,
+                                source="default: llama.cpp computes a layer's routed experts in one op (mul_mat_id), "
+                                       "no cost per expert")
     if device == "cpu" and not compiled and hw.host.cpu_expert_call_s is not None:
         return ExpertEfficiency(bandwidth=weights.bandwidth, per_call_s=hw.host.cpu_expert_call_s,
                                 prefill_per_call_s=DEFAULT_CPU_EXPERT_CALL_S,

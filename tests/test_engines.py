@@ -306,57 +306,51 @@ cache = QuantizedCache(backend="quanto", config=model.config, nbits=4, q_group_s
          'above are estimates (see the assumptions)']),
     ('moe-experts-in-ram', 'llama.cpp'): (
         r"""llama-server \
-  -m Qwen3-30B-A3B-Q8_0.gguf \
+  -m Qwen3-30B-A3B-Q6_K.gguf \
   -c 16384 \
   -ngl 49 \
-  --n-cpu-moe 16 \
+  --n-cpu-moe 5 \
   -fa on""",
-        ["GGUF Q8_0: Qwen3-30B-A3B-Q8_0.gguf, 32,483,935,392 B (30.25 GiB; planner/gguf.py: llama-quantize's tensor "
+        ["GGUF Q6_K: Qwen3-30B-A3B-Q6_K.gguf, 25,092,535,456 B (23.37 GiB; planner/gguf.py: llama-quantize's tensor "
          "types)",
          'where to get it: GGUF repositories are conventionally named like bartowski/Qwen3-30B-A3B-GGUF (a naming '
          'convention, not a promise that it exists), or convert: convert_hf_to_gguf.py <the Qwen/Qwen3-30B-A3B '
-         'checkpoint directory>, then llama-quantize <f16.gguf> Qwen3-30B-A3B-Q8_0.gguf Q8_0',
-         'all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 16 of 48 MoE layers (layers '
-         '0-15) in RAM (--n-cpu-moe 16): GPU 0: 21.95 GiB of 22.50 GiB usable (weights 20.38 GiB + KV 1.50 GiB + '
-         'compute 70.32 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 10.19 GiB of '
+         'checkpoint directory>, then llama-quantize <f16.gguf> Qwen3-30B-A3B-Q6_K.gguf Q6_K',
+         'all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 5 of 48 MoE layers (layers '
+         '0-4) in RAM (--n-cpu-moe 5): GPU 0: 22.39 GiB of 22.50 GiB usable (weights 20.82 GiB + KV 1.50 GiB + '
+         'compute 70.32 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 2.86 GiB of '
          '64.00 GiB',
          '-fa on: flash attention (llama.cpp refuses a quantized V cache without it, src/llama-context.cpp); the '
          'plan sized the cache with it',
          "llama-server keeps finished prompts' KV state in RAM up to --cache-ram, default 8192 MiB: that fits in "
          "what the plan leaves free",
          "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
-         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q8_0",
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q8_0 (Q6_K borrows the Q8_0 group's)",
          'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
-         'offload), copying 9.56 GiB of weights from RAM for each of its 32 ubatches: TTFT 30.55 s = GPU 3.17 s + '
-         'link 27.38 s at 12 GB/s (pageable: mmapped weights), not the 19.01 s the CPU would take; the KV rows of '
+         'offload), copying 2.31 GiB of weights from RAM for each of its 32 ubatches: TTFT 9.77 s = GPU 3.17 s + '
+         'link 6.61 s at 12 GB/s (pageable: mmapped weights), not the 8.08 s the CPU would take; the KV rows of '
          'layers in RAM crossing the link are not counted']),
     ('moe-experts-in-ram', 'ollama'): (
-        r"""# ollama pull qwen3:30b-a3b-q8_0
-FROM qwen3:30b-a3b-q8_0
+        r"""# ollama pull qwen3:30b-a3b-q4_K_M
+FROM qwen3:30b-a3b-q4_K_M
 PARAMETER num_ctx 16384""",
         ["Ollama v0.32.15: llama-server (llama.cpp b10488) started with Ollama's launch settings and placed by its "
          "--fit: llama.cpp's plan for that launch (vramplan's llama.cpp rules follow llama.cpp 0c1e57098)",
-         "Ollama quant q8_0 (GGUF Q8_0); tag by ollama.com/library's naming convention: check it is published",
-         "all 48 layers and the output layer on the GPU (-ngl 49), experts of the first 16 of 48 MoE layers (layers "
-         "0-15) in RAM (--n-cpu-moe 16): GPU 0: 21.94 GiB of 22.50 GiB usable (weights 20.38 GiB + KV 1.50 GiB + "
-         "compute 68.58 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin 1.00 GiB); RAM 18.31 GiB of "
-         "64.00 GiB (by llama.cpp's rules; --fit chooses -ngl and the experts kept in RAM itself: it may also move "
-         "part of one more layer, and picks which layers' experts stay)",
+         "Ollama quant q4_K_M (GGUF Q4_K_M); tag by ollama.com/library's naming convention: check it is published",
+         "all 48 layers and the output layer on the GPU (-ngl 49): GPU 0: 18.68 GiB of 22.50 GiB usable (weights "
+         "17.11 GiB + KV 1.50 GiB + compute 68.58 MiB) (usable = memory - CUDA context 500.00 MiB - --fit margin "
+         "1.00 GiB); RAM 8.54 GiB of 64.00 GiB (by llama.cpp's rules; --fit chooses -ngl itself)",
          "no num_gpu: with num_gpu set Ollama passes -ngl, and llama.cpp's --fit then leaves the placement to it "
          "(common/fit.cpp: \"n_gpu_layers already set by user\")",
          "num_batch 512: Ollama's automatic choice for 16384 tokens of context (server/sched.go "
-         "automaticGenerationBatch: predicted VRAM 31.00 GiB of 23.50 GiB free)",
-         "Ollama will start: llama-server --model '<qwen3:30b-a3b-q8_0 blob>' -c 16384 -np 1 --flash-attn auto -b "
+         "automaticGenerationBatch: predicted VRAM 18.03 GiB of 23.50 GiB free)",
+         "Ollama will start: llama-server --model '<qwen3:30b-a3b-q4_K_M blob>' -c 16384 -np 1 --flash-attn auto -b "
          "512 -ub 512",
          "llama-server keeps finished prompts' KV state in RAM up to its --cache-ram default of 8192 MiB: Ollama "
          "passes no --cache-ram, so the plan counts it in RAM",
          "llama.cpp speed on the GPU is predicted with constants fitted to public measurements (16 records) of "
-         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q8_0",
-         'prompt processing with weights in RAM: llama.cpp runs each ubatch of at least 32 tokens on the GPU (op '
-         'offload), copying 9.56 GiB of weights from RAM for each of its 32 ubatches: TTFT 30.55 s = GPU 3.17 s + '
-         'link 27.38 s at 12 GB/s (pageable: mmapped weights), not the 19.01 s the CPU would take; the KV rows of '
-         'layers in RAM crossing the link are not counted',
-         'ollama pull qwen3:30b-a3b-q8_0']),
+         "llama.cpp's CUDA backend on GDDR GPUs, GGUF file-type group Q4",
+         'ollama pull qwen3:30b-a3b-q4_K_M']),
     ('moe-experts-in-ram', 'transformers'): (
         r"""import torch
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig

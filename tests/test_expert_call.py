@@ -65,3 +65,17 @@ def test_the_probe_times_the_call():
 def test_the_epyc_profile_records_its_probes_call():
     hw = loads_profile((ROOT / "bench" / "results" / "profile-cpu-epyc-avx2.yaml").read_text())
     assert hw.host.cpu_expert_call_s == pytest.approx(268e-6)
+
+
+@pytest.mark.parametrize("hw_name", ["cpu-ddr5-desktop", "rtx-3060-12gb"])
+def test_llama_cpp_pays_no_cost_per_expert(hw_name):
+    """ggml computes a layer's routed experts in one op (mul_mat_id): llama.cpp's plans price the experts' bytes and no
+    per-expert call, uncalibrated as calibrated, whatever the probe timed of torch's eager call."""
+    from vramplan.planner.engines import BY_NAME
+
+    hw = resolve_profile(hw_name)[0]
+    slow = replace(hw, host=replace(hw.host, cpu_expert_call_s=1e-3))
+    req = Request(context=8192, engine="llama.cpp", quant=("Q4_K_M",), kv_dtype=("f16",))
+    a, b = (BY_NAME["llama.cpp"].plan(model_spec("qwen3-30b-a3b"), h, req).chosen.speed for h in (hw, slow))
+    assert a.terms["per_expert_call_s"] == 0 and "mul_mat_id" in a.terms["experts_efficiency_source"]
+    assert a.decode_tokens_per_s == b.decode_tokens_per_s
