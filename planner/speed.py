@@ -342,7 +342,9 @@ class DeviceRates:
         return nbytes / (self.bandwidth_bytes_per_s * self.weights.bandwidth)
 
     def experts_s(self, nbytes: float, calls: float) -> float:
-        """Routed experts computed here: their bytes, and a fixed cost per expert."""
+        """Routed experts computed here: their bytes, and a fixed cost per expert (per layer, grouped)."""
+        if self.experts.grouped:
+            calls = min(calls, 1.0)
         return nbytes / (self.bandwidth_bytes_per_s * self.experts.bandwidth) + calls * self.experts.per_call_s
 
     def layer_decode_s(self, w: DecodeWork, i: int, *, without_experts: bool = False) -> float:
@@ -711,7 +713,8 @@ class _Model:
         head[0] += head_flop(self.spec) * req.batch
         # each chunk computes every expert its tokens reach once per MoE layer: a fixed cost per expert call
         touched = experts_touched(self.spec, min(req.prefill_chunk, prompt) * req.batch)
-        calls_s = sum(n * chunks * touched * self.rates[dev].experts.prefill_call_s for dev, n in calls.items())
+        calls_s = sum(n * chunks * (1.0 if self.rates[dev].experts.grouped else touched)
+                      * self.rates[dev].experts.prefill_call_s for dev, n in calls.items())
         total = calls_s
         for dev, (f, chunk_bytes, link_bytes, attention_f) in segments.items():
             t = self.rates[dev].prefill_s(f, attention_f, chunk_bytes, chunks)

@@ -4,6 +4,8 @@ routed experts computed where they are, with their defaults and the calibration 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .record import record
 from .hardware import HardwareProfile
 from .modelspec import ModelSpec
@@ -99,6 +101,9 @@ class ExpertEfficiency:
     per_call_s: float  # fixed cost of one routed expert's forward in a decode step
     source: str
     prefill_per_call_s: float | None = None  # in a prefill chunk, where it differs (None: per_call_s)
+    # the layer's routed experts computed as one grouped call (transformers' own experts implementation, grouped_mm by
+    # default in transformers 5, which bf16 / fp16 weights run): one fixed cost per layer, not one per expert
+    grouped: bool = False
 
     @property
     def prefill_call_s(self) -> float:
@@ -108,7 +113,15 @@ class ExpertEfficiency:
 def expert_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, weights: Efficiency,
                       compiled: bool = False, gathered: bool = False) -> ExpertEfficiency:
     """`gathered`: the routed experts are quantized and gathered in a compiled GPU decode (scheme.gathers_experts, where
-    tinygemm takes the model's expert matrices)."""
+    tinygemm takes the model's expert matrices). Unquantized weights run transformers' grouped experts: `grouped`."""
+    e = _expert_efficiency(hw, device, scheme, weights, compiled, gathered)
+    if scheme.quantized or scheme.backend == LLAMA_CPP_BACKEND:
+        return e
+    return replace(e, grouped=True, source=f"{e.source}; one call per layer (transformers' grouped experts)")
+
+
+def _expert_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, weights: Efficiency,
+                       compiled: bool, gathered: bool) -> ExpertEfficiency:
     e = hw.calibration.lookup(device, EXPERTS_BACKEND, scheme.name) if hw.calibration is not None else None
     if e is not None and e.bandwidth_efficiency is not None:
         return ExpertEfficiency(bandwidth=e.bandwidth_efficiency, per_call_s=e.per_layer_overhead_s,

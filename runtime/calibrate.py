@@ -467,7 +467,9 @@ def measure_experts(hw: HardwareProfile, quants: tuple[str, ...], device: str, *
         say(f"experts: {quant} on {device}")
         try:
             for hidden, inter in EXPERT_SHAPES:
-                experts = random_experts(hidden, inter, EXPERT_COUNT, max(EXPERT_TOP_K), generator)
+                # unquantized experts run transformers' grouped call in a model (planner.speed: one call a layer)
+                experts = random_experts(hidden, inter, EXPERT_COUNT, max(EXPERT_TOP_K), generator,
+                                         "eager" if scheme.quantized else "grouped_mm")
                 if scheme.quantized:
                     module = QuantizedExperts(experts, scheme, device)
                     per_expert = module.expert_nbytes
@@ -488,7 +490,8 @@ def measure_experts(hw: HardwareProfile, quants: tuple[str, ...], device: str, *
                         times.append(time.perf_counter() - t0)
                     samples.append(ExpertSample(device="gpu" if on_gpu else "cpu", quant=quant,
                                                 bandwidth_bytes_per_s=bandwidth, bytes_read=float(per_expert * k),
-                                                calls=k, seconds=statistics.median(times[1:]),
+                                                calls=k if scheme.quantized else 1,
+                                                seconds=statistics.median(times[1:]),
                                                 label=f"{quant} experts {hidden}x{inter} top-{k}"))
                 del module, experts
         except Exception as e:  # a scheme this machine cannot run is reported, the others go on

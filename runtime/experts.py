@@ -630,15 +630,17 @@ def _is_transposed(experts: nn.Module) -> bool:
     return experts.gate_up_proj.shape[1] == experts.down_proj.shape[2]
 
 
-def random_experts(hidden: int, width: int, experts: int, top_k: int, generator: torch.Generator) -> nn.Module:
-    """A standalone bf16 routed-experts module of transformers' Qwen3-MoE (its eager forward), weights drawn from N(0,
-    0.02): what calibration and the probe time the experts' kernels on."""
+def random_experts(hidden: int, width: int, experts: int, top_k: int, generator: torch.Generator,
+                   implementation: str = "eager") -> nn.Module:
+    """A standalone bf16 routed-experts module of transformers' Qwen3-MoE, weights drawn from N(0, 0.02): what
+    calibration and the probe time the experts' kernels on. `implementation`: transformers' experts implementation
+    ("eager": a loop over the routed experts; "grouped_mm": one grouped call, what a model's bf16 experts run)."""
     from transformers import AutoConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
     config = AutoConfig.for_model("qwen3_moe", hidden_size=hidden, moe_intermediate_size=width, num_experts=experts,
                                   num_experts_per_tok=top_k)
-    config._experts_implementation = "eager"  # standalone: the model's dispatch never set it
+    config._experts_implementation = implementation  # standalone: the model's dispatch never set it
     module = Qwen3MoeExperts(config).to(torch.bfloat16)
     for p in module.parameters():
         p.data.normal_(0, 0.02, generator=generator)
