@@ -84,7 +84,8 @@ class Sample:
 
 @record(kw_only=True)
 class ExpertSample:
-    """One timed forward of a quantized experts module (one token routed to `calls` experts)."""
+    """One timed forward of a routed-experts module (one token routed to k experts): `calls` is k for vramplan's
+    quantized experts (a call each), 1 for bf16 / fp16 (transformers' grouped call)."""
 
     device: str
     quant: str
@@ -97,7 +98,8 @@ class ExpertSample:
 
 def fit_experts(samples: list[ExpertSample]) -> tuple[CalibrationEntry, dict, list[str]]:
     """One device x scheme: t = bytes / (bandwidth x eff) + calls x per-call cost, from shapes and k that vary both.
-    Returns the "experts" entry (per_layer_overhead = the cost per expert call), residuals and warnings."""
+    Returns the "experts" entry (per_layer_overhead = the cost per call: per expert, or per grouped layer), residuals
+    and warnings."""
     s0 = samples[0]
     tag = f"{s0.device}/{EXPERTS_BACKEND}/{s0.quant}"
     rows = [[s.bytes_read / s.bandwidth_bytes_per_s, float(s.calls)] for s in samples]

@@ -94,6 +94,10 @@ class WeightScheme:
     # A compiled decode that gathers each routed expert's slices into a buffer for a kernel inductor cannot fuse the
     # gather into (vramplan's int4-wo: tinygemm): priced at planner.speed_attention.GATHERED_INT4_EXPERT_PASSES
     gathers_experts: bool = False
+    # A layer's routed experts run as one grouped call, not a call per expert: transformers' own experts implementation
+    # (grouped_mm, its default in transformers 5), which bf16 / fp16 weights run, and vLLM's fused MoE kernels in every
+    # format (planner.speed_attention.expert_efficiency: one fixed cost a layer)
+    groups_experts: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -260,10 +264,11 @@ def tinygemm_packs(out_features: int, in_features: int, group_size: int | None) 
 
 
 SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
-    WeightScheme(name="bf16", backend="torch", bits=16, devices=("cuda", "cpu", "mps"),
+    WeightScheme(name="bf16", backend="torch", bits=16, devices=("cuda", "cpu", "mps"), groups_experts=True,
                  description="bfloat16, unquantized",
                  quality=QualityCost(ppl_increase_pct=0.0, source="reference")),
     WeightScheme(name="fp16", backend="torch", bits=16, devices=("cuda", "mps", "cpu"), compute_dtype="float16",
+                 groups_experts=True,
                  description="float16, unquantized",
                  quality=QualityCost(ppl_increase_pct=0.0,
                                      source="reference (overflow risk for some bf16-trained models)")),
@@ -451,19 +456,23 @@ _TORCHAO = QualityCost(ppl_increase_pct=0.0, source="not planned: speed only")
 
 
 @functools.cache
-def compiled_scheme(bits: int, group_size: int | None = None, gathers_experts: bool = False) -> WeightScheme:
+def compiled_scheme(bits: int, group_size: int | None = None, gathers_experts: bool = False,
+                    groups_experts: bool | None = None) -> WeightScheme:
     """A compiled decode's weights: bf16 (16), int8 weight-only (8) or int4 weight-only with `group_size` (4; with
-    `gathers_experts`, vramplan's runtime, which gathers an MoE's routed experts for tinygemm). One object per
-    arguments (the speed model's memos know a scheme by its identity)."""
+    `gathers_experts`, vramplan's runtime, which gathers an MoE's routed experts for tinygemm). `groups_experts`: a
+    layer's experts in one grouped call (None: bf16's, transformers' grouped experts; vLLM's fused MoE passes True).
+    One object per arguments (the speed model's memos know a scheme by its identity)."""
+    grouped = bits == 16 if groups_experts is None else groups_experts
     if bits == 16:
         return WeightScheme(name="bf16", backend=COMPILED_BACKEND, description="bf16, compiled decode",
-                            devices=("cuda",), quality=_TORCHAO)
+                            devices=("cuda",), quality=_TORCHAO, groups_experts=grouped)
     if bits == 8:
         return WeightScheme(name="int8-wo", backend=COMPILED_BACKEND, bits=8, row_scales=True, row_scale_bytes=2.0,
                             description="int8 weight-only, bf16 scale per row, compiled decode", devices=("cuda",),
-                            quality=_TORCHAO)
+                            quality=_TORCHAO, groups_experts=grouped)
     if bits == 4 and group_size:
         return WeightScheme(name="int4-wo", backend=COMPILED_BACKEND, bits=4, group_size=group_size, scale_bytes=4.0,
                             description=f"int4 weight-only, group {group_size} (bf16 scale + zero), compiled decode",
-                            devices=("cuda",), quality=_TORCHAO, gathers_experts=gathers_experts)
+                            devices=("cuda",), quality=_TORCHAO, gathers_experts=gathers_experts,
+                            groups_experts=grouped)
     raise ValueError(f"no compiled weight format of {bits} bits (group {group_size})")

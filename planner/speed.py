@@ -711,7 +711,8 @@ class _Model:
                 calls[CPU_DEVICE if how is _EXPERTS_IN_RAM else dev] += n
         head = segments.setdefault(0 if self.c.on_gpu else CPU_DEVICE, [0.0, 0.0, 0.0, 0.0])
         head[0] += head_flop(self.spec) * req.batch
-        # each chunk computes every expert its tokens reach once per MoE layer: a fixed cost per expert call
+        # each chunk computes every expert its tokens reach once per MoE layer: a fixed cost per expert call (one per
+        # layer where the experts are grouped)
         touched = experts_touched(self.spec, min(req.prefill_chunk, prompt) * req.batch)
         calls_s = sum(n * chunks * (1.0 if self.rates[dev].experts.grouped else touched)
                       * self.rates[dev].experts.prefill_call_s for dev, n in calls.items())

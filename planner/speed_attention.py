@@ -113,11 +113,12 @@ class ExpertEfficiency:
 def expert_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, weights: Efficiency,
                       compiled: bool = False, gathered: bool = False) -> ExpertEfficiency:
     """`gathered`: the routed experts are quantized and gathered in a compiled GPU decode (scheme.gathers_experts, where
-    tinygemm takes the model's expert matrices). Unquantized weights run transformers' grouped experts: `grouped`."""
+    tinygemm takes the model's expert matrices). A scheme that groups its experts (scheme.groups_experts: transformers'
+    grouped experts, vLLM's fused MoE) pays one call a layer: `grouped`."""
     e = _expert_efficiency(hw, device, scheme, weights, compiled, gathered)
-    if scheme.quantized or scheme.backend == LLAMA_CPP_BACKEND:
+    if not scheme.groups_experts or scheme.backend == LLAMA_CPP_BACKEND:
         return e
-    return replace(e, grouped=True, source=f"{e.source}; one call per layer (transformers' grouped experts)")
+    return replace(e, grouped=True, source=f"{e.source}; one call per layer (grouped experts)")
 
 
 def _expert_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, weights: Efficiency,

@@ -444,8 +444,9 @@ EXPERT_REPEATS = 21
 
 def measure_experts(hw: HardwareProfile, quants: tuple[str, ...], device: str, *,
                     progress: Callable[[str], None] | None = None) -> tuple[list[ExpertSample], list[str]]:
-    """Time quantized routed experts for each scheme on `device` ("cpu" or "cuda"); the samples and a warning per
-    scheme that could not be measured."""
+    """Time routed experts for each scheme on `device` ("cpu" or "cuda"): vramplan's quantized experts (a call per
+    expert), bf16 / fp16 by transformers' grouped call (one a layer); the samples and a warning per scheme that could
+    not be measured."""
     import time
 
     import torch

@@ -96,3 +96,19 @@ def test_unquantized_experts_pay_one_call_a_layer():
         assert rates.experts.grouped is grouped
         one, eight = rates.experts_s(0.0, 1.0), rates.experts_s(0.0, 8.0)
         assert (eight == one) if grouped else (eight == 8 * one)
+
+
+def test_vllms_fused_moe_groups_every_format_and_vramplans_unrolled_experts_do_not():
+    """vLLM's fused MoE kernels run a layer's experts in one call whatever the format; vramplan's compiled int8-wo /
+    int4-wo experts are unrolled, a call each (runtime.experts.QuantizedExperts.unrolled_forward)."""
+    from vramplan.planner.engines import vllm
+    from vramplan.planner.quant import KV_SCHEMES, compiled_scheme
+    from vramplan.planner.speed import _rates
+
+    hw, spec = resolve_profile("h200")[0], model_spec("qwen3-30b-a3b")
+    for bits in ((16,), (8,), (4, 32)):
+        assert _rates(hw, 0, spec, compiled_scheme(*bits, groups_experts=True), KV_SCHEMES["bf16"]).experts.grouped
+    assert not _rates(hw, 0, spec, compiled_scheme(8), KV_SCHEMES["bf16"]).experts.grouped
+    assert _rates(hw, 0, spec, compiled_scheme(16), KV_SCHEMES["bf16"]).experts.grouped  # transformers' grouped_mm
+    answer = vllm.answer(spec, hw, Request(context=8192), None)  # its own search: fp8 / int8 only if faster now
+    assert answer.fits and answer.decode_tokens_per_s

@@ -445,7 +445,8 @@ def _price(spec: ModelSpec, hw: HardwareProfile, req: Request, fmt: WeightFormat
         return None, f"not predicted: no compiled decode of {fmt.name}"
     if lay.tp * lay.pp * lay.nodes > 1 or lay.cpu_offload_bytes:
         return None, "not predicted: vramplan has no model of vLLM's multi-GPU or offloaded decode"
-    if fitted_entry(hw, "gpu", scheme := compiled_scheme(*bits)) is None:
+    # (vLLM's fused MoE kernels run a layer's routed experts in one call, in every format)
+    if fitted_entry(hw, "gpu", scheme := compiled_scheme(*bits, groups_experts=True)) is None:
         return None, (f"not predicted: profile {hw.name} has no compiled-decode constants for {scheme.name} (the "
                       "public compiled runs are on HBM GPUs)")
     return estimate_compiled(spec, hw, req, scheme), SPEED_FROM
