@@ -98,6 +98,9 @@ class WeightScheme:
     # (grouped_mm, its default in transformers 5), which bf16 / fp16 weights run, and vLLM's fused MoE kernels in every
     # format (planner.speed_attention.expert_efficiency: one fixed cost a layer)
     groups_experts: bool = False
+    # False where the engine leaves an MoE's fused routed experts as loaded: plain transformers with bitsandbytes or
+    # optimum-quanto swaps only nn.Linear layers (planner.engines.hf_transformers.as_transformers_loads)
+    quantizes_experts: bool = True
 
     @property
     def quantized(self) -> bool:
@@ -109,6 +112,8 @@ class WeightScheme:
         if not self.quantized:
             return False
         if t.kind is Kind.EXPERTS:
+            if not self.quantizes_experts:
+                return False
             if self.backend == TORCH_WO_BACKEND:
                 return self.bits == 8 or tinygemm_packs(*t.matrix_shape, self.group_size)
             return not (self.backend == "quanto" and self.bits == 4 and experts_int4_group(*t.matrix_shape) is None)

@@ -112,3 +112,27 @@ def test_vllms_fused_moe_groups_every_format_and_vramplans_unrolled_experts_do_n
     assert _rates(hw, 0, spec, compiled_scheme(16), KV_SCHEMES["bf16"]).experts.grouped  # transformers' grouped_mm
     answer = vllm.answer(spec, hw, Request(context=8192), None)  # its own search: fp8 / int8 only if faster now
     assert answer.fits and answer.decode_tokens_per_s
+
+
+def test_plain_transformers_leaves_an_moes_experts_as_loaded():
+    """transformers 5's bitsandbytes and quanto loaders swap nn.Linear layers only: an MoE's fused experts stay bf16 and
+    run grouped. Plain transformers' row counts them so (it said 16.85 GiB of GPU weights for Qwen3-30B-A3B nf4, where
+    about 56 GiB are stored: a false fit on a 24 GB card), while vramplan's own runtime quantizes them per expert."""
+    from vramplan.planner.engines import BY_NAME
+    from vramplan.planner.engines.hf_transformers import as_transformers_loads
+    from vramplan.planner.quant import SCHEMES
+
+    spec, hw = model_spec("qwen3-30b-a3b"), resolve_profile("h200")[0]
+    experts = [t for i in range(spec.num_layers) for t in spec.layer_tensors(i) if t.role.name == "EXPERT"]
+    for name in ("bnb-nf4", "quanto-int8"):
+        loads = as_transformers_loads(SCHEMES[name])
+        assert loads is as_transformers_loads(SCHEMES[name]) and loads.groups_experts
+        assert loads.bytes_of(experts) == SCHEMES["bf16"].bytes_of(experts) > 1.9 * SCHEMES[name].bytes_of(experts)
+    row = BY_NAME["transformers"].plan(spec, hw, Request(context=8192, engine="transformers", quant=("bnb-nf4",),
+                                                         kv_dtype=("bf16",)))
+    mine = plan(spec, hw, Request(context=8192, quant=("bnb-nf4",), kv_dtype=("bf16",)))
+    assert row.chosen.memory.gpu.weights_bytes > 3 * mine.chosen.memory.gpu.weights_bytes
+    small = resolve_profile("rtx-4090")[0]
+    nf4 = BY_NAME["transformers"].plan(spec, small, Request(context=8192, engine="transformers", quant=("bnb-nf4",),
+                                                            kv_dtype=("bf16",)))
+    assert not nf4.fits or nf4.chosen.choice.expert_layers_on_cpu  # never every expert on a 24 GB card

@@ -6,7 +6,9 @@ transformers has no such engine, so a split plan becomes an accelerate device_ma
   prefetch): neither vramplan's prefetching stream mode nor its CPU-compute mode;
 - with bitsandbytes, `llm_int8_enable_fp32_cpu_offload=True` keeps the CPU-mapped layers unquantized in
   the load dtype (2 B/param in bf16), so they take more RAM and move more bytes than the plan's;
-- transformers' quanto loader refuses a device_map with CPU entries (runtime/load.py says the same).
+- transformers' quanto loader refuses a device_map with CPU entries (runtime/load.py says the same);
+- an MoE's fused routed experts stay in the load dtype under bitsandbytes and quanto (their loaders swap nn.Linear
+  layers only) and run transformers' grouped experts: counted and priced so (as_transformers_loads).
 The layer and module names come from the model's tensor names. Pure: this writes text, imports nothing.
 """
 
@@ -108,7 +110,7 @@ def transformers_candidates(spec: ModelSpec, hw: HardwareProfile, req: Request, 
         yield placement_at(fp, n, OffloadMode.STREAM) if n >= 0 else None
 
     out = []
-    for s in schemes:
+    for s in map(as_transformers_loads, schemes):
         weights, read = weight_costs(spec, s, not hw.has_gpu), read_bytes_per_layer(spec, s, req.batch)
         for k in kvs:
             base = dict(weight_quant=s.name, kv_dtype=k.name,
@@ -131,6 +133,23 @@ def transformers_candidates(spec: ModelSpec, hw: HardwareProfile, req: Request, 
                 best = replace(best, max_context_tokens=max_resident_context(spec, hw, req, s, k, weights))
             out.append(best)
     return out
+
+
+# transformers 5's bitsandbytes and optimum-quanto loaders replace nn.Linear layers only (replace_with_bnb_linear,
+# replace_with_quanto_layers): an MoE's fused 3-D experts stay in the load dtype and run transformers' grouped experts
+# (grouped_mm), where vramplan's runtime quantizes them per expert (runtime.experts). One object per scheme: the speed
+# model's memos know a scheme by its identity.
+_LOADS: dict[str, object] = {}
+
+
+def as_transformers_loads(s):
+    """The scheme as plain transformers stores and runs it: routed experts unquantized and grouped where its loader
+    quantizes (bitsandbytes, optimum-quanto); the scheme itself otherwise."""
+    if s.backend not in ("bnb", "quanto"):
+        return s
+    if s.name not in _LOADS or _LOADS[s.name][0] is not s:
+        _LOADS[s.name] = (s, replace(s, quantizes_experts=False, groups_experts=True))
+    return _LOADS[s.name][1]
 
 
 def _best_of(spec, hw, req, s, k, fp, tries, base, cap, read, make_choice, overflow, estimate) -> Candidate:
