@@ -172,6 +172,19 @@ def pack_rows(codes, group: int):
     return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
 
 
+def quantize_x(x, block: int, group: int):
+    """One row of activations as int8 per `block` (absmax / 127 each): the codes, the scales, the quantized values'
+    sums per weight group, and the quantized row in fp32."""
+    import torch
+
+    blocks = x.reshape(-1, block)
+    scale = (blocks.abs().amax(-1) / 127).clamp_min(1e-12)
+    codes = (blocks / scale[:, None]).round().clamp(-127, 127)
+    values = (codes * scale[:, None]).reshape(-1)
+    return (codes.to(torch.int8).reshape(-1).contiguous(), scale.contiguous(),
+            values.reshape(-1, group).sum(-1).contiguous(), values)
+
+
 def median_s(fn, repeats: int) -> float:
     for _ in range(3):
         fn()
@@ -200,23 +213,15 @@ def measure(dll, n: int, k: int, group: int, repeats: int) -> dict:
     def kernel():
         dll.q4_gemv(mine.data_ptr(), sz.data_ptr(), x.data_ptr(), xsum.data_ptr(), y.data_ptr(), n, k, group)
 
-    # int8 activations per block of 32 (Q8_0's rounding), quantized once per call as llama.cpp does
-    blocks = x.reshape(-1, 32)
-    dx = (blocks.abs().amax(-1) / 127).clamp_min(1e-12)
-    xq = (blocks / dx[:, None]).round().clamp(-127, 127).to(torch.int8).reshape(-1).contiguous()
-    xsum8 = (xq.float().reshape(-1, 32) * dx[:, None]).reshape(-1, group).sum(-1).contiguous()
-    y8 = torch.empty(n)
+    # int8 activations per block of 32 (Q8_0's rounding), quantized once per call as llama.cpp does; and one int8
+    # scale per group, whose integer sums add up over the whole group
+    xq, dx, xsum8, x8 = quantize_x(x, 32, group)
+    xqg, dxg, xsumg, _ = quantize_x(x, group, group)
+    y8, yg = torch.empty(n), torch.empty(n)
 
     def kernel_a8():
         dll.q4_gemv_a8(mine.data_ptr(), sz.data_ptr(), xq.data_ptr(), dx.data_ptr(), xsum8.data_ptr(), y8.data_ptr(),
                        n, k, group)
-
-    # one int8 scale per group: integer sums over the whole group
-    gblocks = x.reshape(-1, group)
-    dxg = (gblocks.abs().amax(-1) / 127).clamp_min(1e-12)
-    xqg = (gblocks / dxg[:, None]).round().clamp(-127, 127).to(torch.int8).reshape(-1).contiguous()
-    xsumg = (xqg.float().reshape(-1, group) * dxg[:, None]).sum(-1).contiguous()
-    yg = torch.empty(n)
 
     def kernel_a8g():
         dll.q4_gemv_a8g(mine.data_ptr(), sz.data_ptr(), xqg.data_ptr(), dxg.data_ptr(), xsumg.data_ptr(),
@@ -229,7 +234,7 @@ def measure(dll, n: int, k: int, group: int, repeats: int) -> dict:
     dequantized = (codes.float() - 8) * s + z
     ref = dequantized @ x[0]
     error = float((y - ref).abs().max() / ref.abs().max())
-    ref8 = dequantized @ (xq.float().reshape(-1, 32) * dx[:, None]).reshape(-1)
+    ref8 = dequantized @ x8
     error8 = float((y8 - ref8).abs().max() / ref8.abs().max())
     drift8 = float((y8 - ref).abs().max() / ref.abs().max())  # what quantizing the activations changes
     drift8g = float((yg - ref).abs().max() / ref.abs().max())

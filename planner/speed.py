@@ -405,18 +405,15 @@ def cpu_matmul_peak(host: HostSpec, scheme: WeightScheme) -> tuple[float, str]:
     return cpu_float_peak(host)
 
 
-# A GPU's cache reads and updates (attention over a bf16 / fp16 cache, transformers' cache appends) run the same kernels
-# whatever the weights' format: uncalibrated, they take the unquantized scheme's efficiency, not the quantized weight
-# kernel's (quanto-int4's fitted 0.2 on a GPU read the cache at a third of that). On the H200 (bench/results/
-# gpu-nvidia-h200-2/calibrate.json) calibration found every scheme's decode attention at least as fast as bf16's: held
-# at 1 for quanto-int4, quanto-int8, bnb-nf4 and bnb-int8 alike. A CPU keeps the weight-only sibling's (its
-# predictions were checked against runs made so: bench/results/vs-engines-*).
-KV_FOLLOWS_UNQUANTIZED_ON_GPU = True
-
-
 def unquantized_sibling(scheme: WeightScheme) -> WeightScheme:
-    """The unquantized scheme of the same engine and compute dtype (a compiled decode's bf16 for a compiled one)."""
-    if not scheme.quantized or not KV_FOLLOWS_UNQUANTIZED_ON_GPU or scheme.backend == LLAMA_CPP_BACKEND:
+    """The unquantized scheme of the same engine and compute dtype (a compiled decode's bf16 for a compiled one): whose
+    efficiency a GPU's cache reads and updates take, uncalibrated (_rates). They run the same kernels whatever the
+    weights' format (attention over a bf16 / fp16 cache, transformers' cache appends), not the quantized weight kernel
+    (quanto-int4's fitted 0.2 on a GPU read the cache at a third of that). On the H200 (bench/results/
+    gpu-nvidia-h200-2/calibrate.json) calibration found every scheme's decode attention at least as fast as bf16's:
+    held at 1 for quanto-int4, quanto-int8, bnb-nf4 and bnb-int8 alike. A CPU keeps the weight-only sibling's (its
+    predictions were checked against runs made so: bench/results/vs-engines-*)."""
+    if not scheme.quantized or scheme.backend == LLAMA_CPP_BACKEND:
         return weight_only_sibling(scheme)  # (llama.cpp's cache has its own figures: planner.engines.llamacpp)
     if scheme.backend == COMPILED_BACKEND:
         return compiled_scheme(16)
@@ -440,7 +437,7 @@ def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: Weig
     eff = efficiency(hw, kind, scheme, compiled)
     # attention and the cache update are not the weights' matmuls: a scheme that quantizes activations for its matmuls
     # (quanto-w8a8) reads and updates its cache as its weight-only sibling does; on a GPU a quantized scheme without a
-    # cache figure of its own reads its cache as an unquantized one's (KV_FOLLOWS_UNQUANTIZED_ON_GPU)
+    # cache figure of its own reads its cache as an unquantized one's (unquantized_sibling)
     sibling = unquantized_sibling(scheme) if gpu and eff.kv is None else weight_only_sibling(scheme)
     kv_weights = eff if sibling is scheme else efficiency(hw, kind, sibling, compiled)
     whose = "the weights'" if sibling is scheme else f"{sibling.name}'s"

@@ -82,7 +82,7 @@ LLAMA_CPP_BACKEND = "llama.cpp"
 EXPERT_CALL_LAUNCHES = 8
 DEFAULT_CPU_EXPERT_CALL_S = 40e-6
 # int8-wo / int4-wo experts in a compiled GPU decode are read by gathering each routed expert's slices at the index
-# tensor (runtime.experts.ExpertMatrices.matmul_at: no host sync, so the step stays one CUDA graph). int8's gather
+# tensor (runtime.experts.ExpertMatrices._slice: no host sync, so the step stays one CUDA graph). int8's gather
 # fuses into its matmul (coordinate-descent tuning turns a one-row matmul into a reduction inductor fuses with the
 # gather and the int8 conversion: runtime.compiled.GPU_COMPILE_OPTIONS): one pass over the bytes, as gpt-fast's Mixtral
 # int8 run shows (the same gathers, compiled: 97.92 tok/s on one A100-80GB, meta-pytorch/gpt-fast mixtral-moe/README.md;

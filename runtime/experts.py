@@ -24,7 +24,7 @@ Kernels, per scheme (all run on the device the weights are on):
 - bnb int8: ``bitsandbytes.matmul`` with the LLM.int8() state of its Linear8bitLt: int8 activations,
   columns above the outlier threshold in fp16.
 - int8-wo / int4-wo (torch's weight-only kernels, decoded compiled): runtime.weight_only's layouts and products per
-  expert. In a compiled CUDA step each routed expert's slices are gathered at the index tensor (``matmul_at``), so
+  expert. In a compiled CUDA step each routed expert's slices are gathered at the index tensor (``_slice``), so
   that no host read of an index breaks the CUDA graph.
 The matmuls of quanto's schemes run in bf16 (the scheme's compute dtype: their scales are bf16); activations
 are cast to it and the result back.
@@ -99,23 +99,21 @@ class ExpertMatrices(nn.Module, abc.ABC):
 
     @abc.abstractmethod
     def matmul(self, x: torch.Tensor, expert: int) -> torch.Tensor:
-        """``x @ W_expert.T`` with the layout's own kernel."""
+        """``x @ W_expert.T`` with the layout's own kernel; a layout that GATHERS also takes the expert as an index
+        tensor (int64 [1], on this module's device)."""
 
     @abc.abstractmethod
     def dequantize(self, expert: int) -> torch.Tensor:
         """Expert ``expert``'s [out, in] matrix as the kernel sees it, in fp32."""
 
-    # whether matmul_at is this layout's: a product at an expert index held in a tensor
+    # whether `matmul` takes an index tensor, reading each per-expert buffer's slice by index_select (_slice), so
+    # that a CUDA graph holds the step (a host read of the index is a sync no graph captures)
     GATHERS = False
 
-    def matmul_at(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """``matmul`` at the expert held in ``index`` (int64 [1], on this module's device) without reading it on the
-        host: each per-expert buffer's slice gathered (index_select), so that a CUDA graph holds the step (a host
-        read of the index is a sync no graph captures). Layouts with GATHERS define it."""
-        raise NotImplementedError(type(self).__name__)
-
-    def _at(self, name: str, index: torch.Tensor) -> torch.Tensor:
-        return self._buffers[name].index_select(0, index)[0]
+    def _slice(self, name: str, expert: int | torch.Tensor) -> torch.Tensor:
+        """Buffer `name`'s slice of one expert: a view at an index, or gathered at an index tensor."""
+        buffer = self._buffers[name]
+        return buffer.index_select(0, expert)[0] if isinstance(expert, torch.Tensor) else buffer[expert]
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, out_features={self.out_features}, in_features={self.in_features}"
@@ -137,10 +135,7 @@ class PlainMatrices(ExpertMatrices):
     GATHERS = True
 
     def matmul(self, x, expert):
-        return nn.functional.linear(x, self.weight[expert].to(x.dtype))
-
-    def matmul_at(self, x, index):
-        return nn.functional.linear(x, self._at("weight", index).to(x.dtype))
+        return nn.functional.linear(x, self._slice("weight", expert).to(x.dtype))
 
     def dequantize(self, expert):
         return self.weight[expert].float()
@@ -291,10 +286,7 @@ class TorchInt8Matrices(ExpertMatrices):
         self.register_buffer("scale", scale)
 
     def matmul(self, x, expert):
-        return int8_rows_mm(x, self.data[expert], self.scale[expert]).to(x.dtype)
-
-    def matmul_at(self, x, index):
-        return int8_rows_mm(x, self._at("data", index), self._at("scale", index)).to(x.dtype)
+        return int8_rows_mm(x, self._slice("data", expert), self._slice("scale", expert)).to(x.dtype)
 
     def dequantize(self, expert):
         return self.data[expert].float() * self.scale[expert].float()[:, None]
@@ -324,11 +316,8 @@ class TorchInt4Matrices(ExpertMatrices):
 
     def matmul(self, x, expert):
         a = x.to(torch.bfloat16).contiguous()
-        return int4_mm(a, self.packed[expert], self.group_size, self.scale_zeros[expert]).to(x.dtype)
-
-    def matmul_at(self, x, index):
-        a = x.to(torch.bfloat16).contiguous()
-        return int4_mm(a, self._at("packed", index), self.group_size, self._at("scale_zeros", index)).to(x.dtype)
+        return int4_mm(a, self._slice("packed", expert), self.group_size, self._slice("scale_zeros", expert)
+                       ).to(x.dtype)
 
     def dequantize(self, expert):
         identity = torch.eye(self.in_features, dtype=torch.bfloat16, device=self.packed.device)
@@ -338,7 +327,8 @@ class TorchInt4Matrices(ExpertMatrices):
         source = self.packed.device
         target = fn(torch.empty(0, dtype=torch.uint8, device=source)).device
         if target.type != source.type and "meta" not in (target.type, source.type):
-            raise NotImplementedError(f"int4-wo experts are packed for {source.type}: quantize them on {target.type}")
+            raise RuntimeError(f"int4-wo experts are packed for {source.type}'s kernel: quantize them on "
+                               f"{target.type} instead of moving them")
         return super()._apply(fn, recurse)
 
 
@@ -542,19 +532,17 @@ class QuantizedExperts(nn.Module):
             start += count
         return out
 
+    gather_override: bool | None = None  # forces `gathers` (the tests run CUDA's way on the CPU)
+
     @property
     def gathers(self) -> bool:
         """Whether the compiled step reads each routed expert by gathering its slices at the index tensor (on a CUDA
         device, where both projections' layouts can: no host sync, so the step stays one CUDA graph) rather than at
-        the index read on the host (the CPU's way: a view, no copy). `gather_override` sets it (the tests)."""
+        the index read on the host (the CPU's way: a view, no copy)."""
         if self.gather_override is not None:
             return self.gather_override
-        return self.gate_up.GATHERS and self.down.GATHERS and self._device().type == "cuda"
-
-    gather_override: bool | None = None
-
-    def _device(self) -> torch.device:
-        return next(iter(self.gate_up.buffers())).device
+        on_cuda = next(self.gate_up.buffers()).device.type == "cuda"
+        return self.gate_up.GATHERS and self.down.GATHERS and on_cuda
 
     def unrolled_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                          top_k_weights: torch.Tensor) -> torch.Tensor:
@@ -579,14 +567,13 @@ class QuantizedExperts(nn.Module):
         return torch.cat(tokens)
 
     def expert_forward(self, expert: int | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """One expert (an index, or an int64 [1] index tensor: ExpertMatrices.matmul_at) on its tokens' hidden states
-        [m, H] -> [m, H]."""
-        at = isinstance(expert, torch.Tensor)
-        h = self.gate_up.matmul_at(x, expert) if at else self.gate_up.matmul(x, expert)
+        """One expert (an index, or an int64 [1] index tensor where both projections' layouts GATHER) on its tokens'
+        hidden states [m, H] -> [m, H]."""
+        h = self.gate_up.matmul(x, expert)
         if self.gate_up_bias is not None:
             h = h + self.gate_up_bias[expert]
         h = self._gate(h)
-        h = self.down.matmul_at(h, expert) if at else self.down.matmul(h, expert)
+        h = self.down.matmul(h, expert)
         if self.down_bias is not None:
             h = h + self.down_bias[expert]
         norm = getattr(self.gating, "post_expert_norm", None) if getattr(self.gating, "has_post_expert_norm", False) \

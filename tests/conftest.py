@@ -80,6 +80,21 @@ def tiny_config(arch: str, **overrides):
     return AutoConfig.for_model(values.pop("model_type"), **values)
 
 
+def compiled_and_eager_tokens(model, prompt_tokens: int, new_tokens: int, device: str = "cpu"):
+    """The greedy tokens of a compiled decode (runtime.compiled.StaticDecoder, warmed up first) and of eager decode,
+    from one synthetic prompt, chunks of 8."""
+    import torch
+
+    from vramplan.runtime.compiled import StaticDecoder
+    from vramplan.runtime.generate import generate, synthetic_prompt, warm_up
+
+    prompt = synthetic_prompt(prompt_tokens, 512, seed=4).to(device)
+    eager = generate(model, prompt, max_new_tokens=new_tokens, prefill_chunk=8)
+    static = StaticDecoder(model, max_len=prompt_tokens + new_tokens, device=torch.device(device))
+    warm_up(model, prompt, 8, static=static)
+    return generate(model, prompt, max_new_tokens=new_tokens, prefill_chunk=8, static=static).tokens, eager.tokens
+
+
 def save_tiny_model(config, path: Path, *, seed: int = 0, dtype: str = "bfloat16") -> Path:
     """Build ``config``'s causal LM with transformers' own init (seeded) and save it as safetensors."""
     import torch

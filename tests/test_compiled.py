@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_config_dict
+from conftest import compiled_and_eager_tokens, tiny_config_dict
 from vramplan.planner.quant import SCHEMES
 from vramplan.runtime.generate import generate, synthetic_prompt, warm_up
 from vramplan.runtime.load import load_model
@@ -34,16 +34,10 @@ def test_compiled_decode_gives_the_eager_tokens(tiny_fp32):
 def test_quantized_experts_decode_inside_the_compiled_graph():
     """An MoE's quantized routed experts (runtime.experts.QuantizedExperts) take their unrolled forward inside the
     compiled decode step (fullgraph=True: no break at the routing) and give eager decode's tokens."""
-    from vramplan.runtime.compiled import StaticDecoder
-
     model = load_model(tiny_config_dict("mixtral"), scheme=SCHEMES["quanto-int4"], dummy_weights=True, seed=2).model
     assert any(type(m).__name__ == "QuantizedExperts" for m in model.modules())
-    prompt = synthetic_prompt(12, 512, seed=4)
-    eager = generate(model, prompt, max_new_tokens=6, prefill_chunk=8)
-    static = StaticDecoder(model, max_len=12 + 6, device=torch.device("cpu"))
-    warm_up(model, prompt, 8, static=static)
-    compiled = generate(model, prompt, max_new_tokens=6, prefill_chunk=8, static=static)
-    assert compiled.tokens == eager.tokens and len(compiled.tokens) == 6
+    compiled, eager = compiled_and_eager_tokens(model, 12, 6)
+    assert compiled == eager and len(compiled) == 6
 
 
 def test_the_static_cache_refuses_positions_past_its_length(tiny_fp32):

@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_config_dict
+from conftest import compiled_and_eager_tokens, tiny_config_dict
 from vramplan.planner.architectures import spec_from_config
 from vramplan.planner.quant import SCHEMES
 from vramplan.runtime.experts import PlainMatrices, QuantizedExperts, TorchInt4Matrices, TorchInt8Matrices
-from vramplan.runtime.generate import generate, synthetic_prompt, warm_up
 from vramplan.runtime.load import load_model
 
 WO = ("int8-wo", "int4-wo")
@@ -57,7 +56,7 @@ def test_each_expert_multiplies_by_its_dequantized_matrix_either_way(scheme):
     for e in range(experts.num_experts):
         ref = x.float() @ experts.gate_up.dequantize(e).t()
         by_index = experts.gate_up.matmul(x, e).float()
-        gathered = experts.gate_up.matmul_at(x, torch.tensor([e])).float()
+        gathered = experts.gate_up.matmul(x, torch.tensor([e])).float()
         assert torch.allclose(by_index, ref, atol=0.02 * ref.abs().max().item())
         assert torch.equal(gathered, by_index)
 
@@ -67,19 +66,13 @@ def test_each_expert_multiplies_by_its_dequantized_matrix_either_way(scheme):
 def test_the_compiled_decode_gives_the_eager_tokens(scheme, gather):
     """fullgraph=True: the experts' unrolled forward holds no graph break, read at the index (the CPU's way) or
     gathered at the index tensor (CUDA's way, forced here)."""
-    from vramplan.runtime.compiled import StaticDecoder
-
     _, model = _model(scheme)
     for m in model.modules():
         if isinstance(m, QuantizedExperts):
             assert m.gathers is False  # on the CPU: the index read on the host
             m.gather_override = gather
-    prompt = synthetic_prompt(12, 512, seed=4)
-    eager = generate(model, prompt, max_new_tokens=6, prefill_chunk=8)
-    static = StaticDecoder(model, max_len=12 + 6, device=torch.device("cpu"))
-    warm_up(model, prompt, 8, static=static)
-    compiled = generate(model, prompt, max_new_tokens=6, prefill_chunk=8, static=static)
-    assert compiled.tokens == eager.tokens and len(compiled.tokens) == 6
+    compiled, eager = compiled_and_eager_tokens(model, 12, 6)
+    assert compiled == eager and len(compiled) == 6
 
 
 def test_the_planner_quantizes_an_moes_experts_and_compiles_it():
@@ -120,8 +113,6 @@ def test_on_a_gpu_the_experts_gather_inside_one_cuda_graph(scheme):
     an expert index)."""
     from torch._dynamo.utils import counters
 
-    from vramplan.runtime.compiled import StaticDecoder
-
     config = tiny_config_dict("mixtral", **WIDE_MOE)
     model = load_model(config, scheme=SCHEMES[scheme], dummy_weights=True, seed=2, device="cuda:0").model
     cpu = load_model(config, scheme=SCHEMES[scheme], dummy_weights=True, seed=2, device="cpu", cpu_alone=False).model
@@ -130,12 +121,9 @@ def test_on_a_gpu_the_experts_gather_inside_one_cuda_graph(scheme):
     assert gpu_experts and all(m.gathers for m in gpu_experts)
     for e in range(gpu_experts[0].num_experts):  # the same codes in either layout
         assert torch.allclose(gpu_experts[0].down.dequantize(e).cpu(), cpu_experts[0].down.dequantize(e), atol=1e-2)
-    prompt = synthetic_prompt(12, 512, seed=4).cuda()
-    eager = generate(model, prompt, max_new_tokens=6, prefill_chunk=8)
     counters.clear()
-    static = StaticDecoder(model, max_len=18, device=torch.device("cuda"))
-    warm_up(model, prompt, 8, static=static)
-    assert generate(model, prompt, max_new_tokens=6, prefill_chunk=8, static=static).tokens == eager.tokens
+    compiled, eager = compiled_and_eager_tokens(model, 12, 6, device="cuda")
+    assert compiled == eager
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
 
 

@@ -14,6 +14,7 @@ The layer and module names come from the model's tensor names. Pure: this writes
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from ..choice import Choice, OffloadMode
@@ -139,17 +140,15 @@ def transformers_candidates(spec: ModelSpec, hw: HardwareProfile, req: Request, 
 # replace_with_quanto_layers): an MoE's fused 3-D experts stay in the load dtype and run transformers' grouped experts
 # (grouped_mm), where vramplan's runtime quantizes them per expert (runtime.experts). One object per scheme: the speed
 # model's memos know a scheme by its identity.
-_LOADS: dict[str, object] = {}
-
-
 def as_transformers_loads(s):
     """The scheme as plain transformers stores and runs it: routed experts unquantized and grouped where its loader
     quantizes (bitsandbytes, optimum-quanto); the scheme itself otherwise."""
-    if s.backend not in ("bnb", "quanto"):
-        return s
-    if s.name not in _LOADS or _LOADS[s.name][0] is not s:
-        _LOADS[s.name] = (s, replace(s, quantizes_experts=False, groups_experts=True))
-    return _LOADS[s.name][1]
+    return _experts_as_loaded(s) if s.backend in ("bnb", "quanto") else s
+
+
+@functools.cache
+def _experts_as_loaded(s):
+    return replace(s, quantizes_experts=False, groups_experts=True)
 
 
 def _best_of(spec, hw, req, s, k, fp, tries, base, cap, read, make_choice, overflow, estimate) -> Candidate:
