@@ -3,8 +3,9 @@
 The same random-weight model (a catalog architecture saved once with transformers, bf16) is run at each bit width by
 each engine, each in a fresh process, one after the other:
 - vramplan: `vramplan run` of the saved checkpoint with the scheme forced (bf16, quanto-int8 and quanto-w8a8,
-  quanto-int4), all on this machine's CPU, eager and (vramplan-compiled) with --compile; its report gives predicted and
-  measured decode, TTFT and peak RAM; with --recommended also `vramplan run` with the scheme the plan chooses;
+  quanto-int4 and cpu-w4a8), all on this machine's CPU, eager and (vramplan-compiled) with --compile; its report gives
+  predicted and measured decode, TTFT and peak RAM; with --recommended also `vramplan run` with the scheme the plan
+  chooses;
 - transformers: `AutoModelForCausalLM.from_pretrained` (quanto through `QuantoConfig` for 8 and 4 bits) and
   `generate(do_sample=False)` with a streamer stamping each token; peak RSS of that process;
 - llama.cpp: the checkpoint converted with llama.cpp's convert_hf_to_gguf.py (BF16) and quantized with llama-quantize
@@ -41,7 +42,7 @@ __import__("_checkout").use_checkout(ROOT)  # vramplan from this checkout when n
 WIDTHS = {16: ("bf16", "BF16"), 8: ("quanto-int8", "Q8_0"), 4: ("quanto-int4", "Q4_0")}
 # vramplan's schemes at each width: 8 bits also as quanto-w8a8 (the same bytes, activations in int8 too, as llama.cpp's
 # CPU kernels quantize them for Q8_0 and Q4_0)
-VRAMPLAN_SCHEMES = {16: ("bf16",), 8: ("quanto-int8", "quanto-w8a8"), 4: ("quanto-int4",)}
+VRAMPLAN_SCHEMES = {16: ("bf16",), 8: ("quanto-int8", "quanto-w8a8"), 4: ("quanto-int4", "cpu-w4a8")}
 MODELS = ("qwen2.5-0.5b", "llama-3.2-1b")
 
 # Plain transformers in a fresh process: the model loaded as a user would, then one greedy generate whose streamer

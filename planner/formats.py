@@ -17,7 +17,7 @@ from functools import cache
 
 from .errors import PlanError
 from .gguf import GGUF_FILE_TYPES
-from .quant import KV_SCHEMES, SCHEMES
+from .quant import CPU_KERNEL_BACKEND, KV_SCHEMES, SCHEMES
 from .record import record
 from .request import COMPILE_SCHEMES, CPU_COMPILE_SCHEMES, LLAMA_CPP_KV_DTYPES
 
@@ -93,17 +93,18 @@ def _vramplan_weights() -> list[Format]:
                           nearest={"llama.cpp": _bits_key(_GGUF_FOR_BITS, s.bits), "ollama": _bits_key(
                               _GGUF_FOR_BITS, s.bits), "vllm": s.name if s.name in VLLM_WEIGHTS else _bits_key(
                               _VLLM_FOR_BITS, s.bits), "transformers": _bits_key(_VRAMPLAN_FOR_BITS, s.bits)
-                              if s.compiled_only else s.name, "vramplan": s.name}))
+                              if s.compiled_only or s.backend == CPU_KERNEL_BACKEND else s.name, "vramplan": s.name}))
     return out
 
 
 def _transformers_weights() -> list[Format]:
     """Plain transformers loads vramplan's schemes through the same libraries (bitsandbytes, optimum-quanto; torchao
-    for w8a8), op by op; not the ones vramplan decodes compiled only (its generate() is eager)."""
+    for w8a8), op by op; not the ones vramplan decodes compiled only (its generate() is eager), nor vramplan's own CPU
+    kernel (cpu-w4a8: torchao's nearest, 8da4w, stores other bytes)."""
     return [Format(engine="transformers", name=f.name, kind=WEIGHTS, bits=f.bits, quality_cost_pct=f.quality_cost_pct,
                    quality_source=f.quality_source, devices=f.devices, decode=EAGER, compiles=False,
                    nearest={**f.nearest, "vramplan": f.name, "transformers": f.name})
-            for f in _vramplan_weights() if f.decode == EAGER]
+            for f in _vramplan_weights() if f.decode == EAGER and SCHEMES[f.name].backend != CPU_KERNEL_BACKEND]
 
 
 def _gguf_weights(engine: str) -> list[Format]:

@@ -136,7 +136,8 @@ class GPUSpec:
 
 # The kernel each CPU scheme decodes with, by the name of its HostSpec rate (runtime.quantize: Bf16Rows, Int8Rows,
 # Int4Groups, Int8Dynamic; runtime.probe.measure.measure_cpu_decode_kernels times them).
-CPU_DECODE_KERNELS = {"bf16": "bf16", "int8": "quanto-int8", "int4": "quanto-int4", "int8_dynamic": "quanto-w8a8"}
+CPU_DECODE_KERNELS = {"bf16": "bf16", "int8": "quanto-int8", "int4": "quanto-int4", "int8_dynamic": "quanto-w8a8",
+                      "int4_a8": "cpu-w4a8"}
 # The kernels the runtime runs by more than one path, and those paths (runtime.cpu_paths): the probe times each and
 # records the fastest (HostSpec.cpu_decode_<kernel>_path), whose rate is the kernel's.
 CPU_DECODE_PATHS = {"bf16": ("mv", "linear"), "int8_dynamic": ("int_mm", "fbgemm")}
@@ -166,6 +167,9 @@ class HostSpec:
     cpu_decode_int8_bytes_per_s: float | None = None
     cpu_decode_int4_bytes_per_s: float | None = None
     cpu_decode_int8_dynamic_bytes_per_s: float | None = None
+    # vramplan's own kernel (cpu-w4a8: runtime.cpu_kernel), timed where it builds; None: it does not build here, or
+    # the probe is older than the kernel, and the planner refuses the scheme
+    cpu_decode_int4_a8_bytes_per_s: float | None = None
     # The path the runtime runs each of CPU_DECODE_PATHS' kernels by (the probe's fastest). None: runtime.cpu_paths'
     # default for the CPU's instruction set.
     cpu_decode_bf16_path: str | None = None
@@ -236,7 +240,8 @@ class Overheads:
 # compiled decode, routed experts, the KV-cache update, llama.cpp's kernels), and attention per implementation (the
 # kernel transformers runs, ModelSpec.attention_impl, or llama.cpp's); tests/test_structure.py checks them against
 # what the speed model and the fits use. Another name is a typo that would never be looked up.
-CALIBRATION_BACKENDS = ("torch", "bnb", "quanto", "torch-wo", "compiled", "experts", "kv-update", "llama.cpp")
+CALIBRATION_BACKENDS = ("torch", "bnb", "quanto", "torch-wo", "vramplan-cpu", "compiled", "experts", "kv-update",
+                        "llama.cpp")
 ATTENTION_PREFIXES = ("attn-", "prefill-attn-")
 ATTENTION_IMPLS = ("sdpa", "eager", "llama.cpp")
 

@@ -112,13 +112,15 @@ class WeightScheme:
         if not self.quantized:
             return False
         if t.kind is Kind.EXPERTS:
-            if not self.quantizes_experts:
+            if not self.quantizes_experts or self.backend == CPU_KERNEL_BACKEND:  # (cpu-w4a8 plans dense models)
                 return False
             if self.backend == TORCH_WO_BACKEND:
                 return self.bits == 8 or tinygemm_packs(*t.matrix_shape, self.group_size)
             return not (self.backend == "quanto" and self.bits == 4 and experts_int4_group(*t.matrix_shape) is None)
         if t.kind is not Kind.LINEAR or t.layer is None:
             return False
+        if self.backend == CPU_KERNEL_BACKEND:
+            return w4a8_packs(*t.matrix_shape)
         return not (self.backend == TORCH_WO_BACKEND and self.bits == 4
                     and not tinygemm_packs(*t.matrix_shape, self.group_size))
 
@@ -268,6 +270,23 @@ def tinygemm_packs(out_features: int, in_features: int, group_size: int | None) 
             and in_features % group_size == 0)
 
 
+# vramplan's own CPU kernel (runtime.cpu_kernel): 4-bit weights in groups of CPU_W4A8_GROUP along each row, a bf16 scale
+# and zero per group (gpt-fast's group_quantize: tinygemm's values), times the activations quantized to int8 per group
+# of the same size. A linear whose input width is not a whole number of groups stays in the load dtype.
+CPU_KERNEL_BACKEND = "vramplan-cpu"
+CPU_W4A8_GROUP = 128
+_W4A8 = ("int4 weights, round to nearest in groups of 128 with a scale and zero: AWQ (Lin et al. 2023, "
+         "arXiv:2306.00978) Table 4, Llama-2-7B WikiText-2 perplexity FP16 5.47, INT4 g128 RTN 5.73 (+4.8 %); plus "
+         "int8 activations: torchao's int8dq (per-token absmax) over its int8 weight-only, Llama-3-8B 7.581 against "
+         "7.447 (+1.8 %; torchao/quantization/README.md, pytorch/ao 03d01ad), a coarser activation step than the "
+         "kernel's per group of 128. The sum of the two, an estimate not measured on the combination")
+
+
+def w4a8_packs(out_features: int, in_features: int) -> bool:
+    """Whether cpu-w4a8's kernel takes a [out, in] matrix: whole groups along the input."""
+    return out_features > 0 and in_features % CPU_W4A8_GROUP == 0
+
+
 SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
     WeightScheme(name="bf16", backend="torch", bits=16, devices=("cuda", "cpu", "mps"), groups_experts=True,
                  description="bfloat16, unquantized",
@@ -314,6 +333,12 @@ SCHEMES: dict[str, WeightScheme] = {s.name: s for s in [
                              "int4, tinygemm), decoded compiled: torch's kernels in one CUDA graph",
                  quality=QualityCost(ppl_increase_pct=5.2, source=_TORCHAO_WO + ": Llama-2-7B's, the model "
                                      "quanto-int4's figure comes from; Llama-3 loses about twice as much")),
+    WeightScheme(name="cpu-w4a8", backend=CPU_KERNEL_BACKEND, bits=4, group_size=CPU_W4A8_GROUP, scale_bytes=4.0,
+                 devices=("cpu",), streams_on=(), cpu_head="quanto-w8a8", activation_bits=8,
+                 description="int4 weights, group 128 with a bf16 scale and zero, x int8 activations per group: "
+                             "vramplan's AVX2 CPU kernel (llama.cpp's Q4_0 x Q8_0 product), built with the machine's "
+                             "C compiler",
+                 quality=QualityCost(ppl_increase_pct=6.6, source=_W4A8)),
 ]}
 
 

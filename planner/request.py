@@ -69,7 +69,8 @@ COMPILE_SCHEMES = {"bf16": "bf16", "fp16": "fp16", "int8-wo": "bf16", "int4-wo":
 # On a machine without a GPU the quanto schemes' layers call torch's CPU kernels themselves
 # (runtime.quantize.direct_kernels), which inductor compiles through (tested: the eager tokens): with a bf16 cache,
 # dense models (vramplan's quantized experts route tokens in Python). On a GPU quanto's compiled decode is unmeasured.
-CPU_COMPILE_SCHEMES = {**COMPILE_SCHEMES, "quanto-int8": "bf16", "quanto-int4": "bf16", "quanto-w8a8": "bf16"}
+CPU_COMPILE_SCHEMES = {**COMPILE_SCHEMES, "quanto-int8": "bf16", "quanto-int4": "bf16", "quanto-w8a8": "bf16",
+                       "cpu-w4a8": "bf16"}
 
 
 def compile_schemes(has_gpu: bool) -> dict[str, str]:

@@ -26,7 +26,7 @@ from .plan import Alternative, Candidate, Plan
 from .preference import choose_by_preference  # noqa: F401 - the --prefer rule, one for every engine
 from .published_scheme import (PUBLISHED_BACKEND, gguf_note, loaders_note, scheme_named, speed_stand_in,
                                weight_schemes)
-from .quant import KV_SCHEMES, SCHEMES, TORCH_WO_BACKEND, KVScheme, WeightScheme
+from .quant import CPU_KERNEL_BACKEND, KV_SCHEMES, SCHEMES, TORCH_WO_BACKEND, KVScheme, WeightScheme
 from .request import COMPILE_SCHEMES, RUNTIME_BASE_RAM_BYTES, Request, compile_schemes, derived
 from .speed import SpeedEstimate, compiled_scheme, estimate, speed_constants
 from .work import read_bytes_per_layer
@@ -41,10 +41,21 @@ def device_refusal(scheme: WeightScheme, hw: HardwareProfile) -> str | None:
     device = hw.accelerator or "cpu"
     if device not in scheme.devices:
         return f"{scheme.name} does not run on {device}"
+    if scheme.backend == CPU_KERNEL_BACKEND and hw.host.cpu_decode_int4_a8_bytes_per_s is None:
+        return (f"{scheme.name} runs vramplan's AVX2 kernel, built with the machine's C compiler, and profile "
+                f"{hw.name} has no probe record of it (host.cpu_decode_int4_a8: `vramplan probe` times it where it "
+                "builds)")
     need = scheme.min_capability
     if need is not None and device == "cuda" and (have := hw.devices[0].capability) is not None and have < need:
         return (f"{scheme.name} needs compute capability {need[0]}.{need[1]} or newer (its kernel's); "
                 f"{hw.devices[0].name} has {have[0]}.{have[1]}")
+    return None
+
+
+def model_refusal(spec: ModelSpec, scheme: WeightScheme) -> str | None:
+    """Why the scheme does not run this model, or None."""
+    if scheme.backend == CPU_KERNEL_BACKEND and spec.moe is not None:
+        return f"{scheme.name} runs dense models only (its kernel has no routed-experts layout yet)"
     return None
 
 
@@ -189,7 +200,8 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
             return Candidate(**base, fits=False, reason=f"{scheme.name} decodes compiled only (torch's weight-only "
                                                         "kernels in one graph): --eager leaves it out")
         req = derived(req, compiled=True)
-    why_not = device_refusal(scheme, hw) or kv_refusal(spec, kv) or _compile_ok(spec, hw, req, scheme, kv)
+    why_not = (device_refusal(scheme, hw) or model_refusal(spec, scheme) or kv_refusal(spec, kv)
+               or _compile_ok(spec, hw, req, scheme, kv))
     if why_not:
         return Candidate(**base, fits=False, reason=why_not)
     fp = footprint(spec, hw, req, scheme, kv, weights)
@@ -253,7 +265,8 @@ def _compile_ok(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weig
         return (f"--compile: {spec.model_type}'s routed experts run in vramplan's row-wise experts module, which "
                 "routes tokens in Python (a graph break): "
                 + (f"{scheme.name} decodes compiled only; another scheme" if scheme.compiled_only else "run it eager"))
-    if scheme.activation_bits == 8 and not hw.has_gpu and hw.host.cpu_decode_int8_dynamic_path == "fbgemm":
+    if scheme.activation_bits == 8 and scheme.bits == 8 and not hw.has_gpu \
+            and hw.host.cpu_decode_int8_dynamic_path == "fbgemm":
         return (f"--compile: {scheme.name} runs by fbgemm on this CPU (the profile's "
                 "host.cpu_decode_int8_dynamic_path), whose packed weights a compiled graph reaches through a custom "
                 "op at every matmul: eager decodes faster (Qwen2.5-0.5B on the AVX2 EPYC VM: 14.4 against 11.5 "
@@ -414,6 +427,8 @@ def _alternatives(spec, hw, req) -> list[Alternative]:
     for scheme in SCHEMES.values():
         if device_refusal(scheme, hw) or scheme.compiled_only:  # those fit on one device or not at all: no shorter
             continue                                            # context frees their split
+        if model_refusal(spec, scheme):
+            continue
 
         weights = weight_costs(spec, scheme, not hw.has_gpu)
         for kv_name in ALTERNATIVE_KV_DTYPES:

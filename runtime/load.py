@@ -23,7 +23,7 @@ from vramplan.planner.errors import (
     ModelNotFoundError,
     VramplanError,
 )
-from vramplan.planner.quant import TORCH_WO_BACKEND, WeightScheme
+from vramplan.planner.quant import CPU_KERNEL_BACKEND, TORCH_WO_BACKEND, WeightScheme
 from vramplan.planner.sources import read_safetensors_header, weight_files
 from vramplan.runtime.cpu_paths import describe as describe_paths
 from vramplan.runtime.cpu_paths import resolve as resolve_paths
@@ -45,7 +45,7 @@ COMPUTE_DTYPES: dict[str, torch.dtype] = {
 UNQUANTIZED_DTYPES = {"bfloat16": "bf16", "float16": "fp16"}  # an unquantized scheme's dtype -> compute dtype
 # the backends whose checkpoints on one device load a layer at a time (runtime/layerwise.py); transformers' own
 # loaders for the rest (bitsandbytes quantizes as it loads; an unquantized model maps the file)
-LAYERWISE_BACKENDS = ("quanto", TORCH_WO_BACKEND)
+LAYERWISE_BACKENDS = ("quanto", TORCH_WO_BACKEND, CPU_KERNEL_BACKEND)
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
@@ -117,7 +117,7 @@ def load_model(
     if cpu_alone is None:
         cpu_alone = device == "cpu"
     if scheme.activation_bits < 16 and not (cpu_alone and device == "cpu"):  # before anything is built
-        raise VramplanError(f"{scheme.name} runs on the CPU alone (its int8 x int8 matmul is torch's CPU kernel): load "
+        raise VramplanError(f"{scheme.name} runs on the CPU alone (it quantizes activations in a CPU kernel): load "
                             "it with device='cpu' and cpu_alone left on; no offload engine or GPU runs it")
     if device == "cpu" and gpu_layers not in (None, 0):
         raise ValueError(f"gpu_layers={gpu_layers} needs a CUDA device, got device='cpu'")
@@ -157,7 +157,8 @@ def load_model(
             if model is not None:
                 notes.append("the checkpoint was read and quantized one decoder layer at a time (no layer held "
                              "unquantized but the one being read)")
-        if model is None and scheme.backend == TORCH_WO_BACKEND:  # in the compute dtype on the CPU, then each layer
+        if model is None and scheme.backend in (TORCH_WO_BACKEND, CPU_KERNEL_BACKEND):  # the compute dtype, then
+            # each layer quantized on its device
             model = _load_checkpoint(model_dir, config, dtype, scheme, "cpu", None, allow_pickle, trust_remote_code)
             for layer in decoder_layers(model, num_layers)[1]:
                 backend(scheme).quantize(layer, scheme, dtype, device)

@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from vramplan.planner.errors import VramplanError
-from vramplan.planner.quant import TORCH_WO_BACKEND, WeightScheme, cpu_head_scheme
+from vramplan.planner.quant import CPU_KERNEL_BACKEND, TORCH_WO_BACKEND, WeightScheme, cpu_head_scheme
 from vramplan.runtime.cpu_paths import FbgemmInt8Dynamic, default_path, resolve
 from vramplan.runtime.experts import int8_dynamic_mm, quanto_int8_rows, quantize_experts
 from vramplan.runtime.measure import is_oom
@@ -99,6 +99,29 @@ class TorchWeightOnly(Backend):
     def notes(self, scheme, offloaded):
         return [f"{scheme.name}: every linear of the decoder layers and every routed expert quantized at load for "
                 "torch's weight-only kernels (lm_head stays in the load dtype); it decodes compiled"]
+
+
+class CpuKernel(Backend):
+    """cpu-w4a8: vramplan's own CPU kernel (runtime.cpu_kernel), every plain nn.Linear of the decoder layers it takes
+    quantized at load; lm_head as planner.quant.cpu_head_scheme says (runtime.load)."""
+
+    name = CPU_KERNEL_BACKEND
+
+    def quantize(self, module, scheme, dtype, device):
+        from vramplan.runtime import cpu_kernel
+
+        if torch.device(device).type != "cpu":
+            raise VramplanError(f"{scheme.name} runs on the CPU alone (its kernel is vramplan's AVX2 code), not on "
+                                f"{device}")
+        if reason := cpu_kernel.unavailable():
+            raise VramplanError(f"{scheme.name} cannot run here: {reason}")
+        cpu_kernel.quantize_linears(module, scheme.group_size)
+        module.to(device)
+
+    def notes(self, scheme, offloaded):
+        return [f"{scheme.name}: every linear of the decoder layers quantized at load to 4 bits in groups of "
+                f"{scheme.group_size}, multiplied by vramplan's AVX2 kernel with its inputs in int8 "
+                "(runtime.cpu_kernel)"]
 
 
 class Quanto(Backend):
@@ -374,7 +397,8 @@ def quantize_cpu_head(model: nn.Module, scheme: WeightScheme, paths: Mapping[str
 # mlp.router); transformers' module patterns match them as suffixes.
 ROUTER_MODULE_NAMES = ("router",)
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (Unquantized(), BitsAndBytes(), Quanto(), TorchWeightOnly())}
+BACKENDS: dict[str, Backend] = {b.name: b for b in (Unquantized(), BitsAndBytes(), Quanto(), TorchWeightOnly(),
+                                                    CpuKernel())}
 
 
 def backend(scheme: WeightScheme) -> Backend:

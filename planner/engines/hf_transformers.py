@@ -27,7 +27,7 @@ from ..plan import Plan
 from ..request import Request
 from ..published_scheme import (PUBLISHED_BACKEND, loaders_note, published_scheme, scheme_named, speed_stand_in,
                                 weight_schemes)
-from ..quant import KV_SCHEMES, SCHEMES
+from ..quant import CPU_KERNEL_BACKEND, KV_SCHEMES, SCHEMES
 from ..units import format_bytes
 from ..quoting import python_fstring, python_str
 from .common import EngineAnswer, Export, commented, first_moe_layers, index_range, model_location
@@ -118,7 +118,9 @@ def transformers_candidates(spec: ModelSpec, hw: HardwareProfile, req: Request, 
                         quality_cost_pct=s.quality.ppl_increase_pct + k.quality.ppl_increase_pct)
             compiled_only = (f"{s.name} is vramplan's compiled decode of torch's weight-only kernels: plain "
                              "transformers' generate() runs eager") if s.compiled_only else None
-            if why := device_refusal(s, hw) or kv_refusal(spec, k) or compiled_only:
+            own_kernel = (f"{s.name} is vramplan's own CPU kernel: plain transformers has none (torchao's nearest, "
+                          "8da4w, stores other bytes)") if s.backend == CPU_KERNEL_BACKEND else None
+            if why := device_refusal(s, hw) or kv_refusal(spec, k) or compiled_only or own_kernel:
                 out.append(Candidate(**base, fits=False, reason=why))
                 continue
             fp = footprint(spec, hw, req, s, k, weights)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import os
+import platform
 import statistics
 import time
 from dataclasses import dataclass
@@ -17,8 +18,8 @@ from vramplan.planner.units import (GiB, MiB, format_bandwidth, format_bytes, fo
 from .datasheets import (APPLE_CHIPS, DEFAULT_ALLOCATOR_RESERVE_BYTES, DEFAULT_CUDA_CONTEXT_BYTES,
                          DEFAULT_KERNEL_LAUNCH_S, GPU_FLOPS_PER_BYTE_GUESS, UNIFIED_NVIDIA_GPUS, _apple_chip,
                          norm_gpu_name, apple_gpu_share, estimate_gpu_bf16_flops, match_datasheet, typical_link)
-from .host import (INT8_DOT_FLAGS, NATIVE_BF16_FLAGS, NO_INT8_DOT_DYNAMIC_RAM_SHARE, busy_note, estimate_cpu_flops,
-                   load_average, read_host)
+from .host import (INT8_DOT_FLAGS, NATIVE_BF16_FLAGS, NO_INT8_DOT_DYNAMIC_RAM_SHARE, W4A8_FLAGS, W4A8_RAM_SHARE,
+                   busy_note, c_compiler, estimate_cpu_flops, load_average, read_host)
 from .measure import (Measurement, measure_cpu_decode_kernels, measure_cpu_expert_call, measure_cpu_matmul,
                       measure_gpu_matmul_bf16, measure_gpu_memory_bandwidth, measure_host_link, measure_kernel_launch,
                       measure_ram_bandwidth)
@@ -236,6 +237,13 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
                      f"{format_bandwidth(decode['int8_dynamic'])} by fbgemm's path: no int8 dot-product instructions "
                      f"(VNNI) in the CPU's flags, where fbgemm streams about {NO_INT8_DOT_DYNAMIC_RAM_SHARE:.3f} of "
                      "the RAM bandwidth (runtime.probe.host.NO_INT8_DOT_DYNAMIC_RAM_SHARE); `vramplan probe` times it")
+    if torch is None and W4A8_FLAGS <= set(host.cpu_flags) and platform.machine().lower() in ("x86_64", "amd64") \
+            and c_compiler() is not None:
+        decode["int4_a8"] = W4A8_RAM_SHARE * ram_bw
+        notes.append(f"CPU int4 x int8 decode (cpu-w4a8's kernel) estimated at {format_bandwidth(decode['int4_a8'])}: "
+                     f"AVX2 and a C compiler ({c_compiler()}) to build it, where it streams about "
+                     f"{W4A8_RAM_SHARE:.3f} of the RAM bandwidth (runtime.probe.host.W4A8_RAM_SHARE); `vramplan probe` "
+                     "builds and times it")
     if torch is not None:  # the full probe (the quick one imports no torch): which decode kernel is fast, timed
         say("timing the CPU decode kernels (which is fast depends on the CPU)")
         try:
@@ -256,6 +264,8 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
                              f"takes here: {m.method}")
             except Exception as e:  # noqa: BLE001 - the _int_mm rate stays
                 notes.append(f"CPU int8 matmul by fbgemm not measured ({type(e).__name__}: {e})")
+        if "int4_a8" not in kernels and (why := _w4a8_unavailable()):
+            notes.append(f"cpu-w4a8 not available: {why}; the planner refuses it here")
         if kernels:
             notes.append("CPU decode kernels timed (weights streamed at one row): " + ", ".join(
                 f"{name} {format_bandwidth(m.value)}" for name, m in kernels.items() if name not in paths)
@@ -589,3 +599,9 @@ def _measure_cuda_device(torch: Any, dev: str, nvml_gpu: NvmlGpu, say: Progress,
         "context_bytes": context,
         "notes": notes,
     }
+
+
+def _w4a8_unavailable() -> str | None:
+    from vramplan.runtime.cpu_kernel import unavailable
+
+    return unavailable()

@@ -58,6 +58,19 @@ DEFAULT_CPU_GHZ = 2.5
 # kernel's rate at this share of the RAM bandwidth there, and records the fbgemm path; `vramplan probe` times both.
 INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 NO_INT8_DOT_DYNAMIC_RAM_SHARE = 13.5 / 34.1
+# cpu-w4a8's kernel (runtime.cpu_kernel: AVX2 vpmaddubsw, built with the machine's C compiler) streamed one row by 68
+# MiB of its int4 weights at 12.4 GB/s on the same VM (the full probe, 2026-11-29; bench/cpu_int4_kernel.py's runs
+# 11.5-12.3), the full probe's RAM copy at 30.1-34.1 there: the quick probe estimates it at this share of the RAM
+# bandwidth on an x86 CPU with AVX2 and FMA where a C compiler is found (the kernel is built at its first use).
+W4A8_RAM_SHARE = 12.4 / 32.0
+W4A8_FLAGS = frozenset({"avx2", "fma"})
+
+
+def c_compiler() -> str | None:
+    """The C compiler cpu-w4a8's kernel is built with: $CC, else cc, else gcc; None when there is none."""
+    import shutil
+
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 @dataclass(frozen=True)
 class HostReading:

@@ -104,11 +104,14 @@ def measure_cpu_decode_kernels(torch: Any, repeats: int = 5, nbytes: int = CPU_D
     """Bytes of weights per second each CPU decode kernel streams from RAM at one row, on all torch threads, and for
     the kernels the runtime runs by more than one path (planner.hardware.CPU_DECODE_PATHS, runtime.cpu_paths) the path
     that was fastest. Kernels: bf16 (torch.mv, runtime.quantize.Bf16Rows, or F.linear), int8 rows
-    (_weight_int8pack_mm), int4 groups of 128 (_weight_int4pack_mm_for_cpu) and int8 x int8 (quanto-w8a8's:
-    runtime.experts.int8_dynamic_mm by torch._int_mm, or fbgemm's dynamic linear, runtime.cpu_paths). Which is fast
+    (_weight_int8pack_mm), int4 groups of 128 (_weight_int4pack_mm_for_cpu), int8 x int8 (quanto-w8a8's:
+    runtime.experts.int8_dynamic_mm by torch._int_mm, or fbgemm's dynamic linear, runtime.cpu_paths) and, where it
+    builds, vramplan's int4 x int8 kernel (cpu-w4a8's, runtime.cpu_kernel). Which is fast
     depends on the CPU, not on its nominal FLOPS: on an AVX2 EPYC without VNNI _int_mm streamed 1.9 GB/s where the
     int8 rows streamed 9.0 (2 threads, 2026-11-29). Returns ({kernel: the rate of its fastest path}, {kernel: that
     path}); every path's own timing is kept in the first as "<kernel>_<path>"."""
+    from vramplan.planner.quant import CPU_W4A8_GROUP
+    from vramplan.runtime import cpu_kernel
     from vramplan.runtime.cpu_paths import FbgemmInt8Dynamic, default_path, fbgemm_available
     from vramplan.runtime.experts import int8_dynamic_mm
 
@@ -137,6 +140,12 @@ def measure_cpu_decode_kernels(torch: Any, repeats: int = 5, nbytes: int = CPU_D
     if fbgemm is not None:
         kernels["int8_dynamic"]["fbgemm"] = (lambda: fbgemm(row), int8.numel(),
                                              "fbgemm's dynamic int8 linear (runtime.cpu_paths.FbgemmInt8Dynamic)")
+    if cpu_kernel.unavailable() is None:  # (built here at the first call; else no rate, and the planner refuses it)
+        codes = torch.randint(0, 256, (2 * n, k // 2), dtype=torch.uint8)
+        groups = torch.rand(2 * n, k // CPU_W4A8_GROUP, 2).to(torch.bfloat16)
+        kernels["int4_a8"] = {None: (lambda: cpu_kernel.w4a8_mm(row, codes, groups, CPU_W4A8_GROUP),
+                                     codes.numel() + groups.numel() * 2,
+                                     f"vramplan's w4a8 kernel (runtime.cpu_kernel), groups of {CPU_W4A8_GROUP}")}
     out: dict[str, Measurement] = {}
     paths: dict[str, str] = {}
     for name, by_path in kernels.items():
