@@ -112,8 +112,10 @@ class WeightScheme:
         if not self.quantized:
             return False
         if t.kind is Kind.EXPERTS:
-            if not self.quantizes_experts or self.backend == CPU_KERNEL_BACKEND:  # (cpu-w4a8 plans dense models)
+            if not self.quantizes_experts:
                 return False
+            if self.backend == CPU_KERNEL_BACKEND:
+                return w4a8_packs(*t.matrix_shape)
             if self.backend == TORCH_WO_BACKEND:
                 return self.bits == 8 or tinygemm_packs(*t.matrix_shape, self.group_size)
             return not (self.backend == "quanto" and self.bits == 4 and experts_int4_group(*t.matrix_shape) is None)
@@ -157,7 +159,7 @@ class WeightScheme:
         n = out_features * in_features
         if self.bits == 8:  # bnb: fp32 SCB per row; quanto, int8-wo: bf16 scale per row
             return experts * (n + int(out_features * self.row_scale_bytes))
-        if self.backend == TORCH_WO_BACKEND:  # tinygemm: packed codes, bf16 scale and zero per group
+        if self.backend in (TORCH_WO_BACKEND, CPU_KERNEL_BACKEND):  # packed codes, bf16 scale and zero per group
             return experts * (n // 2 + out_features * (in_features // self.group_size) * int(self.scale_bytes))
         if self.backend == "bnb":
             blocks = math.ceil(n / self.group_size)

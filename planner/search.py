@@ -52,13 +52,6 @@ def device_refusal(scheme: WeightScheme, hw: HardwareProfile) -> str | None:
     return None
 
 
-def model_refusal(spec: ModelSpec, scheme: WeightScheme) -> str | None:
-    """Why the scheme does not run this model, or None."""
-    if scheme.backend == CPU_KERNEL_BACKEND and spec.moe is not None:
-        return f"{scheme.name} runs dense models only (its kernel has no routed-experts layout yet)"
-    return None
-
-
 def kv_refusal(spec: ModelSpec, kv: KVScheme) -> str | None:
     if kv.full_attention_only and spec.sliding_window_layers:
         return f"KV dtype {kv.name}: transformers' QuantizedCache refuses models with sliding-window layers"
@@ -200,8 +193,7 @@ def _evaluate(spec: ModelSpec, hw: HardwareProfile, req: Request, scheme: Weight
             return Candidate(**base, fits=False, reason=f"{scheme.name} decodes compiled only (torch's weight-only "
                                                         "kernels in one graph): --eager leaves it out")
         req = derived(req, compiled=True)
-    why_not = (device_refusal(scheme, hw) or model_refusal(spec, scheme) or kv_refusal(spec, kv)
-               or _compile_ok(spec, hw, req, scheme, kv))
+    why_not = device_refusal(scheme, hw) or kv_refusal(spec, kv) or _compile_ok(spec, hw, req, scheme, kv)
     if why_not:
         return Candidate(**base, fits=False, reason=why_not)
     fp = footprint(spec, hw, req, scheme, kv, weights)
@@ -427,8 +419,6 @@ def _alternatives(spec, hw, req) -> list[Alternative]:
     for scheme in SCHEMES.values():
         if device_refusal(scheme, hw) or scheme.compiled_only:  # those fit on one device or not at all: no shorter
             continue                                            # context frees their split
-        if model_refusal(spec, scheme):
-            continue
 
         weights = weight_costs(spec, scheme, not hw.has_gpu)
         for kv_name in ALTERNATIVE_KV_DTYPES:

@@ -110,7 +110,7 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     # (_decode_kernel_efficiency; 0.50 is never used); a layer's fixed cost is bf16's (one call a matmul, as Bf16Rows
     # makes). Prefill against the int8 matmul's peak (cpu_matmul_peak: fbgemm's where the probe records that path):
     # 0.53, fitted to Qwen2.5-0.5B's TTFT at a 128-token prompt on the 2-core AVX2 EPYC VM (0.41, w8a8's, predicted
-    # 1.63 s for 1.25 measured; bench/results/vs-engines-cpu-epyc-avx2-w4a8.md); Llama-3.2-1B held out.
+    # 1.63 s for 1.25 measured; bench/results/vs-engines-cpu-epyc-avx2-w4a8-noprefetch.md); Llama-3.2-1B held out.
     ("cpu", "cpu-w4a8"): (0.50, 0.53, 710e-6, 500e-6),
 }
 # MLA as transformers runs it (AttentionLayout.expands_cache: deepseek_v2/v3's `expand_kv`, modeling_deepseek_v3.py in

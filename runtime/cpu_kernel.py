@@ -50,6 +50,10 @@ C_SOURCE = r"""
 #include <string.h>
 
 #define PARALLEL_MIN_WEIGHTS (1L << 18)
+/* A decode step streams each thread's rows once: prefetching this far ahead of the load raised the rate from 10.2 to
+   12.1-13.9 GB/s on the AVX2 EPYC VM (Llama-3.2-1B's 112 matrices in turn, 517 MB; a plain AVX2 read of RAM there:
+   12.8-14.7 GB/s); 256 B ahead gave 11.8, 4-6 KiB 10.7-11.4. */
+#define PREFETCH_BYTES 2048
 
 static inline float bf16_to_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
@@ -132,6 +136,7 @@ static inline float dot_row(const uint8_t *row, const uint16_t *rsz, const int8_
         __m256i isum = _mm256_setzero_si256();
         for (int b = 0; b < group; b += 32) {
             const long k = (long)g * group + b;
+            _mm_prefetch((const char *)(row + k / 2) + PREFETCH_BYTES, _MM_HINT_T0);
             isum = _mm256_add_epi32(isum, _mm256_madd_epi16(
                 _mm256_maddubs_epi16(unpack32(row + k / 2), _mm256_loadu_si256((const __m256i *)(xq + k))), ones));
         }
@@ -354,6 +359,33 @@ def _(x: torch.Tensor, codes: torch.Tensor, scale_zeros: torch.Tensor, group: in
     return x.new_empty(x.shape[0], codes.shape[0], dtype=dtype)
 
 
+def product(x: torch.Tensor, codes: torch.Tensor, scale_zeros: torch.Tensor, group: int) -> torch.Tensor:
+    """w4a8_mm, through the custom op inside a compiled graph."""
+    if torch.compiler.is_compiling():
+        return _w4a8_op(x, codes, scale_zeros, group)
+    return w4a8_mm(x, codes, scale_zeros, group)
+
+
+def quantize_matrix(weight: torch.Tensor, group: int = CPU_W4A8_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """A [out, in] matrix in the kernel's layout on the CPU: (codes [out, in / 2], bf16 scale and zero
+    [out, in / group, 2]), quantized ROWS_PER_BLOCK rows at a time in fp32 (no full-size temporary)."""
+    out_features, in_features = weight.shape
+    codes = torch.empty(out_features, in_features // 2, dtype=torch.uint8)
+    scale_zeros = torch.empty(out_features, in_features // group, 2, dtype=torch.bfloat16)
+    for start in range(0, out_features, ROWS_PER_BLOCK):
+        rows = slice(start, start + ROWS_PER_BLOCK)
+        block, sz = group_quantize(weight[rows].to("cpu", torch.float32), group)
+        codes[rows] = pack_codes(block)
+        scale_zeros[rows] = sz.transpose(0, 1)
+    return codes, scale_zeros
+
+
+def dequantize(codes: torch.Tensor, scale_zeros: torch.Tensor, group: int) -> torch.Tensor:
+    """The [out, in] matrix of the layout, in fp32."""
+    sz = scale_zeros.float().repeat_interleave(group, dim=1)
+    return (unpack_codes(codes).float() - 8) * sz[..., 0] + sz[..., 1]
+
+
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     """int codes 0..15 [n, k] (k a multiple of 32) -> the kernel's bytes [n, k / 2]: each 32 codes as 16 bytes, codes
     0-15 in the low nibbles, 16-31 in the high."""
@@ -383,25 +415,12 @@ class W4A8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = CPU_W4A8_GROUP) -> "W4A8Linear":
-        """The linear's weight quantized ROWS_PER_BLOCK rows at a time in fp32 (no full-size temporary)."""
-        weight = linear.weight.detach()
-        out_features, in_features = weight.shape
-        codes = torch.empty(out_features, in_features // 2, dtype=torch.uint8)
-        scale_zeros = torch.empty(out_features, in_features // group_size, 2, dtype=torch.bfloat16)
-        for start in range(0, out_features, ROWS_PER_BLOCK):
-            rows = slice(start, start + ROWS_PER_BLOCK)
-            block, sz = group_quantize(weight[rows].to("cpu", torch.float32), group_size)
-            codes[rows] = pack_codes(block)
-            scale_zeros[rows] = sz.transpose(0, 1)
+        codes, scale_zeros = quantize_matrix(linear.weight.detach(), group_size)
         bias = linear.bias.detach().cpu() if linear.bias is not None else None
         return cls(codes, scale_zeros, group_size, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        if torch.compiler.is_compiling():
-            out = _w4a8_op(flat, self.codes, self.scale_zeros, self.group_size)
-        else:
-            out = w4a8_mm(flat, self.codes, self.scale_zeros, self.group_size)
+        out = product(x.reshape(-1, self.in_features), self.codes, self.scale_zeros, self.group_size)
         if self.bias is not None:
             out = out + self.bias
         out = out.view(*x.shape[:-1], self.out_features)
@@ -409,8 +428,7 @@ class W4A8Linear(nn.Module):
 
     def dequantize(self) -> torch.Tensor:
         """The [out, in] matrix whose product the kernel computes (before the inputs are quantized), in fp32."""
-        sz = self.scale_zeros.float().repeat_interleave(self.group_size, dim=1)
-        return (unpack_codes(self.codes).float() - 8) * sz[..., 0] + sz[..., 1]
+        return dequantize(self.codes, self.scale_zeros, self.group_size)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of "

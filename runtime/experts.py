@@ -26,6 +26,8 @@ Kernels, per scheme (all run on the device the weights are on):
 - int8-wo / int4-wo (torch's weight-only kernels, decoded compiled): runtime.weight_only's layouts and products per
   expert. In a compiled CUDA step each routed expert's slices are gathered at the index tensor (``_slice``), so
   that no host read of an index breaks the CUDA graph.
+- cpu-w4a8 (CPU only): runtime.cpu_kernel's layout per expert, its int4 x int8 kernel (the input quantized per group
+  of 128); a compiled step reads each expert's slices at the index on the host and calls the kernel as a custom op.
 The matmuls of quanto's schemes run in bf16 (the scheme's compute dtype: their scales are bf16); activations
 are cast to it and the result back.
 
@@ -42,9 +44,11 @@ import abc
 import torch
 from torch import nn
 
-from vramplan.planner.quant import (BNB_NESTED_BLOCKSIZE, INT8PACK_IN_MULTIPLE, TINYGEMM_OUT_MULTIPLE, TORCH_WO_BACKEND,
-                                   WeightScheme, experts_int4_group, tinygemm_packs)
+from vramplan.planner.quant import (BNB_NESTED_BLOCKSIZE, CPU_KERNEL_BACKEND, INT8PACK_IN_MULTIPLE,
+                                   TINYGEMM_OUT_MULTIPLE, TORCH_WO_BACKEND, WeightScheme, experts_int4_group,
+                                   tinygemm_packs, w4a8_packs)
 
+from . import cpu_kernel
 from .weight_only import int4_groups, int4_mm, int8_rows, int8_rows_mm
 
 COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -121,7 +125,7 @@ class ExpertMatrices(nn.Module, abc.ABC):
 
 class PlainMatrices(ExpertMatrices):
     """Experts a scheme's kernels cannot hold (quanto int4 with out % 16 or in % 32; int4-wo where tinygemm_packs does
-    not), in the compute dtype."""
+    not; cpu-w4a8 with in % 128), in the compute dtype."""
 
     EXPERT_BUFFERS = ("weight",)
 
@@ -332,6 +336,31 @@ class TorchInt4Matrices(ExpertMatrices):
         return super()._apply(fn, recurse)
 
 
+class W4A8Matrices(ExpertMatrices):
+    """cpu-w4a8's experts: each expert's matrix in runtime.cpu_kernel's layout (codes [E, out, in / 2], a bf16 scale
+    and zero per group [E, out, in / group, 2]), multiplied by its kernel, the input quantized per group."""
+
+    EXPERT_BUFFERS = ("codes", "scale_zeros")
+
+    def __init__(self, source: "_Source", scheme: WeightScheme, device):
+        super().__init__(*source.dims)
+        self.group_size = scheme.group_size
+        experts, out_features, in_features = source.dims
+        codes = torch.empty(experts, out_features, in_features // 2, dtype=torch.uint8)
+        scale_zeros = torch.empty(experts, out_features, in_features // self.group_size, 2, dtype=torch.bfloat16)
+        for e in range(experts):
+            codes[e], scale_zeros[e] = cpu_kernel.quantize_matrix(source.matrix(e, "cpu"), self.group_size)
+        self.register_buffer("codes", codes)
+        self.register_buffer("scale_zeros", scale_zeros)
+
+    def matmul(self, x, expert):
+        return cpu_kernel.product(x, self._slice("codes", expert), self._slice("scale_zeros", expert),
+                                  self.group_size).to(x.dtype)
+
+    def dequantize(self, expert):
+        return cpu_kernel.dequantize(self._slice("codes", expert), self._slice("scale_zeros", expert), self.group_size)
+
+
 class Bnb4bitMatrices(ExpertMatrices):
     """bitsandbytes 4-bit (nf4/fp4, blocks of 64) per expert, as ``bnb.functional.quantize_4bit`` lays out one
     matrix: packed uint8 [E, ceil(n / 2)] + fp32 absmax [E, blocks] and the 16-entry fp32 code; with double
@@ -436,6 +465,8 @@ def _matrices_class(scheme: WeightScheme, out_features: int, in_features: int, d
         return TorchInt4Matrices if packs else PlainMatrices
     if scheme.backend == "bnb":
         return BnbInt8Matrices if scheme.bits == 8 else Bnb4bitMatrices
+    if scheme.backend == CPU_KERNEL_BACKEND:
+        return W4A8Matrices if w4a8_packs(out_features, in_features) else PlainMatrices
     if scheme.backend == "quanto":
         if scheme.bits == 8:
             return QuantoW8A8Matrices if scheme.activation_bits == 8 else QuantoInt8Matrices

@@ -103,7 +103,8 @@ class TorchWeightOnly(Backend):
 
 class CpuKernel(Backend):
     """cpu-w4a8: vramplan's own CPU kernel (runtime.cpu_kernel), every plain nn.Linear of the decoder layers it takes
-    quantized at load; lm_head as planner.quant.cpu_head_scheme says (runtime.load)."""
+    and an MoE's routed experts (runtime.experts.W4A8Matrices) quantized at load; lm_head as
+    planner.quant.cpu_head_scheme says (runtime.load)."""
 
     name = CPU_KERNEL_BACKEND
 
@@ -115,12 +116,13 @@ class CpuKernel(Backend):
                                 f"{device}")
         if reason := cpu_kernel.unavailable():
             raise VramplanError(f"{scheme.name} cannot run here: {reason}")
+        quantize_experts(module, scheme, "cpu")
         cpu_kernel.quantize_linears(module, scheme.group_size)
         module.to(device)
 
     def notes(self, scheme, offloaded):
-        return [f"{scheme.name}: every linear of the decoder layers quantized at load to 4 bits in groups of "
-                f"{scheme.group_size}, multiplied by vramplan's AVX2 kernel with its inputs in int8 "
+        return [f"{scheme.name}: every linear of the decoder layers and every routed expert quantized at load to 4 "
+                f"bits in groups of {scheme.group_size}, multiplied by vramplan's AVX2 kernel with its inputs in int8 "
                 "(runtime.cpu_kernel)"]
 
 

@@ -13,6 +13,7 @@ import torch
 from conftest import save_tiny_model, tiny_config, tiny_config_dict
 from cli_helpers import assert_one_line_error, isolate, run_cli
 from vramplan.planner.errors import PlanError, VramplanError
+from vramplan.planner.modelspec import Role
 from vramplan.planner.quant import CPU_W4A8_GROUP, SCHEMES
 from vramplan.runtime import cpu_kernel
 from vramplan.runtime.cpu_paths import fbgemm_available
@@ -106,24 +107,8 @@ def test_a_compiled_decode_computes_the_eager_logits():
     head's fp32 input in the static decoder) into a step of the int8 grid: about 2 % of the largest logit here, where
     bf16 agrees to 0.5 %, so a tiny random model's near-tied tokens may part (half of six seeds, quanto-w8a8's one of
     three); a wrong product would be off by the logits' own size."""
-    from transformers import DynamicCache
-
-    from vramplan.runtime.compiled import StaticDecoder
-    from vramplan.runtime.generate import synthetic_prompt
-
     model = load_model(tiny_config_dict("llama", **TINY), scheme=W4A8, dummy_weights=True, seed=3, device="cpu").model
-    prompt = synthetic_prompt(16, 512, seed=4)
-    with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        eager = [model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[0, -1].float()]
-        for _ in range(6):
-            token = eager[-1].argmax().view(1, 1)
-            eager.append(model(input_ids=token, past_key_values=cache, use_cache=True).logits[0, -1].float())
-        static = StaticDecoder(model, max_len=24, device=torch.device("cpu"))
-        static.static_forward(prompt, 0)
-        compiled = [static.static_decode(e.argmax().view(1, 1), 16 + i)[0] for i, e in enumerate(eager[:-1])]
-    for e, c in zip(eager[1:], compiled):
-        assert (e - c).abs().max() < 0.05 * e.abs().max()
+    _assert_compiled_steps_near_eager(model, 6)
 
 
 @pytest.mark.usefixtures("kernel")
@@ -153,7 +138,7 @@ def _with_kernel_rate(name: str, rate: float | None):
     return dataclasses.replace(hw, host=dataclasses.replace(hw.host, cpu_decode_int4_a8_bytes_per_s=rate))
 
 
-def test_the_planner_offers_it_only_where_the_probe_timed_its_kernel_and_for_dense_models():
+def test_the_planner_offers_it_only_where_the_probe_timed_its_kernel_for_dense_and_moe_models():
     from vramplan.planner.request import Request
     from vramplan.planner.search import plan
     from vramplan.planner.sources import model_spec
@@ -169,9 +154,12 @@ def test_the_planner_offers_it_only_where_the_probe_timed_its_kernel_and_for_den
     assert "host.cpu_decode_int4_a8 20.0 GB/s" in got.chosen.speed.terms["efficiency_source"]  # its rate
     faster = plan(spec, _with_kernel_rate("cpu-ddr5-desktop", 40e9), Request(context=4096, quant=("cpu-w4a8",)))
     assert faster.chosen.speed.decode_tokens_per_s > got.chosen.speed.decode_tokens_per_s
-    moe = plan(model_spec("qwen3-30b-a3b"), hw, Request(context=4096, quant=("cpu-w4a8",)))
-    assert moe.chosen is None and all("dense models only" in c.reason for c in moe.candidates)
-    assert not any(a.weight_quant == "cpu-w4a8" for a in moe.alternatives)
+    moe_spec = model_spec("qwen3-30b-a3b")
+    moe = plan(moe_spec, _with_kernel_rate("cpu-ddr5-desktop", 20e9), Request(context=4096, quant=("cpu-w4a8",)))
+    assert moe.fits and moe.choice.weight_quant == "cpu-w4a8"  # the routed experts in the kernel's layout too
+    experts = [t for t in moe_spec.tensors if t.role is Role.EXPERT]
+    e, n = experts[0].shape[0], experts[0].matrix_shape[0] * experts[0].matrix_shape[1]
+    assert W4A8.touches(experts[0]) and W4A8.tensor_bytes(experts[0]) == e * (n // 2 + n // CPU_W4A8_GROUP * 4)
     with pytest.raises(PlanError, match="does not run on cuda"):
         plan(spec, _with_kernel_rate("rtx-4090", 20e9), Request(context=4096, quant=("cpu-w4a8",)))
     assert W4A8.quality.ppl_increase_pct > SCHEMES["quanto-int4"].quality.ppl_increase_pct
@@ -235,3 +223,61 @@ def test_run_and_the_transformers_export_from_the_cli(tmp_path, monkeypatch, cap
     code, out, err = run_cli(capsys, "plan", "--model", model, "--quant", "cpu-w4a8", "-H", profile, "--engine",
                              "transformers")
     assert "nothing fits" in out and "cpu-w4a8 is vramplan's own CPU kernel: plain transformers has none" in out
+
+
+# hidden 128 and an expert width of 256: both expert projections take groups of 128
+TINY_MOE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+
+
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.skipif(not fbgemm_available(), reason="lm_head takes quanto-w8a8's int8 path, counted as fbgemm packs it")
+def test_moe_experts_take_the_kernel_and_the_bytes_the_planner_counts():
+    from vramplan.planner.architectures import spec_from_config
+    from vramplan.planner.memory import weight_costs
+    from vramplan.runtime.experts import QuantizedExperts, W4A8Matrices
+
+    config = tiny_config_dict("mixtral", **TINY_MOE)
+    loaded = load_model(config, scheme=W4A8, dummy_weights=True, seed=2, device="cpu",
+                        cpu_paths={"int8_dynamic": "fbgemm"})
+    experts = [m for m in loaded.model.modules() if isinstance(m, QuantizedExperts)]
+    assert experts and all(type(x.gate_up) is W4A8Matrices and type(x.down) is W4A8Matrices for x in experts)
+    spec = spec_from_config(config, name="tiny-moe")
+    rotary = sum(b.numel() * b.element_size() for n, b in loaded.model.named_buffers() if n.endswith("inv_freq"))
+    assert sum(loaded.weights_bytes_by_device.values()) - rotary == weight_costs(spec, W4A8, cpu_only=True).total_bytes
+    down = experts[0].down
+    x = torch.randn(3, down.in_features)
+    for e in range(down.num_experts):
+        ref = _recipe(x, cpu_kernel.W4A8Linear(down.codes[e], down.scale_zeros[e], down.group_size, None))
+        got = down.matmul(x, e)
+        assert torch.allclose(got.double(), ref, atol=1e-5 * ref.abs().max().item(), rtol=0)
+
+
+@pytest.mark.usefixtures("kernel")
+def test_a_compiled_moe_decode_computes_the_eager_logits():
+    """The unrolled experts forward inside the compiled step, each expert's slices read at the index on the host, the
+    kernel as the custom op (see the dense test for the tolerance)."""
+    model = load_model(tiny_config_dict("mixtral", **TINY_MOE), scheme=W4A8, dummy_weights=True, seed=3,
+                       device="cpu").model
+    _assert_compiled_steps_near_eager(model, 4)
+
+
+def _assert_compiled_steps_near_eager(model, steps: int) -> None:
+    """Eager steps (a DynamicCache) of a 16-token prompt's greedy tokens, and the compiled step (runtime.compiled's
+    static decoder) fed the same tokens: each step's logits within 5 % of the largest."""
+    from transformers import DynamicCache
+
+    from vramplan.runtime.compiled import StaticDecoder
+    from vramplan.runtime.generate import synthetic_prompt
+
+    prompt = synthetic_prompt(16, 512, seed=4)
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        eager = [model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[0, -1].float()]
+        for _ in range(steps):
+            token = eager[-1].argmax().view(1, 1)
+            eager.append(model(input_ids=token, past_key_values=cache, use_cache=True).logits[0, -1].float())
+        static = StaticDecoder(model, max_len=16 + steps + 2, device=torch.device("cpu"))
+        static.static_forward(prompt, 0)
+        compiled = [static.static_decode(e.argmax().view(1, 1), 16 + i)[0] for i, e in enumerate(eager[:-1])]
+    for e, c in zip(eager[1:], compiled):
+        assert (e - c).abs().max() < 0.05 * e.abs().max()
