@@ -33,21 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-C_SOURCE = r"""
-#include <immintrin.h>
-#include <stdint.h>
-#include <string.h>
-
-static inline float bf16_to_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-
-static inline float hsum(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
-
+# the experiment's kernels, after runtime.cpu_kernel's C_HELPERS (bf16_to_f32, hsum)
+C_KERNELS = r"""
 /* y[n] = sum_k ((q[n,k] - 8) * s[n,g] + z[n,g]) * x[k], g = k / group.
    codes: [N, K/2] bytes, 32 weights per 16 bytes (0-15 low nibbles, 16-31 high);
    sz: [N, K/group, 2] bf16 (scale, zero); xsum: [K/group] sums of x per group. */
@@ -150,8 +137,10 @@ void q4_gemv_a8g(const uint8_t *codes, const uint16_t *sz, const int8_t *xq, con
 
 
 def build(work: Path) -> ctypes.CDLL:
+    from vramplan.runtime.cpu_kernel import C_HELPERS
+
     src, lib = work / "q4.c", work / "libq4.so"
-    src.write_text(C_SOURCE)
+    src.write_text(C_HELPERS + C_KERNELS)
     subprocess.run(["cc", "-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(lib)],
                    check=True)
     dll = ctypes.CDLL(str(lib))
@@ -161,15 +150,6 @@ def build(work: Path) -> ctypes.CDLL:
         f.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3
         f.restype = None
     return dll
-
-
-def pack_rows(codes, group: int):
-    """int codes 0..15 [N, K] -> the kernel's bytes [N, K/2]: each 32 codes as 16 bytes, 0-15 low, 16-31 high."""
-    import torch
-
-    n, k = codes.shape
-    c = codes.to(torch.uint8).reshape(n, k // 32, 2, 16)
-    return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
 
 
 def quantize_x(x, block: int, group: int):
@@ -199,12 +179,13 @@ def median_s(fn, repeats: int) -> float:
 def measure(dll, n: int, k: int, group: int, repeats: int) -> dict:
     import torch
 
+    from vramplan.runtime.cpu_kernel import pack_codes
     from vramplan.runtime.weight_only import group_quantize, int4_groups, int4_mm
 
     torch.manual_seed(0)
     w = torch.randn(n, k) * 0.02
     codes, scale_zeros = group_quantize(w, group)  # int32 [N, K]; bf16 [K/group, N, 2]
-    mine = pack_rows(codes, group)
+    mine = pack_codes(codes)  # the runtime's layout (runtime.cpu_kernel)
     sz = scale_zeros.transpose(0, 1).contiguous()  # [N, K/group, 2]
     x = torch.randn(1, k)
     xsum = x.reshape(-1, group).sum(-1).contiguous()

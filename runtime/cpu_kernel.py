@@ -40,20 +40,16 @@ from torch import nn
 from vramplan.planner.quant import CPU_W4A8_GROUP, w4a8_packs
 from vramplan.runtime.files import CacheDirError, cache_dir
 from vramplan.runtime.probe.host import c_compiler
-from vramplan.runtime.weight_only import ROWS_PER_BLOCK, group_quantize
+from vramplan.runtime.weight_only import ROWS_PER_BLOCK, group_quantize, replace_linears
 
-C_SOURCE = r"""
+# The includes and small AVX2 helpers (bf16 conversions, horizontal sums): the kernel's, and bench/cpu_int4_kernel.py's
+# experiments'.
+C_HELPERS = r"""
 #include <float.h>
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define PARALLEL_MIN_WEIGHTS (1L << 18)
-/* A decode step streams each thread's rows once: prefetching this far ahead of the load raised the rate from 10.2 to
-   12.1-13.9 GB/s on the AVX2 EPYC VM (Llama-3.2-1B's 112 matrices in turn, 517 MB; a plain AVX2 read of RAM there:
-   12.8-14.7 GB/s); 256 B ahead gave 11.8, 4-6 KiB 10.7-11.4. */
-#define PREFETCH_BYTES 2048
 
 static inline float bf16_to_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
@@ -78,6 +74,14 @@ static inline int hsum_i32(__m256i v) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
     return _mm_cvtsi128_si32(s);
 }
+"""
+
+C_SOURCE = C_HELPERS + r"""
+#define PARALLEL_MIN_WEIGHTS (1L << 18)
+/* A decode step streams each thread's rows once: prefetching this far ahead of the load raised the rate from 10.2 to
+   12.1-13.9 GB/s on the AVX2 EPYC VM (Llama-3.2-1B's 112 matrices in turn, 517 MB; a plain AVX2 read of RAM there:
+   12.8-14.7 GB/s); 256 B ahead gave 11.8, 4-6 KiB 10.7-11.4. */
+#define PREFETCH_BYTES 2048
 
 static inline __m256 load8(const void *x, int bf16, long i) {
     if (bf16) {
@@ -438,8 +442,5 @@ class W4A8Linear(nn.Module):
 def quantize_linears(module: nn.Module, group_size: int = CPU_W4A8_GROUP) -> int:
     """Every plain nn.Linear of `module` but lm_head whose shape the kernel takes, replaced by a W4A8Linear on the CPU;
     returns how many."""
-    swaps = [(name, m) for name, m in module.named_modules()
-             if type(m) is nn.Linear and not name.endswith("lm_head") and w4a8_packs(m.out_features, m.in_features)]
-    for name, m in swaps:
-        module.set_submodule(name, W4A8Linear.from_linear(m, group_size))
-    return len(swaps)
+    return replace_linears(module, lambda m: W4A8Linear.from_linear(m, group_size)
+                           if w4a8_packs(m.out_features, m.in_features) else None)

@@ -18,6 +18,8 @@ TorchInt4Matrices, by int8_rows / int4_groups and their products int8_rows_mm / 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -172,19 +174,26 @@ def pack_int4(codes: torch.Tensor, on_gpu: bool) -> torch.Tensor:
     return torch._convert_weight_to_int4pack_for_cpu(codes.contiguous(), TINYGEMM_INNER_K_TILES)
 
 
-def quantize_linears(module: nn.Module, scheme: WeightScheme, device: torch.device | str) -> int:
-    """Every plain nn.Linear of `module` (a decoder layer, or a model's decoder layers) that the scheme quantizes,
-    replaced by its weight-only module on `device`; returns how many. The rest of `module` is left where it is."""
-    swaps = []
-    for name, m in module.named_modules():
-        if type(m) is not nn.Linear or name.endswith("lm_head"):
-            continue
-        if scheme.bits == 8:
-            swaps.append((name, Int8WeightOnly.from_linear(m, device)))
-        elif tinygemm_packs(m.out_features, m.in_features, scheme.group_size) and (
-                torch.device(device).type == "cuda" or m.out_features % TINYGEMM_OUT_MULTIPLE == 0):
-            # (the CPU's packing takes rows in sixteens, CUDA's in eights: the plan counts CUDA's)
-            swaps.append((name, Int4WeightOnly.from_linear(m, scheme.group_size, device)))
+def replace_linears(module: nn.Module, make: Callable[[nn.Linear], nn.Module | None]) -> int:
+    """Every plain nn.Linear of `module` but lm_head replaced by `make(linear)` where that gives a module (None: the
+    linear stays, as the plan counts it); returns how many. The rest of `module` is left where it is."""
+    swaps = [(name, new) for name, m in module.named_modules()
+             if type(m) is nn.Linear and not name.endswith("lm_head") and (new := make(m)) is not None]
     for name, new in swaps:
         module.set_submodule(name, new)
     return len(swaps)
+
+
+def quantize_linears(module: nn.Module, scheme: WeightScheme, device: torch.device | str) -> int:
+    """Every plain nn.Linear of `module` (a decoder layer, or a model's decoder layers) that the scheme quantizes,
+    replaced by its weight-only module on `device`; returns how many."""
+    def make(m: nn.Linear) -> nn.Module | None:
+        if scheme.bits == 8:
+            return Int8WeightOnly.from_linear(m, device)
+        if tinygemm_packs(m.out_features, m.in_features, scheme.group_size) and (
+                torch.device(device).type == "cuda" or m.out_features % TINYGEMM_OUT_MULTIPLE == 0):
+            # (the CPU's packing takes rows in sixteens, CUDA's in eights: the plan counts CUDA's)
+            return Int4WeightOnly.from_linear(m, scheme.group_size, device)
+        return None
+
+    return replace_linears(module, make)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass
@@ -237,8 +236,7 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
                      f"{format_bandwidth(decode['int8_dynamic'])} by fbgemm's path: no int8 dot-product instructions "
                      f"(VNNI) in the CPU's flags, where fbgemm streams about {NO_INT8_DOT_DYNAMIC_RAM_SHARE:.3f} of "
                      "the RAM bandwidth (runtime.probe.host.NO_INT8_DOT_DYNAMIC_RAM_SHARE); `vramplan probe` times it")
-    if torch is None and W4A8_FLAGS <= set(host.cpu_flags) and platform.machine().lower() in ("x86_64", "amd64") \
-            and c_compiler() is not None:
+    if torch is None and W4A8_FLAGS <= set(host.cpu_flags) and c_compiler() is not None:  # (x86 flags: an x86 CPU)
         decode["int4_a8"] = W4A8_RAM_SHARE * ram_bw
         notes.append(f"CPU int4 x int8 decode (cpu-w4a8's kernel) estimated at {format_bandwidth(decode['int4_a8'])}: "
                      f"AVX2 and a C compiler ({c_compiler()}) to build it, where it streams about "
@@ -264,7 +262,9 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
                              f"takes here: {m.method}")
             except Exception as e:  # noqa: BLE001 - the _int_mm rate stays
                 notes.append(f"CPU int8 matmul by fbgemm not measured ({type(e).__name__}: {e})")
-        if "int4_a8" not in kernels and (why := _w4a8_unavailable()):
+        from vramplan.runtime.cpu_kernel import unavailable as w4a8_unavailable
+
+        if "int4_a8" not in kernels and (why := w4a8_unavailable()):
             notes.append(f"cpu-w4a8 not available: {why}; the planner refuses it here")
         if kernels:
             notes.append("CPU decode kernels timed (weights streamed at one row): " + ", ".join(
@@ -599,9 +599,3 @@ def _measure_cuda_device(torch: Any, dev: str, nvml_gpu: NvmlGpu, say: Progress,
         "context_bytes": context,
         "notes": notes,
     }
-
-
-def _w4a8_unavailable() -> str | None:
-    from vramplan.runtime.cpu_kernel import unavailable
-
-    return unavailable()
