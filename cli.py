@@ -117,7 +117,8 @@ CompileOpt = Annotated[bool, typer.Option("--compile", help="Decode compiled (a 
                       "int8-wo/int4-wo (compiled only), and on a machine without a GPU quanto-int8/int4/w8a8; priced "
                       "without the eager dispatch.")]
 EagerOpt = Annotated[bool, typer.Option("--eager", help="Decode eager, never compiled (on a GPU the plan otherwise "
-                    "prices each scheme that compiles both ways and keeps the faster).")]
+                    "prices each scheme that compiles both ways and keeps the faster), by transformers' forward (on a "
+                    "CPU, cpu-w4a8 otherwise runs vramplan's own decoder step).")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help="Machines of this profile an engine that scales out "
                      "may use (vLLM over Ray; default 1).")]
 GpusOpt = Annotated[Optional[int], typer.Option("--gpus", help="Plan N of the profile's GPU (two 3090s: -H rtx-3090 "
@@ -426,7 +427,7 @@ def calibrate_cmd(
     from vramplan.planner.units import parse_context
     from vramplan.runtime.calibrate import calibrate, check_fits, load_runs, matrix_for
     from vramplan.runtime.files import save_data, save_profile
-    from vramplan.runtime.this_machine import differences, this_machine_profile
+    from vramplan.runtime.this_machine import differences, this_machine_inventory
 
     out.set_mode(json=as_json)
     run_files = tuple(p.strip() for p in add_runs.split(",") if p.strip()) if add_runs else ()
@@ -434,7 +435,7 @@ def calibrate_cmd(
     path = save_path(save, inputs=inputs)
     runs_path = save_path(save_runs, "--save-runs", {**inputs, "--save": [path] if path else []})
     earlier = load_runs(run_files) if run_files else []
-    here = this_machine_profile()  # the cached quick probe: what this machine holds, before any load
+    here = this_machine_inventory()  # what this machine holds, before any load (no torch imported)
     hw = resolve_hardware(hardware) if hardware is not None else None
     if hw is not None and (differs := differences(hw, here)):
         raise UsageError(f"--hardware {hardware}: its hardware is not this machine's, so runs here cannot calibrate "

@@ -240,10 +240,10 @@ def run_hardware(hardware: str | None):
     not have is refused before anything loads."""
     if hardware is None:
         return resolve_hardware(None)
-    from vramplan.runtime.this_machine import beyond_this_machine, this_machine_profile
+    from vramplan.runtime.this_machine import beyond_this_machine, this_machine_inventory
 
     hw = resolve_hardware(hardware)
-    if beyond := beyond_this_machine(hw, this_machine_profile()):
+    if beyond := beyond_this_machine(hw, this_machine_inventory()):
         raise UsageError(f"--hardware {hardware} describes more than this machine has ({'; '.join(beyond)}): a run "
                          "happens here, so it plans for what is here; drop --hardware, or give a profile of this "
                          "machine (`vramplan probe --save FILE`)")

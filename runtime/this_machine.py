@@ -179,6 +179,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds / SECONDS_PER_DAY:.1f} days"
 
 
+def this_machine_inventory() -> HardwareProfile:
+    """What this machine has (its GPUs, its RAM), for a check before a run: the cached quick probe, of any age, or a
+    quick probe without its timed CPU sample, not cached (on a CPU with AVX512-BF16 or AMX the sample imports torch)."""
+    found = cached_profile()
+    if found is not None:
+        return found[0]
+    from .probe import probe
+
+    return probe(quick=True, sample_cpu=False).profile
+
+
 def this_machine_profile(refresh: bool = False) -> HardwareProfile:
     """This machine's profile: the cached quick probe, or a new one (cached) when there is none, it is stale, or
     `refresh`."""

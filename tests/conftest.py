@@ -95,6 +95,29 @@ def compiled_and_eager_tokens(model, prompt_tokens: int, new_tokens: int, device
     return generate(model, prompt, max_new_tokens=new_tokens, prefill_chunk=8, static=static).tokens, eager.tokens
 
 
+def assert_compiled_steps_near_eager(model, steps: int) -> None:
+    """Eager steps (a DynamicCache) of a 16-token prompt's greedy tokens, and the compiled step (runtime.compiled's
+    static decoder) fed the same tokens: each step's logits within 5 % of the largest."""
+    import torch
+    from transformers import DynamicCache
+
+    from vramplan.runtime.compiled import StaticDecoder
+    from vramplan.runtime.generate import synthetic_prompt
+
+    prompt = synthetic_prompt(16, 512, seed=4)
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        eager = [model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[0, -1].float()]
+        for _ in range(steps):
+            token = eager[-1].argmax().view(1, 1)
+            eager.append(model(input_ids=token, past_key_values=cache, use_cache=True).logits[0, -1].float())
+        static = StaticDecoder(model, max_len=16 + steps + 2, device=torch.device("cpu"))
+        static.static_forward(prompt, 0)
+        compiled = [static.static_decode(e.argmax().view(1, 1), 16 + i)[0] for i, e in enumerate(eager[:-1])]
+    for e, c in zip(eager[1:], compiled):
+        assert (e - c).abs().max() < 0.05 * e.abs().max()
+
+
 def save_tiny_model(config, path: Path, *, seed: int = 0, dtype: str = "bfloat16") -> Path:
     """Build ``config``'s causal LM with transformers' own init (seeded) and save it as safetensors."""
     import torch

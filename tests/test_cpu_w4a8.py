@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import save_tiny_model, tiny_config, tiny_config_dict
+from conftest import assert_compiled_steps_near_eager, save_tiny_model, tiny_config, tiny_config_dict
 from cli_helpers import assert_one_line_error, isolate, run_cli
 from vramplan.planner.errors import PlanError, VramplanError
 from vramplan.planner.modelspec import Role
@@ -108,7 +108,7 @@ def test_a_compiled_decode_computes_the_eager_logits():
     bf16 agrees to 0.5 %, so a tiny random model's near-tied tokens may part (half of six seeds, quanto-w8a8's one of
     three); a wrong product would be off by the logits' own size."""
     model = load_model(tiny_config_dict("llama", **TINY), scheme=W4A8, dummy_weights=True, seed=3, device="cpu").model
-    _assert_compiled_steps_near_eager(model, 6)
+    assert_compiled_steps_near_eager(model, 6)
 
 
 @pytest.mark.usefixtures("kernel")
@@ -258,26 +258,5 @@ def test_a_compiled_moe_decode_computes_the_eager_logits():
     kernel as the custom op (see the dense test for the tolerance)."""
     model = load_model(tiny_config_dict("mixtral", **TINY_MOE), scheme=W4A8, dummy_weights=True, seed=3,
                        device="cpu").model
-    _assert_compiled_steps_near_eager(model, 4)
+    assert_compiled_steps_near_eager(model, 4)
 
-
-def _assert_compiled_steps_near_eager(model, steps: int) -> None:
-    """Eager steps (a DynamicCache) of a 16-token prompt's greedy tokens, and the compiled step (runtime.compiled's
-    static decoder) fed the same tokens: each step's logits within 5 % of the largest."""
-    from transformers import DynamicCache
-
-    from vramplan.runtime.compiled import StaticDecoder
-    from vramplan.runtime.generate import synthetic_prompt
-
-    prompt = synthetic_prompt(16, 512, seed=4)
-    with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        eager = [model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[0, -1].float()]
-        for _ in range(steps):
-            token = eager[-1].argmax().view(1, 1)
-            eager.append(model(input_ids=token, past_key_values=cache, use_cache=True).logits[0, -1].float())
-        static = StaticDecoder(model, max_len=16 + steps + 2, device=torch.device("cpu"))
-        static.static_forward(prompt, 0)
-        compiled = [static.static_decode(e.argmax().view(1, 1), 16 + i)[0] for i, e in enumerate(eager[:-1])]
-    for e, c in zip(eager[1:], compiled):
-        assert (e - c).abs().max() < 0.05 * e.abs().max()

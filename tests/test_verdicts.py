@@ -3,6 +3,8 @@ plus the cases that once did (no-GPU machines over their RAM, unified-memory pro
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,7 +15,7 @@ from vramplan.planner.profile_yaml import profile_from_dict
 from vramplan.planner.profiles import list_profiles, resolve_profile
 from vramplan.planner.quant import KV_SCHEMES, SCHEMES
 from vramplan.planner.request import Request
-from vramplan.planner.search import plan
+from vramplan.planner.search import device_refusal, plan
 from vramplan.planner.sources import catalog, model_spec
 from vramplan.planner.units import GiB
 
@@ -39,11 +41,11 @@ def test_no_candidate_fits_over_any_capacity(model, profile, context, batch, qua
                   allow_context_overflow=True)  # capacity, not the model's trained length, is under test
     hw = resolve_profile(profile)[0]
     if quant and published_scheme(model_spec(model)) is not None:  # a published checkpoint keeps its format
-        with pytest.raises(PlanError, match="planned as stored|does not run on"):  # the device is checked first
+        with pytest.raises(PlanError, match="planned as stored|does not run on|no probe record"):  # the device first
             plan(model_spec(model), hw, req)
         return
-    if quant and (hw.accelerator or "cpu") not in SCHEMES[quant].devices:  # a scheme that cannot run there: bad input
-        with pytest.raises(PlanError, match="does not run on"):
+    if quant and (why := device_refusal(SCHEMES[quant], hw)):  # a scheme that cannot run there (cpu-w4a8 where the
+        with pytest.raises(PlanError, match=re.escape(why)):   # profile has no record of its kernel): bad input
             plan(model_spec(model), hw, req)
         return
     p = plan(model_spec(model), hw, req)

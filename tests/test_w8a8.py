@@ -9,7 +9,7 @@ import pytest
 from vramplan.planner.errors import PlanError
 import torch
 
-from conftest import tiny_config_dict
+from conftest import assert_compiled_steps_near_eager, tiny_config_dict
 from vramplan.planner.errors import VramplanError
 from vramplan.planner.quant import SCHEMES
 from vramplan.runtime.cpu_paths import fbgemm_available
@@ -243,7 +243,7 @@ def test_compile_on_a_cpu_takes_the_quanto_schemes_and_their_experts_but_not_on_
 
 @pytest.mark.parametrize("quant, path", [("quanto-int8", None), ("quanto-w8a8", "int_mm"),
                                          pytest.param("quanto-w8a8", "fbgemm", marks=FBGEMM), ("quanto-int4", None)])
-def test_a_compiled_cpu_decode_of_the_quanto_schemes_gives_the_eager_tokens(quant, path):
+def test_a_compiled_cpu_decode_of_the_quanto_schemes_gives_the_eager_results(quant, path):
     """inductor compiles through the direct kernels (Int8Rows' _weight_int8pack_mm, Int8Dynamic's _int_mm and its
     per-token quantization, fbgemm's packed rows through a custom op, Int4Groups' _weight_int4pack_mm_for_cpu;
     quanto's own QLinear where a layer keeps it) and gives the tokens eager gives, on a tiny model (at real sizes they
@@ -259,6 +259,9 @@ def test_a_compiled_cpu_decode_of_the_quanto_schemes_gives_the_eager_tokens(quan
     kinds = {type(m) for m in model.modules() if m is not model.lm_head}
     assert kinds & {Int8Rows, Int8Dynamic, Int4Groups, FbgemmInt8Dynamic}
     assert path is None or (FbgemmInt8Dynamic in kinds) == (path == "fbgemm")
+    if quant == "quanto-w8a8":  # activations quantized: an input's last-bit difference (inductor's fused norms) is a
+        assert_compiled_steps_near_eager(model, 6)  # step of the int8 grid, so near-tied tokens may part (seen on the
+        return  # AVX-512 Xeon VM with fbgemm at the 7th token): each step's logits against eager's, fed the same tokens
     prompt = synthetic_prompt(16, 512, seed=2)
     eager = generate(model, prompt, max_new_tokens=8, prefill_chunk=16)
     static = StaticDecoder(model, max_len=16 + 8, device=torch.device("cpu"))

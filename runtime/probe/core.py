@@ -107,8 +107,9 @@ def _quick_bf16_sample(host, measurements: dict, notes: list, say) -> float | No
     return m.value
 
 
-def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
-    """Read (and unless quick, measure) this machine; return its HardwareProfile and readings."""
+def probe(quick: bool = False, progress: Progress | None = None, sample_cpu: bool = True) -> ProbeResult:
+    """Read (and unless quick, measure) this machine; return its HardwareProfile and readings. `sample_cpu` False: a
+    quick probe without its timed bf16 sample (no torch imported), for a check of what the machine has."""
     t_start = time.perf_counter()
     say = progress or (lambda _msg: None)
     notes: list[str] = []
@@ -220,7 +221,7 @@ def probe(quick: bool = False, progress: Progress | None = None) -> ProbeResult:
                 notes.append(f"CPU {kind} compute {format_flops(rate)} measured: {measurements[name].method}")
             except Exception as e:
                 notes.append(f"CPU {kind} matmul not measured ({type(e).__name__}: {e})")
-        if rate is None and quick and kind == "bf16" and NATIVE_BF16_FLAGS & set(host.cpu_flags):
+        if rate is None and quick and sample_cpu and kind == "bf16" and NATIVE_BF16_FLAGS & set(host.cpu_flags):
             rate = _quick_bf16_sample(host, measurements, notes, say)
         if rate is None:
             rate, how = estimate_cpu_flops(host, kind)
