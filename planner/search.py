@@ -28,6 +28,7 @@ from .published_scheme import (PUBLISHED_BACKEND, gguf_note, loaders_note, schem
                                weight_schemes)
 from .quant import CPU_KERNEL_BACKEND, KV_SCHEMES, SCHEMES, TORCH_WO_BACKEND, KVScheme, WeightScheme
 from .request import COMPILE_SCHEMES, RUNTIME_BASE_RAM_BYTES, Request, compile_schemes, derived
+from .lean import LEAN_SCHEMES, decodes_lean, lean_refusal
 from .speed import SpeedEstimate, compiled_scheme, estimate, speed_constants
 from .work import read_bytes_per_layer
 from .units import format_bytes
@@ -632,7 +633,17 @@ class VramplanEngine:
         c = chosen.choice
         compiled = req.compiled or chosen.compiled
         priced = speed_scheme(replace(req, compiled=compiled), scheme_named(spec, c.weight_quant))
-        out = Outcome(constants=speed_constants(hw, priced, "gpu" if c.on_gpu else "cpu", compiled))
+        kv = KV_SCHEMES[c.kv_dtype]
+        lean = decodes_lean(spec, priced, kv, on_gpu=c.on_gpu, compiled=compiled, eager=req.eager)
+        out = Outcome(constants=speed_constants(hw, priced, "gpu" if c.on_gpu else "cpu", compiled, lean))
+        if lean:
+            out.reasons.append("decode by vramplan's own decoder step (runtime.lean: transformers' forward without its "
+                               "per-op overhead, q/k/v and gate/up one kernel call each; --eager runs transformers' "
+                               f"forward), priced with the share of each layer's fixed cost it leaves: "
+                               f"{chosen.speed.terms.get('efficiency_source')}")
+        elif priced.name in LEAN_SCHEMES and not c.on_gpu and not compiled:
+            why = "--eager asks for it" if req.eager else lean_refusal(spec, priced, kv)
+            out.reasons.append(f"decode by transformers' forward, not vramplan's own decoder step: {why}")
         if compiled:
             how = ("--compile" if req.compiled else "the default on a GPU where it is predicted faster than eager; "
                    "--eager decodes eager")

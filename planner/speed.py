@@ -5,25 +5,22 @@ Decode, per layer on the device that runs it:
   + max(KV read / (bandwidth x eff_kv), attention FLOPs / (compute x eff_attn))   the attention kernel
   + KV update traffic / (bandwidth x eff_kv_update) + a fixed update cost           quantized caches only
   + a fixed per-layer cost.
-Offloaded layers add the host-link copy (stream mode, overlapped with compute by prefetch: a
-max, not a sum) or run on the CPU (cpu mode). Decode reads the whole KV cache, so tokens/s
-falls as the context fills. Prefill is chunked: its matmuls compute-bound (FLOPs / (compute x
-eff_compute)), its attention kernels at their own efficiency (FLOPs / (compute x eff_prefill_attn)),
-which long prompts make the larger part. The ceiling is a pure
-bandwidth roofline: the bytes a step must read (weights and the cache as stored) over the
-bandwidth, every efficiency 1, no fixed cost.
+Offloaded layers add the host-link copy (stream mode, overlapped with compute by prefetch: a max, not a sum) or
+run on the CPU (cpu mode). Decode reads the whole KV cache, so tokens/s falls as the context fills. Prefill is chunked:
+its matmuls compute-bound (FLOPs / (compute x eff_compute)), its attention kernels at their own efficiency (FLOPs /
+(compute x eff_prefill_attn)), which long prompts make the larger part. The ceiling is a pure bandwidth roofline: the
+bytes a step must read (weights and the cache as stored) over the bandwidth, every efficiency 1, no fixed cost.
 
-Efficiencies and fixed costs are per device x backend x quant: calibrated values from
-the hardware profile when it has them, else its GPU constants fitted to public measurements
-(profile.public_fit: planner/public_gpu, bench/public_gpu.py), else the documented defaults below.
+Efficiencies and fixed costs are per device x backend x quant: calibrated values from the hardware profile when it has
+them, else its GPU constants fitted to public measurements (profile.public_fit: planner/public_gpu,
+bench/public_gpu.py), else the documented defaults below.
 
-Eager decode on a GPU (transformers' forward, vramplan's runtime) is also bound by the host: one CPU
-core issues every op of every layer (Python, ATen dispatch, kernel launches) while the GPU runs the ones
-before, so a token takes the longer of the two, max(GPU time, layers x the host's dispatch per layer x
-the scheme's dispatch factor). The dispatch per layer is the host's (host.eager_dispatch_per_layer); the
-public data shows it deciding eager decode on every GPU faster than an RTX 4090 (an H100 decodes
-Llama-3.1-8B in bf16 at 41 tok/s, the 4090 at 47). A torch.compile'd decode with CUDA graphs (engine
-"compiled") and llama.cpp have no such term. Pure.
+Eager decode on a GPU (transformers' forward, vramplan's runtime) is also bound by the host: one CPU core issues every
+op of every layer (Python, ATen dispatch, kernel launches) while the GPU runs the ones before, so a token takes the
+longer of the two, max(GPU time, layers x the host's dispatch per layer x the scheme's dispatch factor). The dispatch
+per layer is the host's (host.eager_dispatch_per_layer); the public data shows it deciding eager decode on every GPU
+faster than an RTX 4090 (an H100 decodes Llama-3.1-8B in bf16 at 41 tok/s, the 4090 at 47). A torch.compile'd decode
+with CUDA graphs (engine "compiled") and llama.cpp have no such term. Pure.
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ from collections import Counter
 from dataclasses import fields, replace
 from typing import Callable
 
+from .lean import LEAN_CPU_PER_LAYER_FACTOR, decodes_lean
 from .memo import ObjectMemo
 from .record import record
 from .hardware import CPU_DECODE_KERNELS, HardwareProfile, HostSpec
@@ -157,9 +155,8 @@ def fitted_engine(scheme: WeightScheme) -> str:
 # bench/results/compiled-cpu-cpu-dev-1.md and compiled-cpu-cpu-dev.md, ms saved a layer): quanto-int8 0.33 and 0.24 of
 # 0.64; quanto-int4 0.27 and 0.14 of 0.45; quanto-w8a8 0.56 and 0.68 of 0.95 (its per-token quantization, about 8 small
 # ops a matmul in eager, fuses into the ops around it). The two runs differ by up to 0.12 ms a layer: this VM's spread.
-# bf16 has no entry: its step is its GEMVs' (0.14 ms a layer in both runs; +1 % and -7 % for Qwen2.5-0.5B and
-# Llama-3.2-1B in bench/results/vs-engines-cpu-dev.md as of 2554959; -0 / -1 % and +15 / -1 % in the two runs of
-# bench/results/vs-engines-cpu-dev*.md since).
+# bf16 has no entry: its step is its GEMVs' (0.14 ms a layer in both runs; +1 / -7 % for Qwen2.5-0.5B / Llama-3.2-1B in
+# bench/results/vs-engines-cpu-dev.md as of 2554959; -0 / -1 % and +15 / -1 % in its two runs since).
 COMPILED_CPU_PER_LAYER_FACTOR: dict[str, float] = {"quanto-int8": 0.56, "quanto-int4": 0.54, "quanto-w8a8": 0.35}
 
 
@@ -217,20 +214,26 @@ def fitted_entry(hw: HardwareProfile, device: str, scheme: WeightScheme):
     return e
 
 
-def efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, compiled: bool = False) -> Efficiency:
+def efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, compiled: bool = False,
+               lean: bool = False) -> Efficiency:
     """The weights' efficiencies and fixed costs on `device` ("gpu" or "cpu"): calibrated, else fitted to public
     measurements (the profile's public_fit, GPU only), else the defaults (field by field: a calibration that did not
     measure prefill keeps the default compute efficiency). A calibration's per-layer cost was measured with the
     host's dispatch in it: no dispatch term is added to it. `compiled` on a CPU (a compiled decode of this scheme,
     runtime.compiled): the per-layer cost times what compiling measured to leave of it
-    (COMPILED_CPU_PER_LAYER_FACTOR); on a GPU a compiled decode is its own scheme (compiled_scheme)."""
+    (COMPILED_CPU_PER_LAYER_FACTOR); on a GPU a compiled decode is its own scheme (compiled_scheme). `lean` on a CPU
+    (runtime.lean's decoder step, planner.lean.decodes_lean): the same, by planner.lean.LEAN_CPU_PER_LAYER_FACTOR."""
     eff = _efficiency(hw, device, scheme)
     factor = COMPILED_CPU_PER_LAYER_FACTOR.get(scheme.name) if compiled and device == "cpu" else None
-    if factor is None:
-        return eff
-    return replace(eff, per_layer_s=eff.per_layer_s * factor,
-                   source=f"{eff.source}; compiled: x {factor:g} a layer's fixed cost "
-                          f"(planner.speed.COMPILED_CPU_PER_LAYER_FACTOR[{scheme.name}])")
+    if factor is not None:
+        return replace(eff, per_layer_s=eff.per_layer_s * factor,
+                       source=f"{eff.source}; compiled: x {factor:g} a layer's fixed cost "
+                              f"(planner.speed.COMPILED_CPU_PER_LAYER_FACTOR[{scheme.name}])")
+    if lean and device == "cpu":
+        return replace(eff, per_layer_s=eff.per_layer_s * LEAN_CPU_PER_LAYER_FACTOR,
+                       source=f"{eff.source}; vramplan's own decoder step: x {LEAN_CPU_PER_LAYER_FACTOR:g} a layer's "
+                              "fixed cost (planner.lean.LEAN_CPU_PER_LAYER_FACTOR)")
+    return eff
 
 
 def _efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> Efficiency:
@@ -313,11 +316,12 @@ def _calibrated_entry(hw: HardwareProfile, device: str, scheme: WeightScheme):
     return None, None
 
 
-def speed_constants(hw: HardwareProfile, scheme: WeightScheme, device: str = "gpu", compiled: bool = False) -> dict:
+def speed_constants(hw: HardwareProfile, scheme: WeightScheme, device: str = "gpu", compiled: bool = False,
+                    lean: bool = False) -> dict:
     """The speed constants a prediction of `scheme` on `device` uses, by name, as Constant records (the value and where
     it comes from; for constants fitted to public measurements, the records they were fitted to:
     planner/public_gpu/records.jsonl)."""
-    eff = efficiency(hw, device, scheme, compiled)
+    eff = efficiency(hw, device, scheme, compiled, lean)
     fitted = fitted_entry(hw, device, scheme) if eff.source.startswith("fitted") else None
     where = eff.source + (f"; records {', '.join(fitted.records)}" if fitted is not None else "")
     prefix = f"{device}_{fitted_engine(scheme)}_{fitted.quant if fitted is not None else scheme.name}"
@@ -436,16 +440,16 @@ def weight_only_sibling(scheme: WeightScheme) -> WeightScheme:
 
 
 def _rates(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme,
-           compiled: bool = False) -> DeviceRates:
-    """The rates of GPU `device` (an index) or of "cpu"."""
+           compiled: bool = False, lean: bool = False) -> DeviceRates:
+    """The rates of GPU `device` (an index) or of "cpu" (`lean`: runtime.lean's decoder step, efficiency's)."""
     gpu = device != "cpu"
     kind = "gpu" if gpu else "cpu"
-    eff = efficiency(hw, kind, scheme, compiled)
+    eff = efficiency(hw, kind, scheme, compiled, lean)
     # attention and the cache update are not the weights' matmuls: a scheme that quantizes activations for its matmuls
     # (quanto-w8a8) reads and updates its cache as its weight-only sibling does; on a GPU a quantized scheme without a
     # cache figure of its own reads its cache as an unquantized one's (unquantized_sibling)
     sibling = unquantized_sibling(scheme) if gpu and eff.kv is None else weight_only_sibling(scheme)
-    kv_weights = eff if sibling is scheme else efficiency(hw, kind, sibling, compiled)
+    kv_weights = eff if sibling is scheme else efficiency(hw, kind, sibling, compiled, lean)
     whose = "the weights'" if sibling is scheme else f"{sibling.name}'s"
     g = hw.devices[device] if gpu else None
     return DeviceRates(bandwidth_bytes_per_s=(g.memory_bandwidth_bytes_per_s if gpu
@@ -462,22 +466,22 @@ _RATES_MEMO = ObjectMemo(256)
 
 
 def _rates_of(hw: HardwareProfile, device: str | int, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme,
-              compiled: bool) -> DeviceRates:
+              compiled: bool, lean: bool = False) -> DeviceRates:
     """_rates, made once for the same objects."""
-    return _RATES_MEMO.get((hw, spec, scheme, kv), (device, compiled),
-                           lambda: _rates(hw, device, spec, scheme, kv, compiled))
+    return _RATES_MEMO.get((hw, spec, scheme, kv), (device, compiled, lean),
+                           lambda: _rates(hw, device, spec, scheme, kv, compiled, lean))
 
 
 def _all_rates(hw: HardwareProfile, spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, compiled: bool,
-               on_gpu: bool) -> dict[str | int, DeviceRates]:
+               on_gpu: bool, lean: bool = False) -> dict[str | int, DeviceRates]:
     """The CPU's rates and, for a placement on the GPUs, each GPU's (eager: a compiled GPU decode is its own scheme),
     one dict for the same objects (not to be changed)."""
     def make():
-        rates = {CPU_DEVICE: _rates_of(hw, CPU_DEVICE, spec, scheme, kv, compiled)}
+        rates = {CPU_DEVICE: _rates_of(hw, CPU_DEVICE, spec, scheme, kv, compiled, lean)}
         for d in range(len(hw.devices) if on_gpu else 0):
             rates[d] = _rates_of(hw, d, spec, scheme, kv, False)
         return rates
-    return _RATES_MEMO.get((hw, spec, scheme, kv), ("all", compiled, on_gpu), make)
+    return _RATES_MEMO.get((hw, spec, scheme, kv), ("all", compiled, on_gpu, lean), make)
 
 
 @record(kw_only=True)
@@ -605,7 +609,8 @@ class _Model:
                  c: Choice, costs: LayerCosts, read: ReadBytes):
         self.spec, self.hw, self.req, self.scheme, self.kv, self.c, self.costs, self.read = (
             spec, hw, req, scheme, kv, c, costs, read)
-        self.rates = _all_rates(hw, spec, scheme, kv, req.compiled, c.on_gpu)
+        self.rates = _all_rates(hw, spec, scheme, kv, req.compiled, c.on_gpu,
+                                decodes_lean(spec, scheme, kv, on_gpu=c.on_gpu, compiled=req.compiled, eager=req.eager))
         self.main = self.rates[0] if c.on_gpu else self.rates[CPU_DEVICE]  # where lm_head and the fixed costs are
         self.link_bytes_per_s = (hw.link.h2d_pinned_bytes_per_s * DEFAULT_LINK_EFFICIENCY) if hw.link else None
         self.layout = _layout(spec, c, costs)

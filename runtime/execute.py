@@ -18,6 +18,7 @@ from typing import Callable
 from vramplan.planner.choice import ComputeDevice, OffloadMode
 from vramplan.planner.errors import PlanError, VramplanError
 from vramplan.planner.hardware import HardwareProfile
+from vramplan.planner.lean import decodes_lean
 from vramplan.planner.modelspec import ModelSpec, context_limit
 from vramplan.planner.plan import Plan, hardware_fingerprint, model_ref
 from vramplan.planner.quant import KV_SCHEMES, SCHEMES
@@ -376,6 +377,19 @@ class _Attempt:
                                     f"{static.mode!r}; compiled in the warm-up (not timed: the measured warm-up)"
                                     + (f", inductor's cache in {static.inductor_cache}" if static.inductor_cache
                                        else ""))
+        elif decodes_lean(spec, SCHEMES[c.weight_quant], KV_SCHEMES[c.kv_dtype], on_gpu=c.on_gpu, compiled=False,
+                          eager=report.plan.request.eager):
+            from .lean import LeanDecoder, LeanUnsupported
+
+            try:
+                static = LeanDecoder(loaded.model, max_len=int(ids.shape[-1]) + max_new_tokens - len(report.tokens))
+                report.notes.append(f"decode by vramplan's own decoder step (runtime.lean): a cache of "
+                                    f"{static.max_len} tokens, q/k/v and gate/up one kernel call each (--eager runs "
+                                    "transformers' forward)")
+            except LeanUnsupported as exc:
+                report.notes.append(_lean_fallback(exc))
+        lean = getattr(static, "mode", None) == "lean"
+
         def warm_with(static):
             return warm_up(loaded.model, ids.to(model_device(loaded.model)), report.plan.request.prefill_chunk,
                            KV_SCHEMES[c.kv_dtype], static=static)
@@ -386,12 +400,12 @@ class _Attempt:
             except Exception as exc:  # noqa: BLE001 - the compilation is what runs here, unless out of memory
                 if static is None or forced or is_oom(exc):
                     raise
-                report.notes.append(_eager_fallback(exc))  # the plan's default: eager instead
-                static = None
+                report.notes.append(_lean_fallback(exc) if lean else _eager_fallback(exc))  # the plan's default
+                static, lean = None, False
                 warmed = warm_with(None)
         except Exception as exc:  # noqa: BLE001 - out of memory here is the timed run's to meet and re-plan
             if not is_oom(exc):
-                if static is not None:  # the compilation is what runs here
+                if static is not None and not lean:  # the compilation is what runs here
                     raise _compile_failed(exc) from None
                 raise
             warmed = 0.0
@@ -399,7 +413,7 @@ class _Attempt:
         warm = warmed
         if warm:
             report.measured.warmup_s = warm
-            what = ("compiling the decode step" if static else "CUDA first use"
+            what = ("compiling the decode step" if static is not None and not lean else "CUDA first use"
                     if compute_device(loaded.model).type == "cuda" else "the weights' first touch")
             self.say(f"warm-up ({what}, not timed): "
                      f"{warm:.3f} s")
@@ -448,6 +462,11 @@ def _brief(exc: BaseException) -> str:
 def _eager_fallback(exc: BaseException) -> str:
     return (f"the compiled decode the plan chose failed here ({_brief(exc)}): decoding eager instead, so the "
             "prediction (priced compiled) is above what eager reaches; --eager plans it eager")
+
+
+def _lean_fallback(exc: BaseException) -> str:
+    return (f"vramplan's own decoder step failed here ({_brief(exc)}): transformers' forward runs it instead, so the "
+            "prediction (priced for vramplan's step) is above what it reaches; --eager plans it so")
 
 
 def _compile_failed(exc: BaseException) -> VramplanError:

@@ -264,15 +264,16 @@ def warm_up(model: nn.Module, input_ids: torch.Tensor, prefill_chunk: int, kv: K
     process, and the compiled run, which warms up, 1.49 s. A few tokens touch every weight once; what is left cold is
     per shape (0.2 s at most there). llama.cpp warms up at load the same way."""
     device = compute_device(model)  # an offloaded model keeps its input embedding (and the ids) in RAM
-    if device.type != "cuda" and static is None:
+    lean = getattr(static, "mode", None) == "lean"  # runtime.lean's decoder step: nothing to compile, warmed as eager
+    if device.type != "cuda" and (static is None or lean):
         if device.type != "cpu" or any(p.device.type != "cpu" for p in model.parameters()):
             return 0.0  # (an offloaded model whose lm_head stays in RAM: its layers are streamed, not mapped pages)
         # the CPU: CPU_WARM_UP_TOKENS of the prompt, no decode step (a longer first chunk would cost its whole time)
         prefill_chunk = min(prefill_chunk, CPU_WARM_UP_TOKENS)
         input_ids = input_ids[:, :prefill_chunk]
     cache = make_cache(kv, model.config) if static is None else static
-    steps = STATIC_WARM_UP_STEPS if static is not None else 0 if device.type == "cpu" else 1
-    if static is not None:
+    steps = STATIC_WARM_UP_STEPS if static is not None and not lean else 0 if device.type == "cpu" else 1
+    if static is not None and not lean:
         steps = max(1, min(steps, static.max_len - min(prefill_chunk, input_ids.shape[1])))
     with no_grad_context(model, static):
         synchronize(device)

@@ -85,3 +85,22 @@ def test_llama_cpp_is_never_priced_by_torchs_kernel_rates():
     # while vramplan's own bf16 rows follow the rate
     mine = [plan(spec, hw, Request(context=4096, quant=("bf16",))).predicted for hw in (slow, plain)]
     assert mine[0].decode_tokens_per_s < mine[1].decode_tokens_per_s
+
+
+def test_the_probe_reads_each_matrix_from_ram_past_the_last_level_cache(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from vramplan.runtime.probe import measure
+
+    for i, (level, size) in enumerate([(1, "48K"), (2, "2048K"), (3, "491520K"), (1, "32K")]):  # sysfs, as Linux has it
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "level").write_text(f"{level}\n")
+        (tmp_path / f"index{i}" / "size").write_text(f"{size}\n")
+    monkeypatch.setattr(measure, "_CACHE_DIR", str(tmp_path / "absent"))
+    assert measure.last_level_cache_bytes() is None
+    monkeypatch.setattr(measure, "_CACHE_DIR", str(tmp_path))
+    assert measure.last_level_cache_bytes() == 491520 * 1024  # the 2-core Xeon VM's L3: 64 MiB matrices stayed in it
+    monkeypatch.setattr(measure, "FLUSH_MAX_BYTES", 8 << 20)  # capped
+    got, _ = measure.measure_cpu_decode_kernels(torch, repeats=1, nbytes=4 << 20)
+    assert got and all("8.00 MiB read before each (the last-level cache)" in m.method for m in got.values())
+    got, _ = measure.measure_cpu_decode_kernels(torch, repeats=1, nbytes=4 << 20, flush_bytes=None)
+    assert not any("read before each" in m.method for m in got.values())

@@ -93,17 +93,44 @@ CPU_MATMUL_TARGET_S = 0.05
 # The kernel each CPU scheme decodes with (planner.hardware.CPU_DECODE_KERNELS), timed one row by a weight matrix of
 # about this many bytes in its own format: well past the caches, so the rate is the weights streamed from RAM.
 CPU_DECODE_BYTES = 64 * MiB
+# A decode step reads each matrix once a token, after the rest of the model has passed through the caches: before each
+# timed product the probe reads a buffer the size of the last-level cache (last_level_cache_bytes; at most
+# FLUSH_MAX_BYTES and an eighth of the available RAM), so that the product reads its weights from RAM. A read, not a
+# write: written lines would be written back during the timed product, which a decode step's clean weights never are.
+# Without it the 2-core Xeon VM (an L3 of 480 MiB as its sysfs reports it, 2026-11-29) kept a 64 MiB matrix cached:
+# cpu-w4a8's kernel timed 25.8-28.8 GB/s there, and it streams Qwen2.5-0.5B's 96 matrices in turn at 12.5.
+FLUSH_MAX_BYTES = 1024 * MiB
 # A kernel's other path replaces the CPU's default one (runtime.cpu_paths.default_path) only when it streamed at least
 # this much faster: bf16 by torch.mv and by F.linear timed 10.65 / 11.08 and 9.47 / 9.51 GB/s in two probes of the AVX2
 # EPYC VM, an order that noise decides
 PATH_MARGIN = 1.1
 
 
-def measure_cpu_decode_kernels(torch: Any, repeats: int = 5, nbytes: int = CPU_DECODE_BYTES
-                               ) -> tuple[dict[str, Measurement], dict[str, str]]:
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache's size, as Linux's sysfs reports it for CPU 0 (None elsewhere)."""
+    sizes = []
+    for index in sorted(os.listdir(_CACHE_DIR)) if os.path.isdir(_CACHE_DIR) else ():
+        try:
+            with open(os.path.join(_CACHE_DIR, index, "size")) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        unit = {"K": 1024, "M": 1024 * 1024, "G": 1024 ** 3}.get(text[-1:].upper(), 1)
+        digits = text.rstrip("KkMmGg")
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes, default=None)
+
+
+_CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"
+
+
+def measure_cpu_decode_kernels(torch: Any, repeats: int = 5, nbytes: int = CPU_DECODE_BYTES,
+                               flush_bytes: int | None = -1) -> tuple[dict[str, Measurement], dict[str, str]]:
     """Bytes of weights per second each CPU decode kernel streams from RAM at one row, on all torch threads, and for
     the kernels the runtime runs by more than one path (planner.hardware.CPU_DECODE_PATHS, runtime.cpu_paths) the path
-    that was fastest. Kernels: bf16 (torch.mv, runtime.quantize.Bf16Rows, or F.linear), int8 rows
+    that was fastest; each timed product after `flush_bytes` read (-1: the last-level cache's size, capped as
+    FLUSH_MAX_BYTES says; None: no flush). Kernels: bf16 (torch.mv, runtime.quantize.Bf16Rows, or F.linear), int8 rows
     (_weight_int8pack_mm), int4 groups of 128 (_weight_int4pack_mm_for_cpu), int8 x int8 (quanto-w8a8's:
     runtime.experts.int8_dynamic_mm by torch._int_mm, or fbgemm's dynamic linear, runtime.cpu_paths) and, where it
     builds, vramplan's int4 x int8 kernel (cpu-w4a8's, runtime.cpu_kernel). Which is fast
@@ -146,6 +173,11 @@ def measure_cpu_decode_kernels(torch: Any, repeats: int = 5, nbytes: int = CPU_D
         kernels["int4_a8"] = {None: (lambda: cpu_kernel.w4a8_mm(row, codes, groups, CPU_W4A8_GROUP),
                                      codes.numel() + groups.numel() * 2,
                                      f"vramplan's w4a8 kernel (runtime.cpu_kernel), groups of {CPU_W4A8_GROUP}")}
+    if flush_bytes == -1:
+        import psutil
+
+        flush_bytes = min(last_level_cache_bytes() or 0, FLUSH_MAX_BYTES, psutil.virtual_memory().available // 8)
+    flush = torch.ones(flush_bytes, dtype=torch.uint8) if flush_bytes else None
     out: dict[str, Measurement] = {}
     paths: dict[str, str] = {}
     for name, by_path in kernels.items():
@@ -154,13 +186,17 @@ def measure_cpu_decode_kernels(torch: Any, repeats: int = 5, nbytes: int = CPU_D
             product()
             times = []
             for _ in range(repeats):
+                if flush is not None:  # the caches hold other (clean) bytes now, as in a decode step
+                    flush.max()
                 t0 = time.perf_counter()
                 product()
                 times.append(time.perf_counter() - t0)
             key = name if path is None else f"{name}_{path}"
             timed[path] = out[key] = _median_measurement(
                 f"cpu_decode_{key}", "B/s", nbytes, times,
-                f"{label}, one row by {format_bytes(nbytes)} of weights, {torch.get_num_threads()} threads")
+                f"{label}, one row by {format_bytes(nbytes)} of weights, {torch.get_num_threads()} threads"
+                + (f", {format_bytes(flush_bytes)} read before each (the last-level cache)" if flush is not None
+                   else ""))
         best = max(timed, key=lambda p: timed[p].value)  # type: ignore[arg-type]
         if best is not None and default_path(name) in timed \
                 and timed[best].value < PATH_MARGIN * timed[default_path(name)].value:
