@@ -141,6 +141,9 @@ CPU_DECODE_KERNELS = {"bf16": "bf16", "int8": "quanto-int8", "int4": "quanto-int
 # The kernels the runtime runs by more than one path, and those paths (runtime.cpu_paths): the probe times each and
 # records the fastest (HostSpec.cpu_decode_<kernel>_path), whose rate is the kernel's.
 CPU_DECODE_PATHS = {"bf16": ("mv", "linear"), "int8_dynamic": ("int_mm", "fbgemm")}
+# The decoder layers whose fixed cost the full probe times (HostSpec.cpu_layer_<name>_s): each CPU_DECODE_KERNELS
+# scheme in transformers' eager forward, and "lean", cpu-w4a8 in vramplan's own decoder step (runtime.lean)
+CPU_LAYER_COSTS = (*CPU_DECODE_KERNELS, "lean")
 
 
 @record(kw_only=True)
@@ -179,9 +182,22 @@ class HostSpec:
     # speed model's default (planner.speed.DEFAULT_CPU_EXPERT_CALL_S). It moves with the machine: about 50 us on the
     # Xeon dev VM, 268 us on the AVX2 EPYC VM.
     cpu_expert_call_s: float | None = None
+    # The fixed cost of one decoder layer of a decode step on the CPU, beyond its weights' bytes, per CPU_LAYER_COSTS:
+    # timed by the full probe on tiny models (runtime.probe.measure.measure_cpu_layer_costs). None: the speed model's
+    # default (fitted on one machine). It moves with the machine: cpu-w4a8's 414 us on the Xeon AMX VM, 710 by default.
+    cpu_layer_bf16_s: float | None = None
+    cpu_layer_int8_s: float | None = None
+    cpu_layer_int4_s: float | None = None
+    cpu_layer_int8_dynamic_s: float | None = None
+    cpu_layer_int4_a8_s: float | None = None
+    cpu_layer_lean_s: float | None = None
 
     def decode_kernel_rate(self, kernel: str) -> float | None:
         return getattr(self, f"cpu_decode_{kernel}_bytes_per_s")
+
+    def layer_cost(self, name: str) -> float | None:
+        """The probe's fixed cost of a layer (CPU_LAYER_COSTS' `name`), or None."""
+        return getattr(self, f"cpu_layer_{name}_s")
 
     def __post_init__(self) -> None:
         _check_int(self, "ram_bytes", minimum=1)
@@ -193,8 +209,9 @@ class HostSpec:
                 _check_float(self, name)
         if self.eager_dispatch_per_layer_s is not None:
             _check_float(self, "eager_dispatch_per_layer_s", positive=False, maximum=1.0)
-        if self.cpu_expert_call_s is not None:
-            _check_float(self, "cpu_expert_call_s", maximum=1.0)
+        for name in ("cpu_expert_call_s", *(f"cpu_layer_{k}_s" for k in CPU_LAYER_COSTS)):
+            if getattr(self, name) is not None:
+                _check_float(self, name, maximum=1.0)
         for kernel, paths in CPU_DECODE_PATHS.items():
             path = getattr(self, f"cpu_decode_{kernel}_path")
             if path is not None and path not in paths:

@@ -48,7 +48,7 @@ SDPA_MATH_SCORE_FP32_COPIES = 3.0
 SDPA_MATH_KV_FP32_COPIES = 1.65
 FP32_BYTES = 4
 BOOL_MASK_BYTES = 1
-CPU_ONLY_WORKSPACE_TERMS = ("sdpa_math_fallback",)
+CPU_ONLY_WORKSPACE_TERMS = ("sdpa_math_fallback", "head_pack")
 
 
 @record
@@ -170,6 +170,13 @@ def workspace_bytes(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Re
                 * FP32_BYTES for a, _ in spec.attention_groups if a.value_dim != a.head_dim), default=0.0)
     if math:
         terms["sdpa_math_fallback"] = int(math * req.batch)
+    head = cpu_head_scheme(scheme, spec.hidden_size)
+    if head is not None and head.activation_bits == 8:
+        # loading, fbgemm's prepack of lm_head (runtime.cpu_paths.FbgemmInt8Dynamic) holds its int8 rows and a quantized
+        # copy of them beside the packed rows it makes: 2 x vocab x hidden bytes for a moment (Llama-3.2-1B's 262 MB
+        # head: +535 MB of peak RSS where the packed rows keep 270, on the 2-core Xeon AMX VM, 2026-11-29; without this
+        # term 12 runs of its quanto-w8a8 peaked at 2.56-2.98 GiB where 2.69 were planned)
+        terms["head_pack"] = 2 * spec.vocab_size * spec.hidden_size
     return terms
 
 

@@ -20,8 +20,9 @@ from typing import Any, Callable, Mapping
 
 from .record import record
 from .errors import ProfileError, UnitError
-from .hardware import (CPU_DECODE_KERNELS, CPU_DECODE_PATHS, SCHEMA_VERSION, Calibration, CalibrationEntry, FittedEntry,
-                       GPUSpec, HardwareProfile, HostSpec, LinkSpec, Overheads, PublicFit, _FieldError)
+from .hardware import (CPU_DECODE_KERNELS, CPU_DECODE_PATHS, CPU_LAYER_COSTS, SCHEMA_VERSION, Calibration,
+                       CalibrationEntry, FittedEntry, GPUSpec, HardwareProfile, HostSpec, LinkSpec, Overheads,
+                       PublicFit, _FieldError)
 from .textfiles import read_text
 from .units import GiB, KiB, MiB, TiB, OutOfRangeError, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
 from .yaml_strict import safe_load_strict
@@ -227,6 +228,7 @@ _HOST_KEYS = {
     "cpu_expert_call": ("cpu_expert_call_s", OPT_TIME, None),
     **{f"cpu_decode_{k}": (f"cpu_decode_{k}_bytes_per_s", OPT_BANDWIDTH, None) for k in CPU_DECODE_KERNELS},
     **{f"cpu_decode_{k}_path": (f"cpu_decode_{k}_path", OPT_STR, None) for k in CPU_DECODE_PATHS},
+    **{f"cpu_layer_{k}": (f"cpu_layer_{k}_s", OPT_TIME, None) for k in CPU_LAYER_COSTS},
 }
 _LINK_KEYS = {
     "name": ("name", STR, _REQUIRED),

@@ -29,10 +29,10 @@ from collections import Counter
 from dataclasses import fields, replace
 from typing import Callable
 
-from .lean import LEAN_CPU_PER_LAYER_FACTOR, decodes_lean
+from .lean import decodes_lean
 from .memo import ObjectMemo
 from .record import record
-from .hardware import CPU_DECODE_KERNELS, HardwareProfile, HostSpec
+from .hardware import HardwareProfile, HostSpec
 from .choice import Choice, ComputeDevice, OffloadMode
 from .constant import constants
 from .memory import LayerCosts, layer_costs
@@ -40,6 +40,7 @@ from .modelspec import ModelSpec, dtype_bytes
 from .quant import (COMPILED_BACKEND, KV_SCHEMES, SCHEMES, KVScheme, WeightScheme,  # noqa: F401
                     compiled_scheme, experts_tinygemm_pack)
 from .request import Request
+from .speed_cpu import DECODE_KERNEL_STEP_FRACTION, decode_kernel_efficiency, lean_factor, probe_layer_cost  # noqa: F401
 from .speed_attention import (DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY, DEFAULT_CPU_EXPERT_CALL_S,  # noqa: F401
                               DEFAULT_PREFILL_ATTENTION_EFFICIENCY, EXPERT_CALL_LAUNCHES, EXPERTS_BACKEND,
                               GATHERED_INT4_EXPERT_PASSES, LLAMA_CPP_BACKEND,
@@ -230,9 +231,10 @@ def efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, compiled:
                        source=f"{eff.source}; compiled: x {factor:g} a layer's fixed cost "
                               f"(planner.speed.COMPILED_CPU_PER_LAYER_FACTOR[{scheme.name}])")
     if lean and device == "cpu":
-        return replace(eff, per_layer_s=eff.per_layer_s * LEAN_CPU_PER_LAYER_FACTOR,
-                       source=f"{eff.source}; vramplan's own decoder step: x {LEAN_CPU_PER_LAYER_FACTOR:g} a layer's "
-                              "fixed cost (planner.lean.LEAN_CPU_PER_LAYER_FACTOR)")
+        factor, where = lean_factor(hw)
+        return replace(eff, per_layer_s=eff.per_layer_s * factor,
+                       source=f"{eff.source}; vramplan's own decoder step: x {factor:.3g} a layer's fixed cost "
+                              f"({where})")
     return eff
 
 
@@ -259,41 +261,20 @@ def _efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> Effic
                               source=f"{fitted.source}: profile {hw.name} public_fit {fitted.engine} {fitted.quant}",
                               dispatch_per_layer_s=d, dispatch_source=d_source)
         d, d_source = _dispatch(hw, device, scheme, None)
-        measured = _decode_kernel_efficiency(hw, device, scheme)
+        measured = decode_kernel_efficiency(hw, device, scheme)
+        probed = probe_layer_cost(hw, device, scheme)  # the probe's timing of a layer's fixed cost, where recorded
+        per_layer, layer_source = probed if probed is not None else (per_layer, None)
         if measured is not None:
             return Efficiency(bandwidth=measured[0], compute=comp, per_layer_s=per_layer, per_token_s=per_token,
-                              source=measured[1])
-        return Efficiency(bandwidth=bw, compute=comp, per_layer_s=per_layer, per_token_s=per_token, source="default",
+                              source=measured[1] + (f"; {layer_source}" if layer_source else ""))
+        return Efficiency(bandwidth=bw, compute=comp, per_layer_s=per_layer, per_token_s=per_token,
+                          source="default" + (f" ({layer_source})" if layer_source else ""),
                           dispatch_per_layer_s=d, dispatch_source=d_source)
     return Efficiency(bandwidth=e.bandwidth_efficiency,
                       compute=e.compute_efficiency if e.compute_efficiency is not None else comp,
                       per_layer_s=e.per_layer_overhead_s, per_token_s=e.per_token_overhead_s,
                       source=f"calibrated {hw.calibration.measured_at}"
                              + (f" ({stand_in}'s entry: same backend and bits)" if stand_in else ""))
-
-
-# A one-row product streams its weights faster than a whole decode step reads them (the step's other ops, its caches'
-# misses): the measured kernel rate over the RAM bandwidth is taken at this fraction. Fitted on the 2-core AVX2 EPYC
-# VM (no AVX-512, no VNNI; 2026-11-29): `vramplan run` of Qwen2.5-0.5B (dummy weights, a 128-token prompt, 48 new
-# tokens) matched at 0.55 / 0.59 / 0.69 / 0.65 of its kernels' rates for bf16 / quanto-int8 / -int4 / -w8a8 (15.2 /
-# 14.6 / 7.0 / 2.8 GB/s; RAM 34.1 GB/s): their median. Llama-3.2-1B is held out (bench/results/vs-engines-cpu-epyc-*).
-DECODE_KERNEL_STEP_FRACTION = 0.62
-
-
-def _decode_kernel_efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme) -> tuple[float, str] | None:
-    """On a CPU whose probe timed the kernel this scheme decodes with (HostSpec.cpu_decode_*: which kernel is fast
-    depends on the CPU), the weights' bandwidth efficiency from that rate, and where it comes from; else None."""
-    if device != "cpu" or scheme.backend in (COMPILED_BACKEND, LLAMA_CPP_BACKEND):
-        return None  # (llama.cpp's kernels are ggml's: torch's rates say nothing of them)
-    kernel = next((k for k, name in CPU_DECODE_KERNELS.items() if name == scheme.name), None)
-    rate = hw.host.decode_kernel_rate(kernel) if kernel is not None else None
-    if not rate:
-        return None
-    ram = hw.host.ram_bandwidth_bytes_per_s
-    eff = min(1.0, DECODE_KERNEL_STEP_FRACTION * rate / ram)
-    return eff, (f"profile {hw.name}: host.cpu_decode_{kernel} {rate / 1e9:.1f} GB/s (the probe's timing of "
-                 f"{scheme.name}'s kernel) x {DECODE_KERNEL_STEP_FRACTION:g} "
-                 f"(planner.speed.DECODE_KERNEL_STEP_FRACTION) over host.ram_bandwidth {ram / 1e9:.1f} GB/s")
 
 
 def _calibrated_entry(hw: HardwareProfile, device: str, scheme: WeightScheme):

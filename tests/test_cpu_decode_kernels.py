@@ -104,3 +104,41 @@ def test_the_probe_reads_each_matrix_from_ram_past_the_last_level_cache(tmp_path
     assert got and all("8.00 MiB read before each (the last-level cache)" in m.method for m in got.values())
     got, _ = measure.measure_cpu_decode_kernels(torch, repeats=1, nbytes=4 << 20, flush_bytes=None)
     assert not any("read before each" in m.method for m in got.values())
+
+
+def test_the_probe_times_a_layers_fixed_cost_per_scheme_and_the_planner_prices_it():
+    """The full probe's tiny-model timing of a decoder layer's fixed cost replaces the speed model's default (fitted
+    on one machine) scheme by scheme, and vramplan's own decoder step is priced by the ratio of its two timings."""
+    from vramplan.planner.hardware import CPU_LAYER_COSTS
+
+    base = resolve_profile("cpu-ddr5-desktop")[0]
+    costs = {"int8": 325e-6, "int4_a8": 291e-6, "lean": 215e-6}
+    hw = replace(base, host=replace(base.host, cpu_decode_int4_a8_bytes_per_s=18e9,
+                                    **{f"cpu_layer_{k}_s": v for k, v in costs.items()}))
+    again = loads_profile(dumps_profile(hw), "test")
+    assert again.host == hw.host and "cpu_layer_lean: 215 us" in dumps_profile(hw)
+    assert set(CPU_LAYER_COSTS) == {*CPU_DECODE_KERNELS, "lean"}
+    spec = model_spec("qwen2.5-0.5b")
+
+    def per_layer(profile, quant, **kw) -> float:
+        p = plan(spec, profile, Request(context=4096, quant=(quant,), kv_dtype=("bf16",), **kw))
+        return next(c.value for k, c in p.constants.items() if k.endswith("_per_layer_s"))
+
+    assert per_layer(hw, "quanto-int8") == pytest.approx(325e-6)  # the record
+    assert per_layer(hw, "quanto-int4") == per_layer(base, "quanto-int4")  # no record: the default
+    assert per_layer(hw, "cpu-w4a8", eager=True) == pytest.approx(291e-6)
+    assert per_layer(hw, "cpu-w4a8") == pytest.approx(215e-6)  # lean: 291 x (215 / 291)
+    p = plan(spec, hw, Request(context=4096, quant=("cpu-w4a8",), kv_dtype=("bf16",)))
+    assert "host.cpu_layer_lean 215 us over host.cpu_layer_int4_a8 291 us" in p.chosen.speed.terms["efficiency_source"]
+
+
+def test_the_probe_measures_every_layer_cost_it_can():
+    torch = pytest.importorskip("torch")
+    from vramplan.runtime import cpu_kernel
+    from vramplan.runtime.probe.measure import measure_cpu_layer_costs
+
+    got = measure_cpu_layer_costs(torch, {})
+    kernel = cpu_kernel.unavailable() is None
+    assert set(got) == {*CPU_DECODE_KERNELS, "lean"} - (set() if kernel else {"int4_a8", "lean"})
+    assert all(0 < m.value < 0.1 and m.unit == "s" and len(m.samples) == 2 and "tiny Llama" in m.method
+               for m in got.values())

@@ -19,9 +19,9 @@ from .datasheets import (APPLE_CHIPS, DEFAULT_ALLOCATOR_RESERVE_BYTES, DEFAULT_C
                          norm_gpu_name, apple_gpu_share, estimate_gpu_bf16_flops, match_datasheet, typical_link)
 from .host import (INT8_DOT_FLAGS, NATIVE_BF16_FLAGS, NO_INT8_DOT_DYNAMIC_RAM_SHARE, W4A8_FLAGS, W4A8_RAM_SHARE,
                    busy_note, c_compiler, estimate_cpu_flops, load_average, read_host)
-from .measure import (Measurement, measure_cpu_decode_kernels, measure_cpu_expert_call, measure_cpu_matmul,
-                      measure_gpu_matmul_bf16, measure_gpu_memory_bandwidth, measure_host_link, measure_kernel_launch,
-                      measure_ram_bandwidth)
+from .measure import (Measurement, measure_cpu_decode_kernels, measure_cpu_expert_call, measure_cpu_layer_costs,
+                      measure_cpu_matmul, measure_gpu_matmul_bf16, measure_gpu_memory_bandwidth, measure_host_link,
+                      measure_kernel_launch, measure_ram_bandwidth)
 from .measure import FULL_RAM_COPY_BYTES, FULL_REPEATS, QUICK_RAM_COPY_BYTES, QUICK_RAM_REPEATS
 from .nvml import NvmlGpu, NvmlUnavailable, filter_visible, nvml_process_memory, nvml_used_memory, read_nvml
 
@@ -284,6 +284,18 @@ def probe(quick: bool = False, progress: Progress | None = None, sample_cpu: boo
         except Exception as e:  # noqa: BLE001 - the speed model's default stays
             notes.append(f"CPU routed-expert call not timed ({type(e).__name__}: {e})")
 
+    layer_costs: dict[str, float] = {}
+    if torch is not None:  # the full probe: a decoder layer's fixed cost, per CPU scheme, on this machine
+        say("timing a decoder layer's fixed cost per CPU scheme (tiny models)")
+        try:
+            timed = measure_cpu_layer_costs(torch, paths)
+            measurements.update({m.name: m for m in timed.values()})
+            layer_costs = {name: float(f"{m.value:.3g}") for name, m in timed.items()}
+            notes.append("CPU decoder layer's fixed cost measured (tiny models, a decode step): " + ", ".join(
+                f"{name} {1e6 * v:.0f} us" for name, v in layer_costs.items()))
+        except Exception as e:  # noqa: BLE001 - the speed model's defaults stay
+            notes.append(f"CPU decoder layer's fixed cost not timed ({type(e).__name__}: {e})")
+
     host_spec = HostSpec(
         ram_bytes=host.effective_ram_bytes,
         ram_bandwidth_bytes_per_s=_bw(ram_bw),
@@ -294,6 +306,7 @@ def probe(quick: bool = False, progress: Progress | None = None, sample_cpu: boo
         **{f"cpu_decode_{name}_bytes_per_s": _bw(rate) for name, rate in decode.items()},
         **{f"cpu_decode_{name}_path": path for name, path in paths.items()},
         cpu_expert_call_s=expert_call,
+        **{f"cpu_layer_{name}_s": v for name, v in layer_costs.items()},
     )
 
     # -- GPUs -----------------------------------------------------------------

@@ -366,3 +366,60 @@ def measure_cpu_expert_call(torch: Any, repeats: int = 7, calls: int = 50, schem
                        f"runtime.experts.QuantizedExperts ({scheme}, hidden {hidden}, expert width {width}), one token "
                        f"to {EXPERT_CALL_TOP_K} of {EXPERT_CALL_EXPERTS} experts, per expert, median of {repeats} x "
                        f"{calls} calls, {torch.get_num_threads()} threads")
+
+
+# A decoder layer's fixed cost per CPU scheme (planner.hardware.CPU_LAYER_COSTS), timed on tiny Llama models whose
+# weights take no time: the median decode step of LAYER_PROBE_LAYERS[1] layers less that of LAYER_PROBE_LAYERS[0] (the
+# embedding and the head cancel), over the layers between, after a LAYER_PROBE_PROMPT-token prompt. On the 2-core Xeon
+# AMX VM (2026-11-29) a 4-layer tiny model in cpu-w4a8 took 414 us a layer (step over layers) in transformers' forward
+# and 255 in vramplan's own step, where Qwen2.5-0.5B's step with its kernels emptied left 326-353 and 227-239
+# (bench/lean_cpu.py); the speed model's defaults, fitted on another machine, say 710 and 476.
+LAYER_PROBE_CONFIG = dict(model_type="llama", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=64, vocab_size=512, max_position_embeddings=4096,
+                          tie_word_embeddings=False)
+LAYER_PROBE_LAYERS = (2, 6)
+LAYER_PROBE_PROMPT = 128
+LAYER_PROBE_STEPS = 16
+
+
+def measure_cpu_layer_costs(torch: Any, paths: dict[str, str]) -> dict[str, Measurement]:
+    """{CPU_LAYER_COSTS name: the fixed cost of one decoder layer of a decode step (s)}, each scheme loaded as the
+    runtime loads it (runtime.load, the kernels' `paths` the probe chose); "lean" is cpu-w4a8 in vramplan's own decoder
+    step (runtime.lean). cpu-w4a8's two are left out where its kernel does not build."""
+    from vramplan.planner.hardware import CPU_DECODE_KERNELS, CPU_LAYER_COSTS
+    from vramplan.planner.quant import KV_SCHEMES, SCHEMES
+    from vramplan.runtime import cpu_kernel
+    from vramplan.runtime.generate import decode_one_token, no_grad_context, prefill, synthetic_prompt
+    from vramplan.runtime.kvcache import make_cache
+    from vramplan.runtime.lean import LeanDecoder
+    from vramplan.runtime.load import load_model
+
+    def step_s(name: str, layers: int) -> float:
+        scheme = SCHEMES[CPU_DECODE_KERNELS["int4_a8" if name == "lean" else name]]
+        model = load_model({**LAYER_PROBE_CONFIG, "num_hidden_layers": layers}, scheme=scheme, dummy_weights=True,
+                           device="cpu", cpu_paths=paths).model
+        ids = synthetic_prompt(LAYER_PROBE_PROMPT, LAYER_PROBE_CONFIG["vocab_size"], seed=1)
+        cache = (LeanDecoder(model, LAYER_PROBE_PROMPT + LAYER_PROBE_STEPS) if name == "lean"
+                 else make_cache(KV_SCHEMES["bf16"], model.config))
+        token, times = torch.tensor([[11]]), []
+        with no_grad_context(model):
+            prefill(model, ids, cache, LAYER_PROBE_PROMPT)
+            for i in range(LAYER_PROBE_STEPS):
+                t0 = time.perf_counter()
+                decode_one_token(model, token, LAYER_PROBE_PROMPT + i, cache)
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times[2:])
+
+    out = {}
+    few, many = LAYER_PROBE_LAYERS
+    for name in CPU_LAYER_COSTS:
+        if name in ("int4_a8", "lean") and cpu_kernel.unavailable() is not None:
+            continue
+        steps = tuple(step_s(name, n) for n in LAYER_PROBE_LAYERS)
+        how = "vramplan's own decoder step (runtime.lean)" if name == "lean" else "transformers' eager forward"
+        out[name] = Measurement(
+            f"cpu_layer_{name}", max(0.0, steps[1] - steps[0]) / (many - few), "s", steps,
+            f"{CPU_DECODE_KERNELS['int4_a8' if name == 'lean' else name]} in {how}: tiny Llama (hidden "
+            f"{LAYER_PROBE_CONFIG['hidden_size']}), median decode step of {many} layers less {few}, over {many - few}, "
+            f"after {LAYER_PROBE_PROMPT} tokens, {torch.get_num_threads()} threads")
+    return out
