@@ -184,7 +184,7 @@ class HostSpec:
     cpu_expert_call_s: float | None = None
     # The fixed cost of one decoder layer of a decode step on the CPU, beyond its weights' bytes, per CPU_LAYER_COSTS:
     # timed by the full probe on tiny models (runtime.probe.measure.measure_cpu_layer_costs). None: the speed model's
-    # default (fitted on one machine). It moves with the machine: cpu-w4a8's 414 us on the Xeon AMX VM, 710 by default.
+    # default (fitted on one machine). It moves with the machine: cpu-w4a8's 291 us on the Xeon AMX VM, 710 by default.
     cpu_layer_bf16_s: float | None = None
     cpu_layer_int8_s: float | None = None
     cpu_layer_int4_s: float | None = None

@@ -137,7 +137,7 @@ def _zeros(n: int) -> tuple[int, ...]:
 
 
 def workspace_bytes(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Request,
-                    context: int | None = None) -> dict:
+                    context: int | None = None, int8_path: str | None = None) -> dict:
     """Activation memory of one prefill chunk, by term. The largest phase: decode needs less."""
     ctx = req.context if context is None else context
     act = dtype_bytes(scheme.compute_dtype)
@@ -171,7 +171,7 @@ def workspace_bytes(spec: ModelSpec, scheme: WeightScheme, kv: KVScheme, req: Re
     if math:
         terms["sdpa_math_fallback"] = int(math * req.batch)
     head = cpu_head_scheme(scheme, spec.hidden_size)
-    if head is not None and head.activation_bits == 8:
+    if head is not None and head.activation_bits == 8 and int8_path != "int_mm":  # (`int8_path`: the profile's record)
         # loading, fbgemm's prepack of lm_head (runtime.cpu_paths.FbgemmInt8Dynamic) holds its int8 rows and a quantized
         # copy of them beside the packed rows it makes: 2 x vocab x hidden bytes for a moment (Llama-3.2-1B's 262 MB
         # head: +535 MB of peak RSS where the packed rows keep 270, on the 2-core Xeon AMX VM, 2026-11-29; without this

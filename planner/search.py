@@ -95,7 +95,8 @@ def check_experts(spec: ModelSpec, req: Request) -> None:
 
 
 def footprint(spec, hw, req, scheme, kv, weights: WeightCosts) -> Footprint:
-    return Footprint(spec, hw, req, layer_costs(spec, scheme, kv, req, weights), workspace_bytes(spec, scheme, kv, req))
+    return Footprint(spec, hw, req, layer_costs(spec, scheme, kv, req, weights),
+                     workspace_bytes(spec, scheme, kv, req, int8_path=hw.host.cpu_decode_int8_dynamic_path))
 
 
 def placement_at(fp: Footprint, n: int, mode: OffloadMode, e: int = 0, *,

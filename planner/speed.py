@@ -223,7 +223,7 @@ def efficiency(hw: HardwareProfile, device: str, scheme: WeightScheme, compiled:
     host's dispatch in it: no dispatch term is added to it. `compiled` on a CPU (a compiled decode of this scheme,
     runtime.compiled): the per-layer cost times what compiling measured to leave of it
     (COMPILED_CPU_PER_LAYER_FACTOR); on a GPU a compiled decode is its own scheme (compiled_scheme). `lean` on a CPU
-    (runtime.lean's decoder step, planner.lean.decodes_lean): the same, by planner.lean.LEAN_CPU_PER_LAYER_FACTOR."""
+    (runtime.lean's decoder step, planner.lean.decodes_lean): the same, by planner.speed_cpu.lean_factor."""
     eff = _efficiency(hw, device, scheme)
     factor = COMPILED_CPU_PER_LAYER_FACTOR.get(scheme.name) if compiled and device == "cpu" else None
     if factor is not None:

@@ -137,8 +137,33 @@ def test_the_probe_measures_every_layer_cost_it_can():
     from vramplan.runtime import cpu_kernel
     from vramplan.runtime.probe.measure import measure_cpu_layer_costs
 
-    got = measure_cpu_layer_costs(torch, {})
-    kernel = cpu_kernel.unavailable() is None
-    assert set(got) == {*CPU_DECODE_KERNELS, "lean"} - (set() if kernel else {"int4_a8", "lean"})
+    got, skipped = measure_cpu_layer_costs(torch, {})
+    assert set(got) | set(skipped) == {*CPU_DECODE_KERNELS, "lean"} and not set(got) & set(skipped)
+    assert cpu_kernel.unavailable() is None or {"int4_a8", "lean"} <= set(skipped)
+    assert all("busy machine" in why or "kernel" in why for why in skipped.values())  # no scheme failed
     assert all(0 < m.value < 0.1 and m.unit == "s" and len(m.samples) == 2 and "tiny Llama" in m.method
                for m in got.values())
+
+
+def test_a_noisy_lean_timing_leaves_the_default_and_the_head_pack_follows_the_int8_path():
+    from vramplan.planner.lean import LEAN_CPU_PER_LAYER_FACTOR
+    from vramplan.planner.memory import workspace_bytes
+    from vramplan.planner.quant import KV_SCHEMES
+    from vramplan.planner.speed_cpu import lean_factor
+
+    base = resolve_profile("cpu-ddr5-desktop")[0]
+    noisy = replace(base, host=replace(base.host, cpu_layer_int4_a8_s=100e-6, cpu_layer_lean_s=300e-6))
+    assert lean_factor(noisy) == (LEAN_CPU_PER_LAYER_FACTOR, "planner.lean.LEAN_CPU_PER_LAYER_FACTOR")
+    spec, req, bf16 = model_spec("llama-3.2-1b"), Request(context=4096), KV_SCHEMES["bf16"]
+    pack = 2 * spec.vocab_size * spec.hidden_size  # lm_head's int8 rows and their quantized copy, beside the packed
+    for quant in ("quanto-w8a8", "cpu-w4a8"):
+        assert workspace_bytes(spec, SCHEMES[quant], bf16, req)["head_pack"] == pack
+        assert workspace_bytes(spec, SCHEMES[quant], bf16, req, int8_path="fbgemm")["head_pack"] == pack
+        assert "head_pack" not in workspace_bytes(spec, SCHEMES[quant], bf16, req, int8_path="int_mm")
+    assert "head_pack" not in workspace_bytes(spec, SCHEMES["quanto-int8"], bf16, req)  # int8 rows: no packing
+    int_mm = replace(base, host=replace(base.host, cpu_decode_int4_a8_bytes_per_s=18e9,
+                                        cpu_decode_int8_dynamic_path="int_mm"))
+    fbgemm = replace(int_mm, host=replace(int_mm.host, cpu_decode_int8_dynamic_path="fbgemm"))
+    rams = [plan(spec, hw, Request(context=4096, quant=("quanto-w8a8",))).memory.cpu.total_bytes
+            for hw in (int_mm, fbgemm)]
+    assert rams[1] - rams[0] == pack

@@ -288,11 +288,14 @@ def probe(quick: bool = False, progress: Progress | None = None, sample_cpu: boo
     if torch is not None:  # the full probe: a decoder layer's fixed cost, per CPU scheme, on this machine
         say("timing a decoder layer's fixed cost per CPU scheme (tiny models)")
         try:
-            timed = measure_cpu_layer_costs(torch, paths)
-            measurements.update({m.name: m for m in timed.values()})
-            layer_costs = {name: float(f"{m.value:.3g}") for name, m in timed.items()}
-            notes.append("CPU decoder layer's fixed cost measured (tiny models, a decode step): " + ", ".join(
-                f"{name} {1e6 * v:.0f} us" for name, v in layer_costs.items()))
+            layers, skipped = timed("cpu_layer_costs", lambda: measure_cpu_layer_costs(torch, paths))
+            measurements.update({m.name: m for m in layers.values()})
+            layer_costs = {name: float(f"{m.value:.3g}") for name, m in layers.items() if m.value > 0}
+            if layer_costs:
+                notes.append("CPU decoder layer's fixed cost measured (tiny models, a decode step): " + ", ".join(
+                    f"{name} {1e6 * v:.0f} us" for name, v in layer_costs.items()))
+            notes.extend(f"CPU decoder layer's fixed cost of {name} not timed ({why}): the speed model's default"
+                         for name, why in skipped.items())
         except Exception as e:  # noqa: BLE001 - the speed model's defaults stay
             notes.append(f"CPU decoder layer's fixed cost not timed ({type(e).__name__}: {e})")
 

@@ -382,10 +382,12 @@ LAYER_PROBE_PROMPT = 128
 LAYER_PROBE_STEPS = 16
 
 
-def measure_cpu_layer_costs(torch: Any, paths: dict[str, str]) -> dict[str, Measurement]:
-    """{CPU_LAYER_COSTS name: the fixed cost of one decoder layer of a decode step (s)}, each scheme loaded as the
-    runtime loads it (runtime.load, the kernels' `paths` the probe chose); "lean" is cpu-w4a8 in vramplan's own decoder
-    step (runtime.lean). cpu-w4a8's two are left out where its kernel does not build."""
+def measure_cpu_layer_costs(torch: Any, paths: dict[str, str]) -> tuple[dict[str, Measurement], dict[str, str]]:
+    """({CPU_LAYER_COSTS name: the fixed cost of one decoder layer of a decode step (s)}, {name: why it was not
+    timed}), each scheme loaded as the runtime loads it (runtime.load, the kernels' `paths` the probe chose) and run
+    under the grad mode the runtime runs it in; "lean" is cpu-w4a8 in vramplan's own decoder step (runtime.lean).
+    cpu-w4a8's two are left out where its kernel does not build; a scheme that fails, or whose more layers did not take
+    longer (a busy machine), is left out with the reason, and the others stand."""
     from vramplan.planner.hardware import CPU_DECODE_KERNELS, CPU_LAYER_COSTS
     from vramplan.planner.quant import KV_SCHEMES, SCHEMES
     from vramplan.runtime import cpu_kernel
@@ -402,7 +404,7 @@ def measure_cpu_layer_costs(torch: Any, paths: dict[str, str]) -> dict[str, Meas
         cache = (LeanDecoder(model, LAYER_PROBE_PROMPT + LAYER_PROBE_STEPS) if name == "lean"
                  else make_cache(KV_SCHEMES["bf16"], model.config))
         token, times = torch.tensor([[11]]), []
-        with no_grad_context(model):
+        with no_grad_context(model, cache if name == "lean" else None):
             prefill(model, ids, cache, LAYER_PROBE_PROMPT)
             for i in range(LAYER_PROBE_STEPS):
                 t0 = time.perf_counter()
@@ -410,16 +412,25 @@ def measure_cpu_layer_costs(torch: Any, paths: dict[str, str]) -> dict[str, Meas
                 times.append(time.perf_counter() - t0)
         return statistics.median(times[2:])
 
-    out = {}
+    out, skipped = {}, {}
     few, many = LAYER_PROBE_LAYERS
     for name in CPU_LAYER_COSTS:
-        if name in ("int4_a8", "lean") and cpu_kernel.unavailable() is not None:
+        if name in ("int4_a8", "lean") and (why := cpu_kernel.unavailable()) is not None:
+            skipped[name] = f"cpu-w4a8's kernel: {why}"
             continue
-        steps = tuple(step_s(name, n) for n in LAYER_PROBE_LAYERS)
+        try:
+            steps = tuple(step_s(name, n) for n in LAYER_PROBE_LAYERS)
+        except Exception as e:  # noqa: BLE001 - this scheme's default stays, the others are timed
+            skipped[name] = f"{type(e).__name__}: {e}"
+            continue
+        if steps[1] <= steps[0]:
+            skipped[name] = f"{many} layers took no longer than {few} ({1e3 * steps[1]:.2f} against " \
+                            f"{1e3 * steps[0]:.2f} ms a step): a busy machine"
+            continue
         how = "vramplan's own decoder step (runtime.lean)" if name == "lean" else "transformers' eager forward"
         out[name] = Measurement(
-            f"cpu_layer_{name}", max(0.0, steps[1] - steps[0]) / (many - few), "s", steps,
+            f"cpu_layer_{name}", (steps[1] - steps[0]) / (many - few), "s", steps,
             f"{CPU_DECODE_KERNELS['int4_a8' if name == 'lean' else name]} in {how}: tiny Llama (hidden "
             f"{LAYER_PROBE_CONFIG['hidden_size']}), median decode step of {many} layers less {few}, over {many - few}, "
             f"after {LAYER_PROBE_PROMPT} tokens, {torch.get_num_threads()} threads")
-    return out
+    return out, skipped
