@@ -387,12 +387,17 @@ def cpu_matmul_peak(host: HostSpec, scheme: WeightScheme) -> tuple[float, str]:
     """The peak a CPU's weight matmuls of `scheme` compute against, and the profile field it comes from: the int8
     matmul's where the scheme quantizes its activations to 8 bits (quanto-w8a8: torch._int_mm) and the profile has
     it; the bf16 matmul's for fp16 and bitsandbytes (kernels of their own, their default efficiencies set against the
-    bf16 figure and not measured since); else cpu_float_peak (vramplan's bf16 rows, quanto's int8 / int4 kernels,
-    llama.cpp's, whose efficiencies were fitted against it)."""
+    bf16 figure and not measured since); the fp32 matmul's for quanto's int8 / int4 kernels where the profile has it;
+    else cpu_float_peak (vramplan's bf16 rows, quanto's kernels, llama.cpp's, whose efficiencies were fitted against
+    it)."""
     if scheme.activation_bits == 8 and host.cpu_int8_ops is not None:
         return host.cpu_int8_ops, "host.cpu_int8_compute"
     if scheme.backend == "bnb" or scheme.name == "fp16":
         return host.cpu_bf16_flops, "host.cpu_bf16_compute"
+    if scheme.backend == "quanto" and scheme.activation_bits >= 16 and host.cpu_fp32_flops is not None:
+        # torch's int8 / int4 weight-only CPU kernels multiply in fp32 (AVX-512 FMA), never by oneDNN's native bf16:
+        # on the 2-core Xeon AMX VM _weight_int8pack_mm ran 133-158 GFLOP/s at 128 rows (fp32 matmul 382, bf16 1252)
+        return host.cpu_fp32_flops, "host.cpu_fp32_compute"
     return cpu_float_peak(host)
 
 

@@ -31,13 +31,17 @@ def fbgemm_available() -> bool:
             and hasattr(torch.ops.quantized, "linear_dynamic"))
 
 
+def native_bf16() -> bool:
+    """Whether oneDNN has native bf16 dot products here (AVX512-BF16, AMX)."""
+    cpu = torch.cpu
+    return bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
+                or getattr(cpu, "_is_amx_tile_supported", lambda: False)())
+
+
 def default_path(kernel: str) -> str:
     """The path a kernel takes where the profile records none: by the CPU's instruction set."""
     if kernel == "bf16":  # F.linear where oneDNN has native bf16 dot products (AVX512-BF16, AMX), its GEMV unmeasured
-        cpu = torch.cpu
-        native = (getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
-                  or getattr(cpu, "_is_amx_tile_supported", lambda: False)())
-        return "linear" if native else "mv"
+        return "linear" if native_bf16() else "mv"
     if kernel == "int8_dynamic":  # _int_mm where the CPU has int8 dot products (VNNI: 8-bit activations, fast)
         vnni = getattr(torch.cpu, "_is_vnni_supported", lambda: False)()
         return "fbgemm" if fbgemm_available() and not vnni else "int_mm"

@@ -23,7 +23,7 @@ from torch.nn import functional as F
 
 from vramplan.planner.errors import VramplanError
 from vramplan.planner.quant import CPU_KERNEL_BACKEND, TORCH_WO_BACKEND, WeightScheme, cpu_head_scheme
-from vramplan.runtime.cpu_paths import FbgemmInt8Dynamic, default_path, resolve
+from vramplan.runtime.cpu_paths import FbgemmInt8Dynamic, default_path, native_bf16, resolve
 from vramplan.runtime.experts import int8_dynamic_mm, quanto_int8_rows, quantize_experts
 from vramplan.runtime.measure import is_oom
 from vramplan.runtime.weight_only import Int8WeightOnly, quantize_linears
@@ -248,6 +248,10 @@ class Bf16Rows(nn.Linear):
     # from this many rows the fp32 blocks beat bf16 F.linear on the 2-core Xeon dev VM: 8 rows 49-87 GFLOP/s against
     # 38-39 (4864 x 896, 896 x 4864, 8192 x 2048); 4 rows 15-50 against 27-30, 2 rows 9-34 against 35-50
     FP32_MIN_ROWS = 8
+    # Where bf16 is native (AVX512-BF16, AMX: runtime.cpu_paths.native_bf16) a prefill keeps bf16 F.linear: on the
+    # 2-core Xeon AMX VM it ran 860-1040 GFLOP/s at 128 rows of Qwen2.5-0.5B's and Llama-3.2-1B's shapes, the fp32
+    # blocks 210-260, and a 128-token bf16 prefill of Qwen2.5-0.5B took 0.83 s by them (2026-11-29)
+    FP32_PREFILL = None  # (native_bf16's answer, read at the first prefill)
 
     @classmethod
     def of(cls, linear: nn.Linear) -> "Bf16Rows":
@@ -266,7 +270,10 @@ class Bf16Rows(nn.Linear):
         if not x.is_cpu:  # moved to a GPU
             return super().forward(x)
         if x.numel() != self.in_features:  # several rows: a prefill
-            if x.numel() < self.FP32_MIN_ROWS * self.in_features or torch.compiler.is_compiling():
+            if Bf16Rows.FP32_PREFILL is None:
+                Bf16Rows.FP32_PREFILL = not native_bf16()
+            if x.numel() < self.FP32_MIN_ROWS * self.in_features or torch.compiler.is_compiling() \
+                    or not Bf16Rows.FP32_PREFILL:
                 return super().forward(x)
             return _fp32_blocks(self.weight, x, self.bias)
         row = x.reshape(-1)

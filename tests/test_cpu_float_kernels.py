@@ -40,6 +40,7 @@ def test_a_prefill_of_bf16_rows_multiplies_in_fp32_blocks_and_rounds_once(monkey
     """Several rows: the fp32 product of the bf16 operands, rounded once to bf16, whatever the blocks (small ones here,
     so that the last block is partial); F.linear's bf16 GEMM also sums in fp32, so at most the last bit differs."""
     monkeypatch.setattr(quantize, "FP32_BLOCK_BYTES", 4 * 96 * 10)  # 10 rows of 96 inputs a block: 7 blocks of 70
+    monkeypatch.setattr(Bf16Rows, "FP32_PREFILL", True)  # (a CPU without native bf16)
     lin = _linear(96, 70, bias, rows)
     x = torch.randn(1, rows, 96).to(torch.bfloat16)
     out = Bf16Rows.of(lin)(x)
@@ -51,13 +52,20 @@ def test_a_prefill_of_bf16_rows_multiplies_in_fp32_blocks_and_rounds_once(monkey
     assert ((out.float() - reference.float()).abs() <= ulp).all()
 
 
-def test_fewer_rows_than_the_fp32_threshold_keep_f_linear_and_one_row_its_gemv():
+def test_fewer_rows_than_the_fp32_threshold_keep_f_linear_and_one_row_its_gemv(monkeypatch):
     lin = _linear(64, 48, True, 0)
     rows = Bf16Rows.of(lin)
     few = torch.randn(1, Bf16Rows.FP32_MIN_ROWS - 1, 64).to(torch.bfloat16)
     assert torch.equal(rows(few), lin(few))
     many = torch.randn(1, Bf16Rows.FP32_MIN_ROWS, 64).to(torch.bfloat16)
+    monkeypatch.setattr(Bf16Rows, "FP32_PREFILL", True)
     assert torch.equal(rows(many), quantize._fp32_blocks(lin.weight, many, lin.bias))
+    monkeypatch.setattr(Bf16Rows, "FP32_PREFILL", False)  # where bf16 is native, its GEMM
+    assert torch.equal(rows(many), lin(many))
+    monkeypatch.setattr(Bf16Rows, "FP32_PREFILL", None)  # decided by this CPU at the first prefill
+    rows(many)
+    from vramplan.runtime.cpu_paths import native_bf16
+    assert Bf16Rows.FP32_PREFILL is (not native_bf16())
 
 
 # ---------------------------------------------------------------- decode attention, packed by KV group
@@ -149,6 +157,9 @@ def test_cpu_kernels_compute_against_the_faster_float_peak_and_w8a8_against_int8
     native = _cpu_profile(cpu_bf16_flops=2e12, cpu_fp32_flops=1e12).host  # AVX512-BF16 / AMX: bf16 is the faster
     assert cpu_float_peak(native) == (2e12, "host.cpu_bf16_compute")
     assert cpu_matmul_peak(native, SCHEMES["quanto-w8a8"]) == (2e12, "host.cpu_bf16_compute")  # no int8 figure
+    # torch's int8 / int4 weight-only kernels multiply in fp32 whatever bf16 does (the Xeon AMX VM: 133-158 GFLOP/s)
+    assert cpu_matmul_peak(native, SCHEMES["quanto-int8"]) == (1e12, "host.cpu_fp32_compute")
+    assert cpu_matmul_peak(native, SCHEMES["bf16"]) == (2e12, "host.cpu_bf16_compute")  # oneDNN's native bf16
     # fp16 and bitsandbytes keep the bf16 figure their default efficiencies were set against
     assert cpu_matmul_peak(slow_bf16, SCHEMES["fp16"]) == (60e9, "host.cpu_bf16_compute")
     assert cpu_matmul_peak(slow_bf16, SCHEMES["bnb-nf4"]) == (60e9, "host.cpu_bf16_compute")
