@@ -61,11 +61,9 @@ def one(model_name: str, prompt: int, steps: int) -> dict:
         def forward(self, x):
             return torch.zeros(*x.shape[:-1], 8, dtype=x.dtype)
 
-    head = model.lm_head
     model.lm_head = decoder.head = NoHead()
     out["transformers_fixed_ms"] = 1e3 * median_step(make_cache(KV_SCHEMES["bf16"], model.config))
     out["lean_fixed_ms"] = 1e3 * median_step(decoder)
-    del head
     n = out["layers"]
     out["transformers_fixed_per_layer_us"] = 1e3 * out["transformers_fixed_ms"] / n
     out["lean_fixed_per_layer_us"] = 1e3 * out["lean_fixed_ms"] / n

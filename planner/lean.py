@@ -1,12 +1,12 @@
 """Which runs take vramplan's own CPU decoder step (runtime.lean) instead of transformers' forward: the rule the speed
 model prices and the runtime follows, one function for both.
 
-transformers' eager forward costs a fixed 1-1.75 ms a decoder layer on the 2-core AVX2 EPYC VM (about 180 torch ops a
-layer: its modules, the mask, a DynamicCache that concatenates the whole cache every step), which is as much as
-cpu-w4a8's kernel spends on the weights of a 0.5B model. runtime.lean runs the same modules' weights through about 30
-ops a layer: one kernel call for q, k and v together and one for gate and up (their rows concatenated, exact), a
-preallocated cache written in place, and SDPA over its filled part. planner.speed prices its layers' fixed cost with
-LEAN_CPU_PER_LAYER_FACTOR.
+transformers' eager forward is about 180 torch ops a decoder layer (its modules, the mask, a DynamicCache that
+concatenates the whole cache every step): a fixed 326-422 us a layer on the 2-core Xeon AMX VM (bench/lean_cpu.py).
+runtime.lean runs the same modules' weights through about 30 ops a layer: one kernel call for q, k and v together and
+one for gate and up (their rows concatenated, exact), a preallocated cache written in place, and SDPA over its filled
+part: 227-261 us there. planner.speed prices its layers' fixed cost with planner.speed_cpu.lean_factor (the probe's
+two timings, else LEAN_CPU_PER_LAYER_FACTOR).
 """
 
 from __future__ import annotations

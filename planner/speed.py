@@ -40,7 +40,7 @@ from .modelspec import ModelSpec, dtype_bytes
 from .quant import (COMPILED_BACKEND, KV_SCHEMES, SCHEMES, KVScheme, WeightScheme,  # noqa: F401
                     compiled_scheme, experts_tinygemm_pack)
 from .request import Request
-from .speed_cpu import DECODE_KERNEL_STEP_FRACTION, decode_kernel_efficiency, lean_factor, probe_layer_cost  # noqa: F401
+from .speed_cpu import decode_kernel_efficiency, lean_factor, probe_layer_cost
 from .speed_attention import (DEFAULT_CPU_DECODE_ATTENTION_EFFICIENCY, DEFAULT_CPU_EXPERT_CALL_S,  # noqa: F401
                               DEFAULT_PREFILL_ATTENTION_EFFICIENCY, EXPERT_CALL_LAUNCHES, EXPERTS_BACKEND,
                               GATHERED_INT4_EXPERT_PASSES, LLAMA_CPP_BACKEND,
@@ -106,10 +106,11 @@ _DEFAULTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     # 0.64 + 7.5 / 24 = 0.95 ms a layer.
     ("cpu", "quanto-w8a8"): (0.74, 0.41, 950e-6, 500e-6),
     # cpu-w4a8 (runtime.cpu_kernel): planned only where the probe timed its kernel, whose rate sets its bandwidth
-    # (_decode_kernel_efficiency; 0.50 is never used); a layer's fixed cost is bf16's (one call a matmul, as Bf16Rows
-    # makes). Prefill against the int8 matmul's peak (cpu_matmul_peak: fbgemm's where the probe records that path):
-    # 0.53, fitted to Qwen2.5-0.5B's TTFT at a 128-token prompt on the 2-core AVX2 EPYC VM (0.41, w8a8's, predicted
-    # 1.63 s for 1.25 measured; bench/results/vs-engines-cpu-epyc-avx2-w4a8-noprefetch.md); Llama-3.2-1B held out.
+    # (speed_cpu.decode_kernel_efficiency; 0.50 is never used); a layer's fixed cost is bf16's (one call a matmul, as
+    # Bf16Rows makes), unless the probe timed its own (speed_cpu.probe_layer_cost). Prefill against the int8 matmul's
+    # peak (cpu_matmul_peak: fbgemm's where the probe records that path): 0.53, fitted to Qwen2.5-0.5B's TTFT at a
+    # 128-token prompt on the 2-core AVX2 EPYC VM (0.41, w8a8's, predicted 1.63 s for 1.25 measured;
+    # bench/results/vs-engines-cpu-epyc-avx2-w4a8-noprefetch.md); Llama-3.2-1B held out.
     ("cpu", "cpu-w4a8"): (0.50, 0.53, 710e-6, 500e-6),
 }
 # MLA as transformers runs it (AttentionLayout.expands_cache: deepseek_v2/v3's `expand_kv`, modeling_deepseek_v3.py in
@@ -166,7 +167,7 @@ COMPILED_CPU_PER_LAYER_FACTOR: dict[str, float] = {"quanto-int8": 0.56, "quanto-
 # Against bench/results/vs-engines-cpu-dev.md as of 3293d8f (2-core VM, not fitted to it): Qwen2.5-0.5B BF16 / Q8_0 /
 # Q4_0 -19 / -18 / -13 %, Llama-3.2-1B -24 / -17 / -6 %; against bench/results/vs-engines-cpu-epyc-avx2.md (the AVX2
 # EPYC VM, its probe's RAM bandwidth): +9 / +14 / +16 %, +2 / -6 / +7 %. The probe's timings of torch's kernels
-# (_decode_kernel_efficiency) never apply: they priced these at half that speed there.
+# (speed_cpu.decode_kernel_efficiency) never apply: they priced these at half that speed there.
 _LLAMA_CPP_DEFAULTS: dict[str, tuple[float, float, float, float]] = {
     "gpu": _DEFAULTS[("gpu", "bf16")], "cpu": (0.50, 0.50, 150e-6, 500e-6)}
 
